@@ -1,0 +1,1 @@
+"""Hardware truth: model architectures, GPU specs, KV capacity and profiled step time."""

@@ -1,0 +1,86 @@
+"""CostModel: everything the engine needs to know about the hardware, in one value.
+
+One CostModel describes one engine instance (a model on a GPU type at a TP degree): how
+much KV cache fits for a memory budget, how fast KV can be swapped to host memory, and how
+long a step takes (``tables``, looked up by ``costmodels.steptable.step_seconds``).
+Memory figures are per GPU; KV capacity in tokens is the same on every GPU of the TP group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from costmodels.steptable import StepTables, linear_tables, validate_tables
+
+
+class CostModelError(ValueError):
+    """A cost model that cannot be built: unknown model or GPU, impossible budget, bad CSV."""
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Hardware truth for one engine instance; build it with ``costmodels.build``."""
+
+    name: str
+    tables: StepTables
+    kv_bytes_per_token: int  # per GPU, all layers, K and V
+    gpu_memory_bytes: float  # per GPU
+    weight_bytes: float  # per GPU
+    reserved_bytes: float  # activation workspace + CUDA-graph reserve, per GPU
+    swap_bytes_per_s: float  # host <-> GPU KV copy bandwidth, per GPU
+    swap_capacity_bytes: float  # host memory for swapped KV, per GPU
+    tp: int = 1
+    source: str = "linear"  # e.g. "profiled:aiconfigurator/vllm-0.24.0", "roofline", "measured:FILE"
+
+    def __post_init__(self) -> None:
+        validate_tables(self.tables)
+        if self.kv_bytes_per_token <= 0:
+            raise CostModelError(f"kv_bytes_per_token must be positive, got {self.kv_bytes_per_token}")
+        if self.swap_bytes_per_s <= 0:
+            raise CostModelError(f"swap_bytes_per_s must be positive, got {self.swap_bytes_per_s}")
+
+    def kv_budget_bytes(self, gpu_memory_utilization: float) -> float:
+        """KV bytes per GPU left after weights and reserves, as vLLM sizes its pool."""
+        if not 0.0 < gpu_memory_utilization <= 1.0:
+            raise CostModelError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+        budget = gpu_memory_utilization * self.gpu_memory_bytes - self.weight_bytes - self.reserved_bytes
+        if budget <= 0:
+            raise CostModelError(
+                f"{self.name}: gpu_memory_utilization={gpu_memory_utilization} leaves no KV memory "
+                f"({gpu_memory_utilization * self.gpu_memory_bytes / 2**30:.1f} GiB < weights "
+                f"{self.weight_bytes / 2**30:.1f} GiB + reserve {self.reserved_bytes / 2**30:.1f} GiB)"
+            )
+        return budget
+
+    def kv_capacity_tokens(self, gpu_memory_utilization: float) -> int:
+        return int(self.kv_budget_bytes(gpu_memory_utilization) // self.kv_bytes_per_token)
+
+    def kv_capacity_blocks(self, gpu_memory_utilization: float, block_size: int) -> int:
+        if block_size <= 0:
+            raise CostModelError(f"block_size must be positive, got {block_size}")
+        return self.kv_capacity_tokens(gpu_memory_utilization) // block_size
+
+    def swap_capacity_blocks(self, block_size: int) -> int:
+        return int(self.swap_capacity_bytes // (self.kv_bytes_per_token * block_size))
+
+    @classmethod
+    def synthetic(
+        cls,
+        kv_capacity_tokens: int,
+        tables: StepTables | None = None,
+        kv_bytes_per_token: int = 131_072,
+        swap_bytes_per_s: float = 25e9,
+        swap_capacity_tokens: int = 0,
+    ) -> CostModel:
+        """A cost model with an exact KV capacity at gpu_memory_utilization=1.0: for tests."""
+        return cls(
+            name=f"synthetic-{kv_capacity_tokens}tok",
+            tables=tables if tables is not None else linear_tables(),
+            kv_bytes_per_token=kv_bytes_per_token,
+            gpu_memory_bytes=float(kv_capacity_tokens * kv_bytes_per_token),
+            weight_bytes=0.0,
+            reserved_bytes=0.0,
+            swap_bytes_per_s=swap_bytes_per_s,
+            swap_capacity_bytes=float(swap_capacity_tokens * kv_bytes_per_token),
+            source="linear",
+        )

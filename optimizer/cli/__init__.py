@@ -1,0 +1,20 @@
+"""The ``servetune`` command line: one typer app, each command group in its own module."""
+
+from __future__ import annotations
+
+import typer
+
+from optimizer.cli import cost, simulate, trace, tune
+
+app = typer.Typer(
+    name="servetune",
+    help="Find the scheduler configuration with the most goodput on your traffic.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+)
+for module in (trace, cost, simulate, tune):
+    module.register(app)
+
+
+def main() -> None:
+    app()

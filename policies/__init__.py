@@ -1,0 +1,1 @@
+"""Candidate answers: PolicyConfig and the Numba-jitted engine that executes a policy."""

@@ -1,0 +1,61 @@
+"""SimResult: what one simulated run did to every request, plus run counters.
+
+Every request ends in exactly one ``State``; a rejected one carries a ``Reject`` reason.
+Times are seconds on the trace clock; NaN where the event never happened.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+import numpy as np
+
+
+class State(IntEnum):
+    FINISHED = 0
+    REJECTED = 1
+    TIMED_OUT = 2  # deadline passed after the first token: the client left mid-stream
+    CANCELLED = 3  # deadline passed before the first token: the client left while waiting
+    FAILED = 4  # lost to a worker failure with nowhere to go
+
+
+class Reject(IntEnum):
+    NONE = 0
+    KV_HIGH_WATER = 1
+    QUEUE_FULL = 2
+    MAX_WAIT = 3
+    DEADLINE_UNMEETABLE = 4
+    EXCEEDS_CAPACITY = 5
+    MAX_PREEMPTIONS = 6
+
+
+@dataclass(frozen=True, eq=False)
+class SimResult:
+    """Per-request outcome arrays (length n) and run-level counters."""
+
+    state: np.ndarray  # i1, State
+    reject_reason: np.ndarray  # i1, Reject
+    first_token_s: np.ndarray  # f8
+    finish_s: np.ndarray  # f8, end time whatever the state (NaN if never ended)
+    tokens_generated: np.ndarray  # i8
+    preemptions: np.ndarray  # i4
+    cached_prompt_tokens: np.ndarray  # i8, prompt tokens served from the prefix cache
+    queue_s: np.ndarray  # f8, arrival to first scheduled (NaN if never scheduled)
+    replica: np.ndarray  # i4, replica that finished the request (-1 if none)
+    # run counters
+    steps: int
+    busy_s: float  # sum of step times
+    prefill_tokens_computed: int  # including recompute after preemption
+    out_of_range_steps: int  # steps whose time came from extrapolated tables
+    kv_capacity_blocks: int
+    kv_peak_blocks: int
+    # sampled series (one row per sample): time, KV blocks used, running, waiting
+    series_t: np.ndarray
+    series_kv_blocks: np.ndarray
+    series_running: np.ndarray
+    series_waiting: np.ndarray
+
+    @property
+    def n(self) -> int:
+        return len(self.state)

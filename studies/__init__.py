@@ -1,0 +1,1 @@
+"""The question being studied: traces, synthetic workloads, SLO classes, goodput reports."""
