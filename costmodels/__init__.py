@@ -1,1 +1,19 @@
-"""Hardware truth: model architectures, GPU specs, KV capacity and profiled step time."""
+"""Hardware truth: model architectures, GPU specs, KV capacity and profiled step time.
+
+``build(model, gpu, tp, framework, ...)`` returns a ``CostModel``; the engine looks step
+times up with ``step_seconds(cost.tables, ...)``.
+"""
+
+from costmodels.architecture import ModelArch, load_model
+from costmodels.build import build
+from costmodels.calibration import calibrate, load_calibration, load_runs, save_calibration
+from costmodels.costmodel import CostModel, CostModelError
+from costmodels.gpus import GPUSpec, load_gpu, register_gpu
+from costmodels.sps import read_step_csv, sps_curve, write_sps_csv
+from costmodels.steptable import StepTables, linear_tables, step_seconds
+
+__all__ = [
+    "CostModel", "CostModelError", "GPUSpec", "ModelArch", "StepTables", "build", "calibrate",
+    "linear_tables", "load_calibration", "load_gpu", "load_model", "load_runs", "read_step_csv",
+    "register_gpu", "save_calibration", "sps_curve", "step_seconds", "write_sps_csv",
+]

@@ -60,6 +60,12 @@ class CostModel:
             raise CostModelError(f"block_size must be positive, got {block_size}")
         return self.kv_capacity_tokens(gpu_memory_utilization) // block_size
 
+    def kv_blocks_for_bytes(self, kv_bytes: float, block_size: int) -> int:
+        """KV blocks that fit an explicit per-GPU KV byte budget."""
+        if not kv_bytes > 0 or block_size <= 0:
+            raise CostModelError(f"need kv_bytes > 0 and block_size > 0, got {kv_bytes}, {block_size}")
+        return int(kv_bytes // (self.kv_bytes_per_token * block_size))
+
     def swap_capacity_blocks(self, block_size: int) -> int:
         return int(self.swap_capacity_bytes // (self.kv_bytes_per_token * block_size))
 

@@ -6,8 +6,10 @@ A step's time is the sum of separable parts, each a dense grid built once per
 - ``linear``: every token-linear op of all layers (QKV, O-proj, MLP, all-reduce) vs the
   number of new tokens in the step (prefill chunks + decode tokens + verify tokens);
 - ``head``: lm-head and sampling vs the number of sequences that produce logits;
-- ``decode``: decode attention of all layers vs (decode sequences, mean KV tokens read
-  per sequence);
+- ``decode``: decode attention of all layers vs (decode sequences, total KV tokens their
+  attention reads); total rather than mean KV keeps the step monotone in each input (more
+  sequences over the same KV never cost less), and ``decode_kv_measured`` holds, per batch
+  row, the largest total KV actually profiled (the tables stop near 0.5M tokens);
 - ``prefill``: prefill attention of all layers vs attention work, the number of
   (query, key) pairs ``sum_r chunk_r * (cached_r + (chunk_r + 1) / 2)``, so a chunk on top
   of a cached prefix pays attention over the whole context;
@@ -16,8 +18,9 @@ A step's time is the sum of separable parts, each a dense grid built once per
 Separable grids keep each axis dense where the profiles are measured, which a single
 3-D grid over (tokens, sequences, KV) could not do at the same size.
 
-A lookup past the last grid point extrapolates linearly from the last two points and
-reports it, so the caller can flag the run; nothing extrapolates silently.
+A lookup past the last grid point (or past ``decode_kv_measured``) extrapolates linearly
+and reports it, so the caller can flag the run; nothing extrapolates silently. Builders
+make every grid non-decreasing along each axis.
 """
 
 from __future__ import annotations
@@ -36,8 +39,9 @@ class StepTables(NamedTuple):
     head_seqs: np.ndarray  # f8[b], ascending
     head_s: np.ndarray  # f8[b]
     decode_batch: np.ndarray  # f8[c], ascending
-    decode_ctx: np.ndarray  # f8[d], ascending, mean KV tokens per decode sequence
+    decode_kv: np.ndarray  # f8[d], ascending, total KV tokens read by all decode sequences
     decode_s: np.ndarray  # f8[c, d]
+    decode_kv_measured: np.ndarray  # f8[c], largest profiled total KV per batch row
     prefill_pairs: np.ndarray  # f8[e], ascending
     prefill_s: np.ndarray  # f8[e]
     overhead_s: float
@@ -56,9 +60,11 @@ def validate_tables(t: StepTables) -> None:
         if values.shape != axis.shape:
             raise ValueError(f"{name}: grid has shape {values.shape}, axis {axis.shape}")
     _check_axis("decode_batch", t.decode_batch)
-    _check_axis("decode_ctx", t.decode_ctx)
-    if t.decode_s.shape != (len(t.decode_batch), len(t.decode_ctx)):
-        raise ValueError(f"decode_s has shape {t.decode_s.shape}; expected (batch, ctx)")
+    _check_axis("decode_kv", t.decode_kv)
+    if t.decode_s.shape != (len(t.decode_batch), len(t.decode_kv)):
+        raise ValueError(f"decode_s has shape {t.decode_s.shape}; expected (batch, kv)")
+    if t.decode_kv_measured.shape != t.decode_batch.shape:
+        raise ValueError("decode_kv_measured must have one entry per decode_batch row")
     for name in ("linear_s", "head_s", "decode_s", "prefill_s"):
         grid = getattr(t, name)
         if not np.all(np.isfinite(grid)) or np.any(grid < 0):
@@ -122,9 +128,10 @@ def step_seconds(t, n_tokens, n_logit_seqs, n_decode, kv_decode_tokens, prefill_
         total += part
         out = out or o
     if n_decode > 0:
-        part, o = interp2(t.decode_batch, t.decode_ctx, t.decode_s, n_decode, kv_decode_tokens / n_decode)
+        part, o = interp2(t.decode_batch, t.decode_kv, t.decode_s, n_decode, kv_decode_tokens)
+        limit, _ = interp1(t.decode_batch, t.decode_kv_measured, n_decode)
         total += part
-        out = out or o
+        out = out or o or kv_decode_tokens > limit
     if prefill_pairs > 0:
         part, o = interp1(t.prefill_pairs, t.prefill_s, prefill_pairs)
         total += part
@@ -140,7 +147,7 @@ def linear_tables(
     overhead_s: float = 0.004,
     max_tokens: float = 1 << 20,
     max_seqs: float = 1 << 14,
-    max_ctx: float = 1 << 20,
+    max_kv: float = 1 << 30,
     max_pairs: float = 1 << 42,
 ) -> StepTables:
     """An exactly linear step-time model: for tests and as a labelled placeholder.
@@ -152,8 +159,8 @@ def linear_tables(
     tok = np.array([0.0, max_tokens], dtype=f)
     seqs = np.array([0.0, max_seqs], dtype=f)
     batch = np.array([0.0, max_seqs], dtype=f)
-    ctx = np.array([0.0, max_ctx], dtype=f)
-    decode = np.outer(batch, ctx) * per_kv_token_s
+    kv = np.array([0.0, max_kv], dtype=f)
+    decode = np.outer(np.ones_like(batch), kv) * per_kv_token_s
     pairs = np.array([0.0, max_pairs], dtype=f)
     return StepTables(
         linear_tokens=tok,
@@ -161,8 +168,9 @@ def linear_tables(
         head_seqs=seqs,
         head_s=seqs * per_seq_s,
         decode_batch=batch,
-        decode_ctx=ctx,
+        decode_kv=kv,
         decode_s=decode,
+        decode_kv_measured=np.full(2, max_kv),
         prefill_pairs=pairs,
         prefill_s=pairs * per_pair_s,
         overhead_s=float(overhead_s),

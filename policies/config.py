@@ -65,7 +65,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("max_prefill_tokens", int, 1, 1 << 22, sglang="max-prefill-tokens",
          help="prefill_first: most prompt tokens one prefill batch takes"),
     Knob("step_time_cap_ms", float, 0.0, 1e6, help="longest step the scheduler forms, in ms (0 = off)"),
-    Knob("kv_headroom", float, 0.0, 0.9, help="fraction of KV blocks kept free when admitting (vLLM watermark)"),
+    Knob("kv_headroom", float, 0.0, 0.9, vllm="watermark", help="fraction of KV blocks kept free when admitting (vLLM watermark)"),
     Knob("admission_mode", str, choices=ADMISSION_MODES,
          help="none: admit while blocks allocate; reservation: reserve prompt + max_tokens; "
               "predicted: reserve a predicted output quantile; new_token_ratio: SGLang's adaptive ratio"),
@@ -77,9 +77,13 @@ KNOBS: tuple[Knob, ...] = (
     Knob("preemption_victim", str, choices=PREEMPTION_VICTIMS,
          help="newest: most recently admitted (vLLM FCFS); lowest_priority; fewest_output (SGLang retract)"),
     Knob("max_preemptions", int, 0, 1 << 20, help="preemptions before a request is rejected (0 = unlimited)"),
-    Knob("max_queue_len", int, 0, 1 << 30, help="waiting requests before arrivals are rejected (0 = unbounded)"),
+    Knob("max_queue_len", int, 0, 1 << 30, vllm="max-num-queued-reqs", sglang="max-queued-requests",
+         help="waiting requests before arrivals are rejected (0 = unbounded)"),
     Knob("max_wait_s", float, 0.0, 1e9, help="longest wait before first schedule, then reject (0 = off)"),
-    Knob("kv_high_water", float, 0.01, 1.0, help="reject arrivals while KV usage is at or above this fraction"),
+    Knob("kv_high_water", float, 0.01, 1.0,
+         help="reject arrivals while KV usage is at or above this fraction (1.0 = off)"),
+    Knob("reject_unmeetable_deadline", bool,
+         help="reject an arrival whose deadline passes before its prompt could finish alone"),
     Knob("max_model_len", int, 0, 1 << 24, vllm="max-model-len", sglang="context-length",
          help="longest prompt + output accepted (0 = whatever the KV pool holds)"),
 )
@@ -113,6 +117,7 @@ class PolicyConfig:
     max_queue_len: int = 0
     max_wait_s: float = 0.0
     kv_high_water: float = 1.0
+    reject_unmeetable_deadline: bool = False
     max_model_len: int = 0
 
     def __post_init__(self) -> None:

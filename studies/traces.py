@@ -8,7 +8,10 @@ are sorted by arrival. Prefix blocks are stored as CSR: request ``i`` owns
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -18,6 +21,10 @@ DEFAULT_PRIORITY = 0
 
 class TraceError(ValueError):
     """A trace file or array that cannot be used, with where and why."""
+
+
+class TraceWarning(UserWarning):
+    """A trace file was usable only after a fix-up, such as sorting its rows by time."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -101,3 +108,165 @@ class Trace:
 
     def __len__(self) -> int:
         return self.n
+
+    @property
+    def block_counts(self) -> np.ndarray:
+        """Prefix blocks per request (i8)."""
+        return np.diff(self.block_offsets)
+
+    @classmethod
+    def from_columns(
+        cls,
+        arrival_s,
+        prompt_tokens,
+        output_tokens,
+        *,
+        max_tokens=None,
+        tenant=None,
+        priority=None,
+        slo_class=None,
+        deadline_s=None,
+        block_offsets=None,
+        block_hashes=None,
+        **fields,
+    ) -> Trace:
+        """Build a trace from the columns a source has, filling the rest with defaults.
+
+        Defaults: ``max_tokens = max(output_tokens, 1)`` (real traces carry no cap, and a
+        request that generated nothing still asked for at least one token), tenant, priority
+        and SLO class 0, no deadline, no prefix blocks. ``fields`` are the scalar fields
+        (``block_tokens``, ``tenant_names``, ``slo_class_names``, ``source``, ``meta``).
+        """
+        output_tokens = np.asarray(output_tokens, dtype=np.int64)
+        n = len(output_tokens)
+        zeros = np.zeros(n, dtype=np.int32)
+        return cls(
+            arrival_s=arrival_s,
+            prompt_tokens=prompt_tokens,
+            output_tokens=output_tokens,
+            max_tokens=np.maximum(output_tokens, 1) if max_tokens is None else max_tokens,
+            tenant=zeros if tenant is None else tenant,
+            priority=zeros if priority is None else priority,
+            slo_class=zeros if slo_class is None else slo_class,
+            deadline_s=np.full(n, np.nan) if deadline_s is None else deadline_s,
+            block_offsets=np.zeros(n + 1, dtype=np.int64) if block_offsets is None else block_offsets,
+            block_hashes=np.zeros(0, dtype=np.int64) if block_hashes is None else block_hashes,
+            **fields,
+        )
+
+    def replace(self, **changes) -> Trace:
+        """A copy with some fields changed, validated like a new trace."""
+        return dataclasses.replace(self, **changes)
+
+    def take(self, rows) -> Trace:
+        """The requests at ``rows`` (in that order, which must keep arrivals sorted)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        offsets, hashes = csr_take(self.block_offsets, self.block_hashes, rows)
+        columns = {name: getattr(self, name)[rows] for name in self._DTYPES}
+        return self.replace(**columns, block_offsets=offsets, block_hashes=hashes, meta=dict(self.meta))
+
+    @property
+    def tenant_labels(self) -> np.ndarray:
+        """Tenant name of every request, for comparisons that must not depend on codes."""
+        return np.asarray(self.tenant_names, dtype=object)[self.tenant]
+
+    @property
+    def slo_class_labels(self) -> np.ndarray:
+        """SLO class name of every request."""
+        return np.asarray(self.slo_class_names, dtype=object)[self.slo_class]
+
+
+def csr_take(offsets: np.ndarray, values: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Select (and reorder) CSR rows without a Python loop: returns (offsets, values)."""
+    counts = (offsets[1:] - offsets[:-1])[rows]
+    new_offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(counts, out=new_offsets[1:])
+    # value j of new row i sits at old_start[i] + (j - new_start[i])
+    shift = np.repeat(offsets[:-1][rows] - new_offsets[:-1], counts)
+    return new_offsets, values[shift + np.arange(new_offsets[-1], dtype=np.int64)]
+
+
+def encode_names(values: Sequence[str] | np.ndarray) -> tuple[np.ndarray, tuple[str, ...]]:
+    """Codes (i4) and names for a column of strings, names in order of first appearance."""
+    values = np.asarray(values, dtype=str)
+    if len(values) == 0:
+        return np.zeros(0, dtype=np.int32), ("default",)
+    names, first, inverse = np.unique(values, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")
+    rank = np.empty(len(order), dtype=np.int32)
+    rank[order] = np.arange(len(order), dtype=np.int32)
+    return rank[inverse], tuple(str(name) for name in names[order])
+
+
+def _summary(values: np.ndarray) -> dict:
+    if len(values) == 0:
+        return {"mean": float("nan"), "p50": float("nan"), "p99": float("nan"), "min": 0, "max": 0}
+    p50, p99 = np.percentile(values, [50, 99])  # numpy's default linear interpolation
+    return {"mean": float(values.mean()), "p50": float(p50), "p99": float(p99),
+            "min": int(values.min()), "max": int(values.max())}
+
+
+def trace_stats(trace: Trace) -> dict:
+    """Summary of a trace: size, rates, token percentiles and prefix-block reuse.
+
+    ``mean_rate`` is (rows - 1) / span (gaps per second); ``peak_minute_rate`` is the
+    largest count of arrivals in any 60 s bin counted from the first arrival, / 60.
+    ``repeat_fraction`` is the share of prefix blocks already seen earlier in the trace.
+    """
+    n = trace.n
+    span = float(trace.arrival_s[-1] - trace.arrival_s[0]) if n else 0.0
+    if n:
+        bins = ((trace.arrival_s - trace.arrival_s[0]) // 60.0).astype(np.int64)
+        peak = float(np.bincount(bins).max() / 60.0)
+    else:
+        peak = 0.0
+    total_blocks = len(trace.block_hashes)
+    distinct = len(np.unique(trace.block_hashes))
+    return {
+        "rows": n,
+        "span_s": span,
+        "mean_rate": (n - 1) / span if span > 0 else float("nan"),
+        "peak_minute_rate": peak,
+        "prompt_tokens": _summary(trace.prompt_tokens),
+        "output_tokens": _summary(trace.output_tokens),
+        "max_tokens": _summary(trace.max_tokens),
+        "blocks": {
+            "block_tokens": trace.block_tokens,
+            "total": total_blocks,
+            "distinct": distinct,
+            "repeat_fraction": (total_blocks - distinct) / total_blocks if total_blocks else 0.0,
+        },
+        "tenants": _counts(trace.tenant, trace.tenant_names),
+        "slo_classes": _counts(trace.slo_class, trace.slo_class_names),
+        "with_deadline": int(np.count_nonzero(~np.isnan(trace.deadline_s))),
+        "source": trace.source,
+    }
+
+
+def _counts(codes: np.ndarray, names: tuple[str, ...]) -> dict[str, int]:
+    counts = np.bincount(codes, minlength=len(names))
+    return {name: int(count) for name, count in zip(names, counts, strict=True)}
+
+
+def load_trace(path: str | Path, format: str | None = None, *, strict: bool = False, **options) -> Trace:
+    """Read a trace file into a sorted ``Trace``.
+
+    ``format`` is one of ``mooncake``, ``azure``, ``burstgpt``, ``native``; by default it
+    is detected from the file's content. Unsorted rows are sorted with a warning, or raise
+    under ``strict=True``. ``options`` go to the format's reader (see ``docs/traces.md``):
+    e.g. Mooncake ``spread="uniform"|"poisson"|"raw"`` and ``seed``, BurstGPT ``model=``.
+    Bad input raises ``TraceError`` naming the file, row and column.
+    """
+    from studies import formats  # the readers build Traces, so they import this module
+
+    return formats.read(Path(path), format, strict=strict, options=options)
+
+
+def write_trace(trace: Trace, path: str | Path, format: str = "native") -> Path:
+    """Write a trace; native by suffix (.parquet, .csv, .jsonl), or ``mooncake``/``azure``.
+
+    Native files keep every field, so any trace round-trips through them.
+    """
+    from studies import formats
+
+    return formats.write(trace, Path(path), format)

@@ -1,7 +1,223 @@
-"""`servetune simulate` commands (being written)."""
+"""`servetune simulate`: replay a trace under one configuration and print its goodput report."""
 
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import tomllib
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from costmodels.costmodel import CostModelError
+from policies.config import ConfigError, PolicyConfig
+from policies.presets import PRESETS, preset
+from studies.metrics import Report, score
+from studies.slo import SLOError, SLOSet, load_slo_toml, parse_slo
+from studies.traces import Trace, TraceError
+
+#: Errors that mean "bad input from the user": one line and exit code 2, no traceback.
+USER_ERRORS = (TraceError, ConfigError, CostModelError, SLOError)
+
+FRAMEWORKS = ("vllm", "sglang", "trtllm")
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the root app."""
+    app.command("simulate")(simulate_command)
+
+
+def simulate_command(
+    trace: Annotated[Path, typer.Option("--trace", help="request trace file (CSV, JSONL, Parquet)")],
+    model: Annotated[str, typer.Option("--model", help="model name or HuggingFace config.json")],
+    gpu: Annotated[str, typer.Option("--gpu", help="GPU type, e.g. h100")],
+    trace_format: Annotated[str | None, typer.Option("--trace-format", help="trace format; guessed if unset")] = None,
+    tp: Annotated[int, typer.Option("--tp", help="tensor-parallel degree")] = 1,
+    framework: Annotated[str, typer.Option("--framework", help="vllm, sglang or trtllm profiles")] = "vllm",
+    config: Annotated[Path | None, typer.Option("--config", help="policy TOML file")] = None,
+    preset_name: Annotated[str | None, typer.Option("--preset", help=f"one of {', '.join(PRESETS)}")] = None,
+    overrides: Annotated[list[str] | None, typer.Option("--set", help="knob=value, repeatable")] = None,
+    slo: Annotated[str | None, typer.Option("--slo", help="default class bounds, e.g. ttft:2000,tpot:100")] = None,
+    slo_file: Annotated[Path | None, typer.Option("--slo-file", help="TOML file of \\[slo.NAME] classes")] = None,
+    rate_scale: Annotated[float, typer.Option("--rate-scale", help="multiply the arrival rate by X")] = 1.0,
+    seed: Annotated[int, typer.Option("--seed", help="simulation seed")] = 0,
+    output_format: Annotated[str, typer.Option("--format", help="table or json")] = "table",
+    timeline: Annotated[Path | None, typer.Option("--timeline", help="write a timeline plot (PNG)")] = None,
+) -> None:
+    """Replay TRACE through one scheduler configuration and report its goodput."""
+    try:
+        if timeline is not None and not timeline.parent.is_dir():
+            raise ConfigError(f"--timeline {timeline}: folder {timeline.parent} does not exist")
+        run = _simulate(trace, trace_format, model, gpu, tp, framework, config, preset_name,
+                        overrides or [], slo, slo_file, rate_scale, seed, output_format)
+    except USER_ERRORS as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    report, result = run.pop("report"), run.pop("result")
+    if output_format == "json":
+        typer.echo(json.dumps({**run, "report": report.to_dict()}, indent=2, allow_nan=False))
+        if report.out_of_range_steps:
+            typer.echo(f"warning: {_range_warning(report)}", err=True)
+    else:
+        _print_table(Console(), run, report)
+    if timeline is not None:
+        from optimizer.timeline import save_timeline
+
+        title = f"{run['model']} on {run['gpu']} (TP {run['tp']}), {run['config_source']}"
+        save_timeline(result, timeline, title)
+        (Console(stderr=True) if output_format == "json" else Console()).print(f"timeline written to {timeline}")
+
+
+def _simulate(trace_path: Path, trace_format: str | None, model: str, gpu: str, tp: int, framework: str,
+              config_path: Path | None, preset_name: str | None, overrides: list[str], slo: str | None,
+              slo_file: Path | None, rate_scale: float, seed: int, output_format: str) -> dict:
+    """Validate every input first (cheap ones before the trace), then simulate and score."""
+    if output_format not in ("table", "json"):
+        raise ConfigError(f"--format must be table or json, got {output_format!r}")
+    if framework not in FRAMEWORKS:
+        raise CostModelError(f"--framework must be one of {list(FRAMEWORKS)}, got {framework!r}")
+    slos = _slos(slo, slo_file)
+    policy, config_source = _policy(config_path, preset_name, gpu, overrides)
+
+    # Imported only now: `servetune --help` and bad flags should not wait for the engine.
+    from costmodels import build
+    from policies.engine import simulate
+    from studies.traces import load_trace
+
+    requests = _rate_scaled(load_trace(trace_path, format=trace_format), rate_scale)
+    cost_model = build(model, gpu, tp=tp, framework=framework)
+    result = simulate(requests, cost_model, policy, seed=seed)
+    return {
+        "trace": str(trace_path),
+        "requests": requests.n,
+        "rate_scale": rate_scale,
+        "model": model,
+        "gpu": gpu,
+        "tp": tp,
+        "framework": framework,
+        "cost_model": cost_model.name,
+        "cost_model_source": cost_model.source,
+        "config_source": config_source,
+        "config": policy.to_dict(),
+        "slo": slos.describe(),
+        "seed": seed,
+        "report": score(result, requests, slos),
+        "result": result,
+    }
+
+
+def _slos(slo: str | None, slo_file: Path | None) -> SLOSet:
+    """``--slo`` is the default class, ``--slo-file`` the named ones; neither means no bounds."""
+    classes = list(load_slo_toml(_existing(slo_file, "--slo-file", SLOError)).classes) if slo_file else []
+    if slo is not None:
+        if any(c.name == "default" for c in classes):
+            raise SLOError(f"--slo sets the default class but {slo_file} defines [slo.default] too; drop one")
+        classes += parse_slo(slo).classes
+    return SLOSet(tuple(classes)) if classes else SLOSet()
+
+
+def _policy(config_path: Path | None, preset_name: str | None, gpu: str,
+            overrides: list[str]) -> tuple[PolicyConfig, str]:
+    """The base config (a file, else a preset, vllm-default by default) with ``--set`` applied."""
+    if config_path is not None and preset_name is not None:
+        raise ConfigError("give --config or --preset, not both")
+    if config_path is not None:
+        path = _existing(config_path, "--config", ConfigError)
+        try:
+            policy = PolicyConfig.from_toml(path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+        source = str(path)
+    else:
+        name = preset_name or "vllm-default"
+        policy, source = preset(name, gpu), f"{name} ({gpu})"
+    changes = dict(_parse_override(item) for item in overrides)
+    if changes:
+        policy = policy.replace(**changes)
+        source += " + " + ", ".join(f"{k}={v}" for k, v in changes.items())
+    return policy, source
+
+
+def _parse_override(item: str) -> tuple[str, object]:
+    """``knob=value`` with the value read as a TOML literal (8192, 0.9, true), else as text."""
+    knob, sep, text = item.partition("=")
+    if not sep or not knob.strip():
+        raise ConfigError(f"--set {item!r}: expected KNOB=VALUE, e.g. --set max_num_seqs=256")
+    try:
+        value = tomllib.loads(f"v = {text.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text.strip()
+    return knob.strip(), value
+
+
+def _rate_scaled(trace: Trace, scale: float) -> Trace:
+    """Arrivals compressed by ``scale`` (2 = twice the rate); deadlines keep their slack."""
+    if not (math.isfinite(scale) and scale > 0):
+        raise TraceError(f"--rate-scale must be a positive number, got {scale}")
+    if scale == 1.0:
+        return trace
+    start = trace.arrival_s[0] if trace.n else 0.0
+    arrival = start + (trace.arrival_s - start) / scale
+    deadline = arrival + (trace.deadline_s - trace.arrival_s)  # NaN stays NaN
+    return dataclasses.replace(trace, arrival_s=arrival, deadline_s=deadline,
+                               meta={**trace.meta, "rate_scale": scale})
+
+
+def _existing(path: Path, flag: str, error: type[Exception]) -> Path:
+    if not path.is_file():
+        raise error(f"{flag} {path}: no such file")
+    return path
+
+
+def _range_warning(report: Report) -> str:
+    return (f"{report.out_of_range_steps} steps fell outside the cost model's profiled range; "
+            "their step times are extrapolated, so treat the latencies with care")
+
+
+def _print_table(console: Console, run: dict, report: Report) -> None:
+    console.print(f"[bold]{run['trace']}[/] ({run['requests']:,} requests, rate x{run['rate_scale']:g}) · "
+                  f"{run['model']} on {run['gpu']} TP{run['tp']} ({run['framework']})")
+    console.print(f"cost model: {run['cost_model']} [dim]({run['cost_model_source']})[/]")
+    console.print(f"config: {run['config_source']} · SLO: {run['slo']} · seed {run['seed']}")
+    table = Table(show_header=True, header_style="bold")
+    table.add_column("", style="dim")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    section = None
+    for group, label, value in report.summary_rows():
+        if group == "warning":
+            continue
+        table.add_row(group if group != section else "", label, value)
+        section = group
+    console.print(table)
+    if len(report.per_class) > 1:
+        console.print(_breakdown("SLO class", report.per_class,
+                                 ("offered", "good", "attainment", "request_goodput", "p99_ttft_ms", "p99_tpot_ms")))
+    if len(report.per_tenant) > 1:
+        console.print(_breakdown("tenant", report.per_tenant,
+                                 ("offered", "finished", "good", "goodput", "service_tokens", "share")))
+    if report.out_of_range_steps:
+        console.print(f"[bold yellow]warning:[/] {_range_warning(report)}")
+
+
+def _breakdown(kind: str, rows: dict[str, dict], columns: tuple[str, ...]) -> Table:
+    table = Table(title=f"per {kind}", header_style="bold")
+    table.add_column(kind)
+    for column in columns:
+        table.add_column(column.replace("_", " "), justify="right")
+    for name, entry in rows.items():
+        table.add_row(name, *(_cell(entry[c]) for c in columns))
+    return table
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, int | np.integer):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return "n/a" if not math.isfinite(value) else f"{value:,.3f}"
+    return str(value)

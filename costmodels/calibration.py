@@ -1,0 +1,222 @@
+"""Calibrate the per-step overhead and a scale factor against measured serving runs.
+
+A run is one closed-loop benchmark: ``batch_size`` clients each send ``isl`` prompt
+tokens and read ``osl`` output tokens; the measured mean TTFT and TPOT are compared with
+the cost model's steady state:
+
+- TPOT: one decode step for ``batch_size`` sequences at the mean context ``isl + osl/2``,
+  plus the prompts that other clients start meanwhile (``batch_size`` prefills per
+  ``osl`` steps, batched into decode steps as vLLM/TRT-LLM do);
+- TTFT: the step that prefills the prompt next to the ``batch_size - 1`` running decodes.
+
+Both are ``scale * (table parts + overhead)``, so the fit (scipy ``least_squares`` on
+relative TPOT errors) has two parameters per (GPU, framework, model, GEMM dtype) across
+TP degrees; a pooled fit per (GPU, framework, dtype) serves other models. The result is a
+JSON file that ``costmodels.build(..., calibration=PATH)`` applies. The same file format
+ships for the measured combinations in ``data/calibration.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+from scipy.optimize import least_squares
+
+from costmodels.architecture import ALIASES
+from costmodels.costmodel import CostModel, CostModelError
+from costmodels.steptable import StepTables, step_seconds
+
+BUNDLED = Path(__file__).resolve().parent / "data" / "calibration.json"
+FORMAT = "servetune-calibration/1"
+
+# canonical column -> accepted spellings (aiconfigurator's silicon CSV first)
+COLUMNS = {
+    "model": ("model_path", "model"),
+    "gpu": ("system", "gpu"),
+    "framework": ("backend", "framework"),
+    "tp": ("tp_size", "tp"),
+    "gemm_dtype": ("gemm_quant_mode", "gemm_dtype"),
+    "batch_size": ("batch_size", "concurrency"),
+    "isl": ("isl",),
+    "osl": ("osl",),
+    "ttft_ms": ("silicon_ttft_ms", "ttft_ms"),
+    "tpot_ms": ("silicon_tpot_ms", "tpot_ms"),
+}
+OPTIONAL = {"gemm_dtype"}
+
+
+def load_runs(path: str | Path) -> pl.DataFrame:
+    """Measured runs with canonical columns; CostModelError naming file, row and column on bad data."""
+    path = Path(path)
+    if not path.is_file():
+        raise CostModelError(f"runs file {path} does not exist")
+    try:
+        raw = pl.read_csv(path, infer_schema_length=None)
+    except (pl.exceptions.PolarsError, UnicodeDecodeError) as exc:
+        raise CostModelError(f"{path}: cannot read as CSV ({exc})") from exc
+    if raw.is_empty():
+        raise CostModelError(f"{path}: no runs")
+    cols = {}
+    for name, spellings in COLUMNS.items():
+        found = next((s for s in spellings if s in raw.columns), None)
+        if found is None and name not in OPTIONAL:
+            raise CostModelError(f"{path}: missing column {name!r} (accepted: {', '.join(spellings)})")
+        cols[name] = pl.col(found) if found else pl.lit(None, dtype=pl.Utf8)
+    runs = raw.select(**{k: v for k, v in cols.items()}).with_columns(
+        pl.col("gemm_dtype").cast(pl.Utf8).fill_null("bf16").replace({"float16": "bf16", "bfloat16": "bf16"}),
+        pl.col("model").cast(pl.Utf8), pl.col("gpu").cast(pl.Utf8), pl.col("framework").cast(pl.Utf8).str.to_lowercase())
+    for name in ("tp", "batch_size", "isl", "osl", "ttft_ms", "tpot_ms"):
+        try:
+            values = runs[name].cast(pl.Float64, strict=True).to_numpy()
+        except pl.exceptions.PolarsError as exc:
+            raise CostModelError(f"{path}: column {name!r} is not numeric ({exc})") from exc
+        bad = np.flatnonzero(~np.isfinite(values) | (values <= 0))
+        if len(bad):
+            raise CostModelError(f"{path}: row {bad[0] + 2}, column {name!r}: {values[bad[0]]!r} "
+                                 "is not a positive number")
+    unknown = sorted({m for m in runs["model"].to_list() if m.lower() not in ALIASES})
+    if unknown:
+        raise CostModelError(f"{path}: unknown models {unknown}; calibrate built-in models only")
+    return runs.with_columns(pl.col("model").str.to_lowercase().replace_strict(ALIASES),
+                             pl.col("tp").cast(pl.Int64), pl.col("batch_size").cast(pl.Int64),
+                             pl.col("isl").cast(pl.Int64), pl.col("osl").cast(pl.Int64))
+
+
+def _raw(t: StepTables) -> StepTables:
+    return t._replace(overhead_s=0.0, scale=1.0)
+
+
+def tpot_parts(tables: StepTables, batch: np.ndarray, isl: np.ndarray, osl: np.ndarray) -> np.ndarray:
+    """Table seconds per run, before overhead and scale."""
+    t = _raw(tables)
+    out = np.empty(len(batch))
+    for i, (b, s, o) in enumerate(zip(batch, isl, osl, strict=True)):
+        decode, _ = step_seconds(t, b, b, b, b * (s + o / 2.0), 0.0)
+        prompt, _ = step_seconds(t, s, 0, 0, 0.0, s * (s + 1) / 2.0)
+        out[i] = decode + b / o * prompt
+    return out
+
+
+def ttft_parts(tables: StepTables, batch: np.ndarray, isl: np.ndarray, osl: np.ndarray) -> np.ndarray:
+    """Table seconds per run for TTFT: one mixed step with the prompt and the running decodes."""
+    t = _raw(tables)
+    out = np.empty(len(batch))
+    for i, (b, s, o) in enumerate(zip(batch, isl, osl, strict=True)):
+        running = b - 1
+        out[i], _ = step_seconds(t, s + running, b, running, running * (s + o / 2.0), s * (s + 1) / 2.0)
+    return out
+
+
+def predict(table_s: np.ndarray, overhead_s: float, scale: float) -> np.ndarray:
+    """Each part holds one step's overhead: ``scale * (table seconds + overhead)``."""
+    return scale * (table_s + overhead_s)
+
+
+def mape(predicted: np.ndarray, measured: np.ndarray) -> float:
+    return float(np.mean(np.abs(predicted - measured) / measured) * 100.0)
+
+
+def fit(table_s: np.ndarray, measured_s: np.ndarray, overhead0: float) -> tuple[float, float]:
+    """Least-squares (overhead_s >= 0, scale > 0) on relative error."""
+    def residual(p: np.ndarray) -> np.ndarray:
+        return predict(table_s, p[0], p[1]) / measured_s - 1.0
+
+    result = least_squares(residual, x0=[overhead0, 1.0], bounds=([0.0, 0.05], [0.5, 20.0]))
+    return float(result.x[0]), float(result.x[1])
+
+
+def calibrate(runs: pl.DataFrame, builder=None) -> list[dict]:
+    """Fit entries per (gpu, framework, model, gemm_dtype) and pooled per (gpu, framework, gemm_dtype)."""
+    from costmodels.build import build
+    from costmodels.gpus import load_gpu
+
+    builder = builder or build
+    rows = []  # per run: keys, tpot parts, ttft parts, measured
+    for (model, gpu, fw, dtype, tp), group in runs.group_by(["model", "gpu", "framework", "gemm_dtype", "tp"],
+                                                             maintain_order=True):
+        try:
+            cost = builder(model, gpu, tp=int(tp), framework=fw, gemm_dtype=dtype, kv_dtype=dtype,
+                           calibration=False)
+        except CostModelError as exc:
+            raise CostModelError(f"runs for {model} on {gpu} tp={tp} {fw}/{dtype}: {exc}") from exc
+        b, s, o = (group[c].to_numpy().astype(np.float64) for c in ("batch_size", "isl", "osl"))
+        rows.append(dict(model=model, gpu=load_gpu(gpu).name, framework=fw, gemm_dtype=dtype, tp=int(tp),
+                         tpot=tpot_parts(cost.tables, b, s, o), ttft=ttft_parts(cost.tables, b, s, o),
+                         tpot_ms=group["tpot_ms"].to_numpy(), ttft_ms=group["ttft_ms"].to_numpy(),
+                         overhead0=cost.tables.overhead_s))
+    entries = []
+    for pooled in (False, True):
+        keys = ("gpu", "framework", "gemm_dtype") if pooled else ("gpu", "framework", "model", "gemm_dtype")
+        for key in dict.fromkeys(tuple(r[k] for k in keys) for r in rows):
+            sel = [r for r in rows if tuple(r[k] for k in keys) == key]
+            entries.append(_fit_entry(dict(zip(keys, key, strict=True)) | ({"model": "*"} if pooled else {}), sel))
+    return entries
+
+
+def _fit_entry(key: dict, sel: list[dict]) -> dict:
+    tpot, ttft, tpot_ms, ttft_ms = (np.concatenate([r[k] for r in sel]) for k in ("tpot", "ttft", "tpot_ms", "ttft_ms"))
+    tpot_s, ttft_s = tpot_ms / 1e3, ttft_ms / 1e3
+    overhead0 = sel[0]["overhead0"]
+    overhead, scale = fit(tpot, tpot_s, overhead0)
+    return key | {
+        "tp": sorted({r["tp"] for r in sel}), "n_runs": int(len(tpot_s)),
+        "overhead_s": overhead, "scale": scale,
+        "tpot_mape_before": mape(predict(tpot, overhead0, 1.0), tpot_s),
+        "tpot_mape_after": mape(predict(tpot, overhead, scale), tpot_s),
+        "ttft_mape_before": mape(predict(ttft, overhead0, 1.0), ttft_s),
+        "ttft_mape_after": mape(predict(ttft, overhead, scale), ttft_s),
+    }
+
+
+def save_calibration(entries: list[dict], path: str | Path) -> None:
+    Path(path).write_text(json.dumps({"format": FORMAT, "entries": entries}, indent=1) + "\n")
+
+
+def load_calibration(path: str | Path) -> list[dict]:
+    path = Path(path)
+    if not path.is_file():
+        raise CostModelError(f"calibration file {path} does not exist")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise CostModelError(f"calibration file {path}: not valid JSON ({exc})") from exc
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise CostModelError(f"calibration file {path}: expected format {FORMAT!r}")
+    for i, e in enumerate(data["entries"]):
+        if not (e.get("overhead_s", -1) >= 0 and e.get("scale", 0) > 0):
+            raise CostModelError(f"calibration file {path}: entry {i} needs overhead_s >= 0 and scale > 0")
+    return data["entries"]
+
+
+def _match(entries: list[dict], model: str, gpu: str, framework: str, gemm_dtype: str) -> dict | None:
+    same = [e for e in entries if e["gpu"] == gpu and e["framework"] == framework and e["gemm_dtype"] == gemm_dtype]
+    return next((e for e in same if e["model"] == model), None) or next((e for e in same if e["model"] == "*"), None)
+
+
+def apply_calibration(cost: CostModel, model: str, gpu: str, framework: str, gemm_dtype: str,
+                      calibration: str | Path | bool | None) -> CostModel:
+    """``cost`` with a calibrated overhead and scale.
+
+    ``calibration``: a file (an entry must match), None (the bundled file, if it has a
+    match; otherwise the model stays uncalibrated and ``source`` says so) or False (never).
+    """
+    if calibration is False:
+        return cost
+    path = BUNDLED if calibration is None else Path(calibration)
+    if calibration is None and not path.is_file():
+        return replace(cost, source=cost.source + "; uncalibrated")
+    entry = _match(load_calibration(path), model, gpu, framework, gemm_dtype)
+    if entry is None:
+        if calibration is not None:
+            raise CostModelError(f"calibration file {path} has no entry for {model} on {gpu} with "
+                                 f"{framework}/{gemm_dtype}")
+        return replace(cost, source=cost.source + "; uncalibrated")
+    tables = cost.tables._replace(overhead_s=entry["overhead_s"], scale=entry["scale"])
+    label = "default" if calibration is None else path.name
+    which = "" if entry["model"] == model else " pooled"
+    return replace(cost, tables=tables, source=cost.source + f"; calibrated:{label}{which} "
+                   f"(overhead {entry['overhead_s'] * 1e3:.2f} ms, scale {entry['scale']:.3f})")

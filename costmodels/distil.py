@@ -1,0 +1,191 @@
+"""Regenerate the bundled op tables in ``costmodels/data/`` from ``../shared/profiles``.
+
+The raw aiconfigurator tables (11 MB of parquet) hold every dtype, head shape and kernel
+variant NVIDIA measured; servetune needs only what a dense GQA decoder uses, at the
+table version ``systems/query_versions.yaml`` marks current. This keeps, per (GPU,
+framework): the GEMM grid for bf16 and fp8 (dense [m, n, k] array, the few unmeasured
+cells filled by interpolation in log m), decode and context attention for head dims 64,
+128 and 256 without sliding window, and the framework's all-reduce. Latencies are stored
+as float16 milliseconds (0.05 % rounding, far below run-to-run noise). It also writes the
+GPU specs, the model configs, and ``calibration.json`` fitted to the measured H100 runs.
+Run:
+
+    python -m costmodels.distil [--shared PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import yaml
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+GPUS = ("a100_sxm", "h100_sxm", "h200_sxm")
+FRAMEWORKS = ("vllm", "sglang", "trtllm")
+GEMM_DTYPES = {"bf16": "bfloat16", "fp8": "fp8"}
+KV_DTYPES = {"bfloat16": 0, "fp8": 1}
+HEAD_DIMS = (64, 128, 256)
+# One kernel per (GPU, framework): what the framework runs by default on that GPU.
+ATTENTION_KERNELS = {"vllm": ("vllm_flash_attn_fa3", "vllm_flash_attn"), "sglang": ("fa3", "flash_attention"),
+                     "trtllm": ("torch_flow",)}
+ALLREDUCE_KERNELS = {"vllm": "vLLM_custom_graph", "sglang": "SGLang_CustomAllReduce_graph", "trtllm": "TRTLLM"}
+GEMM_KERNELS = {("vllm", "fp8"): "CutlassFP8ScaledMMLinearKernel", ("sglang", "fp8"): "sglang_sgl_kernel_fp8_scaled_mm"}
+
+
+def shared_dir() -> Path:
+    """``$SERVETUNE_SHARED`` or the repository's sibling ``shared/``."""
+    env = os.environ.get("SERVETUNE_SHARED")
+    return Path(env) if env else Path(__file__).resolve().parents[1] / ".." / "shared"
+
+
+def aic_root(shared: Path) -> Path:
+    return shared / "profiles" / "aiconfigurator" / "aiconfigurator_core"
+
+
+def current_versions(root: Path) -> dict[tuple[str, str], str]:
+    """(gpu, framework) -> table version marked "current" in query_versions.yaml."""
+    spec = yaml.safe_load((root / "systems" / "query_versions.yaml").read_text())
+    out = {}
+    for gpu in GPUS:
+        for fw in FRAMEWORKS:
+            slot = spec.get("overrides", {}).get(gpu, {}).get(fw) or spec["defaults"][fw]
+            out[gpu, fw] = slot["current"]
+    return out
+
+
+def _pick_kernel(df: pl.DataFrame, preferred: tuple[str, ...], what: str) -> pl.DataFrame:
+    present = set(df["kernel_source"].unique().to_list())
+    for kernel in preferred:
+        if kernel in present:
+            return df.filter(pl.col("kernel_source") == kernel)
+    raise ValueError(f"{what}: none of the kernels {preferred} in {sorted(present)}")
+
+
+def gemm_grid(df: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Dense latency[m, n, k] in ms, unmeasured cells filled.
+
+    A cell missing at some m is interpolated along log m; a (n, k) pair never measured
+    (A100 lacks 65536 x 65536) is scaled from the next smaller k, as a GEMM that large is
+    linear in k.
+    """
+    m = np.sort(df["m"].unique().to_numpy())
+    n = np.sort(df["n"].unique().to_numpy())
+    k = np.sort(df["k"].unique().to_numpy())
+    grid = np.full((len(m), len(n), len(k)), np.nan)
+    grid[np.searchsorted(m, df["m"].to_numpy()), np.searchsorted(n, df["n"].to_numpy()),
+         np.searchsorted(k, df["k"].to_numpy())] = df["latency"].to_numpy()
+    logm = np.log(m)
+    for j in range(len(n)):
+        for i in range(len(k)):
+            col = grid[:, j, i]
+            ok = np.isfinite(col)
+            if ok.any() and not ok.all():
+                col[~ok] = np.interp(logm[~ok], logm[ok], col[ok])
+    for j, i in zip(*np.nonzero(np.isnan(grid).all(axis=0)), strict=True):
+        grid[:, j, i] = grid[:, j, i - 1] * k[i] / k[i - 1]
+    return m, n, k, grid.astype(np.float16)
+
+
+def attention_rows(df: pl.DataFrame, length_col: str) -> dict[str, np.ndarray]:
+    """Flat rows (heads, kv_heads, head_dim, kv dtype code, batch, length, latency ms)."""
+    df = df.filter(pl.col("head_dim").is_in(HEAD_DIMS) & (pl.col("attn_dtype") == "bfloat16")
+                   & pl.col("kv_cache_dtype").is_in(list(KV_DTYPES)))
+    if "window_size" in df.columns:
+        df = df.filter(pl.col("window_size") == 0)
+    df = df.group_by(["num_heads", "num_key_value_heads", "head_dim", "kv_cache_dtype", "batch_size", length_col]
+                     ).agg(pl.col("latency").median())
+    df = df.sort(["head_dim", "kv_cache_dtype", "num_heads", "num_key_value_heads", "batch_size", length_col])
+    return {
+        "heads": df["num_heads"].to_numpy().astype(np.int16),
+        "kv_heads": df["num_key_value_heads"].to_numpy().astype(np.int16),
+        "head_dim": df["head_dim"].to_numpy().astype(np.int16),
+        "kv_dtype": df["kv_cache_dtype"].replace_strict(KV_DTYPES).to_numpy().astype(np.int8),
+        "batch": df["batch_size"].to_numpy().astype(np.int32),
+        "length": df[length_col].to_numpy().astype(np.int32),
+        "latency": df["latency"].to_numpy().astype(np.float16),
+    }
+
+
+def distil_one(root: Path, gpu: str, fw: str, version: str) -> dict[str, np.ndarray]:
+    base = root / "systems" / "data" / gpu
+    out: dict[str, np.ndarray] = {}
+    gemm = pl.read_parquet(base / "gemm" / fw / version / "gemm_perf.parquet")
+    for short, raw in GEMM_DTYPES.items():
+        rows = gemm.filter(pl.col("gemm_dtype") == raw)
+        if rows.is_empty():
+            continue
+        if (fw, short) in GEMM_KERNELS:
+            rows = _pick_kernel(rows, (GEMM_KERNELS[fw, short],), f"{gpu}/{fw} gemm {short}")
+        m, n, k, grid = gemm_grid(rows)
+        out["gemm_m"], out["gemm_n"], out["gemm_k"] = m, n, k
+        out[f"gemm_{short}"] = grid
+    attn = base / "attention" / fw / version
+    for name, fname, length_col in (("gen", "generation_attention_perf", "step"),
+                                    ("ctx", "context_attention_perf", "isl")):
+        df = _pick_kernel(pl.read_parquet(attn / f"{fname}.parquet"), ATTENTION_KERNELS[fw], f"{gpu}/{fw} {name}")
+        for key, arr in attention_rows(df, length_col).items():
+            out[f"{name}_{key}"] = arr
+    ar = pl.read_parquet(base / "comm" / fw / version / "custom_allreduce_perf.parquet")
+    ar = ar.filter(pl.col("kernel_source") == ALLREDUCE_KERNELS[fw]).sort(["num_gpus", "message_size"])
+    out["ar_gpus"] = ar["num_gpus"].to_numpy().astype(np.int16)
+    out["ar_elements"] = ar["message_size"].to_numpy().astype(np.int64)
+    out["ar_latency"] = ar["latency"].to_numpy().astype(np.float32)
+    meta = {"gpu": gpu, "framework": fw, "version": version, "device": gemm["device"][0],
+            "source": "aiconfigurator-core 0.12.0 (Apache-2.0, NVIDIA)"}
+    out["meta"] = np.array(json.dumps(meta))
+    return out
+
+
+def gpu_specs(root: Path) -> dict[str, dict]:
+    """GPU specs from the system YAMLs, in SI units."""
+    specs = {}
+    for gpu in GPUS:
+        y = yaml.safe_load((root / "systems" / f"{gpu}.yaml").read_text())
+        g, node = y["gpu"], y["node"]
+        specs[gpu] = {
+            "memory_bytes": g["mem_capacity"],
+            "hbm_bytes_per_s": g["mem_bw"],
+            "hbm_efficiency": g["mem_bw_empirical_scaling_factor"],
+            "bf16_flops": g["bfloat16_tc_flops"],
+            "fp8_flops": g.get("fp8_tc_flops", 0),
+            "nvlink_bytes_per_s": node["intra_node_bw"],
+            "pcie_bytes_per_s": node["pcie_bw"],
+            "gpus_per_node": node["num_gpus_per_node"],
+            "nccl_bytes": {str(k): v for k, v in y["misc"]["nccl_mem"].items()},
+        }
+    return specs
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shared", type=Path, default=shared_dir())
+    parser.add_argument("--out", type=Path, default=DATA_DIR)
+    args = parser.parse_args(argv)
+    root = aic_root(args.shared)
+    if not root.is_dir():
+        raise SystemExit(f"profiles not found at {root}; pass --shared or set SERVETUNE_SHARED")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "models").mkdir(exist_ok=True)
+    for (gpu, fw), version in current_versions(root).items():
+        np.savez_compressed(args.out / f"{gpu}_{fw}.npz", **distil_one(root, gpu, fw, version))
+    (args.out / "gpus.json").write_text(json.dumps(gpu_specs(root), indent=1) + "\n")
+    for cfg in sorted((root / "model_configs").glob("*_config.json")):
+        shutil.copyfile(cfg, args.out / "models" / cfg.name)
+    shutil.copyfile(args.shared / "profiles" / "aiconfigurator" / "LICENSE", args.out / "LICENSE-aiconfigurator")
+    if args.out == DATA_DIR:  # calibrate against the bundled tables just written
+        from costmodels.calibration import BUNDLED, calibrate, load_runs, save_calibration
+
+        save_calibration(calibrate(load_runs(root / "systems" / "silicon_dense_h100.csv")), BUNDLED)
+    for f in sorted(args.out.rglob("*")):
+        if f.is_file():
+            print(f"{f.relative_to(args.out)}: {f.stat().st_size / 1024:.0f} KiB")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""Per-op latency on one GPU: measured tables (aiconfigurator) or a roofline estimate.
+
+Both sources answer the same four questions, per layer and in seconds: a GEMM of shape
+(m, n, k), decode attention for a batch at a context length, prefill (context) attention
+for a batch of fresh prompts, and an all-reduce of a number of bf16 elements. The step-time
+composer (``costmodels.compose``) does not care which source it talks to.
+
+Profiled GEMMs are interpolated log-linearly in m (latency is flat at small m, then
+linear) and linearly in n and k, which the grid lacks for e.g. Llama's 14336/28672; a GEMM
+wider than the grid is costed as side-by-side GEMMs of the widest measured n.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from costmodels.costmodel import CostModelError
+from costmodels.gpus import GPUSpec
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+FRAMEWORKS = ("vllm", "sglang", "trtllm")
+KV_DTYPE_CODE = {"bf16": 0, "fp8": 1}
+MS = 1e-3
+
+# Default axes where no table dictates one (roofline): dense at small sizes, then x1.5 steps.
+TOKEN_AXIS = np.unique(np.concatenate([np.arange(1, 17), np.round(2 ** np.arange(4, 15.01, 0.5))])).astype(np.float64)
+BATCH_AXIS = 2.0 ** np.arange(0, 12)
+CTX_AXIS = 2.0 ** np.arange(0, 18)
+ISL_AXIS = np.unique(np.round(2 ** np.arange(0, 14.01, 0.5)))
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """Attention heads on one GPU (after TP) and the KV-cache dtype."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    kv_dtype: str = "bf16"
+
+
+class ProfiledOps:
+    """Latencies interpolated from the distilled aiconfigurator tables for one GPU and framework."""
+
+    kind = "profiled"
+
+    def __init__(self, tables: str, framework: str, gemm_dtype: str, data_dir: Path = DATA_DIR):
+        if framework not in FRAMEWORKS:
+            raise CostModelError(f"unknown framework {framework!r}; valid: {', '.join(FRAMEWORKS)}")
+        path = data_dir / f"{tables}_{framework}.npz"
+        if not path.is_file():
+            raise CostModelError(f"no op tables for {tables}/{framework} ({path} missing)")
+        with np.load(path) as z:
+            self._z = {key: z[key] for key in z.files}
+        self.meta = json.loads(str(self._z["meta"]))
+        grid = self._z.get(f"gemm_{gemm_dtype}")
+        if grid is None:
+            have = [k.removeprefix("gemm_") for k in self._z if k in ("gemm_bf16", "gemm_fp8")]
+            raise CostModelError(f"{tables}/{framework}: no {gemm_dtype} GEMM table; measured: {', '.join(have)}")
+        self.gemm_dtype = gemm_dtype
+        self._m = self._z["gemm_m"].astype(np.float64)
+        self._n = self._z["gemm_n"].astype(np.float64)
+        self._k = self._z["gemm_k"].astype(np.float64)
+        self._gemm = grid.astype(np.float64) * MS
+        self.notes: list[str] = []
+
+    @property
+    def label(self) -> str:
+        return f"profiled:aiconfigurator/{self.meta['gpu']}/{self.meta['framework']}-{self.meta['version']}"
+
+    def token_axis(self) -> np.ndarray:
+        return self._m.copy()
+
+    def gemm(self, m: np.ndarray, n: int, k: int) -> np.ndarray:
+        """Seconds for GEMMs (m x k) @ (k x n), vectorised over m."""
+        m = np.asarray(m, dtype=np.float64)
+        pieces = int(np.ceil(n / self._n[-1]))
+        n_piece = n / pieces
+        if k > self._k[-1]:
+            raise CostModelError(f"GEMM k={k} exceeds the profiled maximum {int(self._k[-1])}")
+        # bilinear in (n, k) on each measured m, then log-linear in m
+        jn = _bracket(self._n, n_piece)
+        jk = _bracket(self._k, k)
+        wn = max(n_piece - self._n[jn], 0.0) / (self._n[jn + 1] - self._n[jn])
+        wk = max(k - self._k[jk], 0.0) / (self._k[jk + 1] - self._k[jk])
+        g = self._gemm
+        along_m = ((1 - wn) * (1 - wk) * g[:, jn, jk] + wn * (1 - wk) * g[:, jn + 1, jk]
+                   + (1 - wn) * wk * g[:, jn, jk + 1] + wn * wk * g[:, jn + 1, jk + 1])
+        return pieces * np.interp(np.log(np.maximum(m, 1.0)), np.log(self._m), along_m)
+
+    def _attention_rows(self, prefix: str, shape: AttentionShape) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+        """(batch, length, seconds) rows for the shape, scaled from the nearest measured one if needed."""
+        z = self._z
+        code = KV_DTYPE_CODE.get(shape.kv_dtype)
+        sel = (z[f"{prefix}_head_dim"] == shape.head_dim) & (z[f"{prefix}_kv_dtype"] == code)
+        if not sel.any():
+            raise CostModelError(f"{self.label}: no {prefix} attention measured for head_dim={shape.head_dim}, "
+                                 f"kv_dtype={shape.kv_dtype}")
+        heads, kvh = z[f"{prefix}_heads"][sel], z[f"{prefix}_kv_heads"][sel]
+        pairs = sorted(set(zip(heads.tolist(), kvh.tolist(), strict=True)))
+        # nearest measured (heads, kv_heads): same group size first, then closest in log size
+        def distance(p: tuple[int, int]) -> tuple[bool, float]:
+            return (p[0] * shape.kv_heads != p[1] * shape.heads,
+                    abs(np.log(p[0] / shape.heads)) + abs(np.log(p[1] / shape.kv_heads)))
+        best = min(pairs, key=distance)
+        rows = sel & (z[f"{prefix}_heads"] == best[0]) & (z[f"{prefix}_kv_heads"] == best[1])
+        # decode reads KV (scales with kv heads); prefill computes per query head
+        factor = shape.kv_heads / best[1] if prefix == "gen" else shape.heads / best[0]
+        if best != (shape.heads, shape.kv_heads):
+            self.notes.append(f"{prefix} attention scaled x{factor:.2f} from measured {best[0]}/{best[1]} heads")
+        return (z[f"{prefix}_batch"][rows].astype(np.float64), z[f"{prefix}_length"][rows].astype(np.float64),
+                z[f"{prefix}_latency"][rows].astype(np.float64) * MS * factor, factor)
+
+    def decode_rows(self, shape: AttentionShape) -> dict[float, tuple[np.ndarray, np.ndarray]]:
+        """batch -> (KV tokens read per sequence, seconds) as measured, ascending in context."""
+        batch, step, sec, _ = self._attention_rows("gen", shape)
+        out = {}
+        for b in np.unique(batch):
+            r = batch == b
+            order = np.argsort(step[r])
+            out[float(b)] = (step[r][order] + 1.0, sec[r][order])  # step = tokens already cached
+        return out
+
+    def prefill_rows(self, shape: AttentionShape) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(batch, prompt length, seconds) of measured context attention."""
+        batch, isl, sec, _ = self._attention_rows("ctx", shape)
+        return batch, isl, sec
+
+    def allreduce(self, elements: np.ndarray, tp: int) -> np.ndarray:
+        """Seconds for an all-reduce of ``elements`` bf16 values across ``tp`` GPUs."""
+        z = self._z
+        r = z["ar_gpus"] == tp
+        if not r.any():
+            raise CostModelError(f"{self.label}: no all-reduce measured for tp={tp}; measured: "
+                                 f"{sorted(set(z['ar_gpus'].tolist()))}")
+        size = z["ar_elements"][r].astype(np.float64)
+        sec = z["ar_latency"][r].astype(np.float64) * MS
+        x = np.log(np.maximum(np.asarray(elements, dtype=np.float64), size[0]))
+        inside = np.interp(x, np.log(size), sec)
+        beyond = sec[-1] * np.exp(x - np.log(size[-1]))  # bandwidth-bound past the largest message
+        return np.where(x > np.log(size[-1]), beyond, inside)
+
+
+class RooflineOps:
+    """Latencies from peak FLOPs and bandwidth with fixed efficiencies: for GPUs without tables."""
+
+    kind = "roofline"
+    launch_s = 3e-6  # per-kernel latency floor
+    gemm_efficiency = 0.7  # achievable fraction of peak tensor FLOPs
+    attention_efficiency = 0.5  # flash attention reaches about half of peak
+    allreduce_latency_s = 10e-6
+
+    def __init__(self, gpu: GPUSpec, gemm_dtype: str):
+        self.gpu = gpu
+        self.gemm_dtype = gemm_dtype
+        self._flops = gpu.flops(gemm_dtype)
+        self._weight_bytes = 1 if gemm_dtype == "fp8" else 2
+        self._bw = gpu.hbm_bytes_per_s * gpu.hbm_efficiency
+        self.notes: list[str] = []
+
+    @property
+    def label(self) -> str:
+        return f"roofline:{self.gpu.name}/{self.gemm_dtype}"
+
+    def token_axis(self) -> np.ndarray:
+        return TOKEN_AXIS.copy()
+
+    def gemm(self, m: np.ndarray, n: int, k: int) -> np.ndarray:
+        m = np.asarray(m, dtype=np.float64)
+        compute = 2.0 * m * n * k / (self._flops * self.gemm_efficiency)
+        traffic = (n * k * self._weight_bytes + 2.0 * m * (n + k)) / self._bw
+        return np.maximum(compute, traffic) + self.launch_s
+
+    def decode_rows(self, shape: AttentionShape) -> dict[float, tuple[np.ndarray, np.ndarray]]:
+        kv_bytes = 2 * shape.kv_heads * shape.head_dim * (1 if shape.kv_dtype == "fp8" else 2)
+        return {float(b): (CTX_AXIS.copy(), b * CTX_AXIS * kv_bytes / self._bw + self.launch_s) for b in BATCH_AXIS}
+
+    def prefill_rows(self, shape: AttentionShape) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        pairs = ISL_AXIS * (ISL_AXIS + 1) / 2
+        flops = 4.0 * pairs * shape.heads * shape.head_dim
+        sec = flops / (self.gpu.bf16_flops * self.attention_efficiency) + self.launch_s
+        return np.ones_like(ISL_AXIS), ISL_AXIS.copy(), sec
+
+    def allreduce(self, elements: np.ndarray, tp: int) -> np.ndarray:
+        nbytes = 2.0 * np.asarray(elements, dtype=np.float64)
+        return 2.0 * (tp - 1) / tp * nbytes / self.gpu.nvlink_bytes_per_s + self.allreduce_latency_s
+
+
+def _bracket(axis: np.ndarray, x: float) -> int:
+    """Index i with axis[i] <= x <= axis[i+1], clamped to the grid (x below the grid uses the first cell)."""
+    return int(min(max(np.searchsorted(axis, x) - 1, 0), len(axis) - 2))

@@ -1,0 +1,372 @@
+"""The capacity review: the numbers a reviewer asks for, as Markdown and HTML.
+
+How many GPUs this traffic needs at these SLOs, the headroom left at the current rate, what
+limits the best config (compute, KV cache or queueing), the gain over the engine defaults,
+and the plots. The document is built once as a list of blocks and rendered twice, so the
+Markdown and HTML never disagree.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from optimizer.exports import Deployment
+from policies.config import KNOBS, PolicyConfig
+from policies.result import SimResult
+from studies.slo import SLOSet
+
+# Thresholds of the limit diagnosis. A KV-bound run preempts or rejects for memory; a
+# compute-bound one keeps the GPU busy; a queueing one waits although neither is exhausted.
+BUSY_HIGH = 0.85  # engine busy fraction of the window
+KV_PEAK_HIGH = 0.95  # KV high-water fraction
+PREEMPTION_HIGH = 0.05  # preemptions per accepted request
+KV_REJECT_HIGH = 0.01  # fraction of offered requests rejected for memory
+QUEUE_SHARE_HIGH = 0.5  # mean queue time / mean TTFT
+KV_REJECT_REASONS = ("kv_high_water", "exceeds_capacity", "max_preemptions")
+
+
+# -- what limits a config -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoadSignals:
+    """The saturation signals of one run, each a fraction."""
+
+    busy_fraction: float  # summed step time / (window x replicas)
+    kv_peak_fraction: float
+    preemption_rate: float  # per accepted request
+    kv_reject_fraction: float  # memory-related rejects / offered
+    queue_share: float  # mean queue time / mean TTFT
+
+    @classmethod
+    def of(cls, result: SimResult, report: Mapping[str, Any], replicas: int) -> LoadSignals:
+        """From a simulation and its report (``Report.to_dict()``) on ``replicas`` replicas."""
+        window = _num(report.get("duration_s"))
+        offered = _num(report.get("n_offered"))
+        reasons = report.get("reject_reasons") or {}
+        kv_rejects = sum(reasons.get(r, 0) for r in KV_REJECT_REASONS)
+        return cls(
+            busy_fraction=_ratio(result.busy_s, window * replicas),
+            kv_peak_fraction=_num(report.get("kv_peak_fraction")),
+            preemption_rate=_num(report.get("preemption_rate"), 0.0),
+            kv_reject_fraction=_ratio(kv_rejects, offered),
+            queue_share=_ratio(_num(report.get("mean_queue_ms")), _num(report.get("mean_ttft_ms"))),
+        )
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """The resource that limits a config ("kv", "compute", "queueing" or "none") and why."""
+
+    limit: str
+    summary: str
+    evidence: tuple[str, ...]
+
+
+def diagnose(s: LoadSignals) -> Diagnosis:
+    """Name the limit. KV comes first: preemption recompute also inflates the busy fraction."""
+    evidence = (
+        f"engine busy {_pct(s.busy_fraction)} of the window (high at >= {BUSY_HIGH:.0%})",
+        f"KV high-water {_pct(s.kv_peak_fraction)} (high at >= {KV_PEAK_HIGH:.0%})",
+        f"{_fmt(s.preemption_rate, 3)} preemptions per accepted request (high at >= {PREEMPTION_HIGH:g})",
+        f"{_pct(s.kv_reject_fraction)} of requests rejected for KV memory (high at >= {KV_REJECT_HIGH:.0%})",
+        f"queueing is {_pct(s.queue_share)} of mean TTFT (dominant at >= {QUEUE_SHARE_HIGH:.0%})",
+    )
+    kv_full = _ge(s.kv_peak_fraction, KV_PEAK_HIGH)
+    if _ge(s.preemption_rate, PREEMPTION_HIGH) or _ge(s.kv_reject_fraction, KV_REJECT_HIGH) or (
+            kv_full and _ge(s.queue_share, QUEUE_SHARE_HIGH)):
+        return Diagnosis("kv", "KV-bound: the KV cache is full, so requests are preempted, rejected or "
+                               "wait for memory. More KV memory (GPU memory utilisation, TP, smaller "
+                               "reservations) or fewer concurrent sequences helps.", evidence)
+    if _ge(s.busy_fraction, BUSY_HIGH):
+        return Diagnosis("compute", "Compute-bound: the GPUs are busy almost all the time; only more or "
+                                    "faster GPUs (or shorter outputs) raise goodput.", evidence)
+    if _ge(s.queue_share, QUEUE_SHARE_HIGH):
+        return Diagnosis("queueing", "Queueing-bound: requests spend most of their TTFT waiting although "
+                                     "compute and KV have room; the batch caps (token budget, max sequences) "
+                                     "or arrival bursts hold them back.", evidence)
+    return Diagnosis("none", "Not saturated: compute, KV and queueing all have room at this rate.", evidence)
+
+
+# -- how many GPUs ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """The highest rate a config serves at the target SLO attainment on the current deployment.
+
+    ``max_rate_scale`` multiplies the trace's arrival rate (1.0 = the trace as given);
+    ``capped`` says the search stopped at its upper bound, so the true capacity is higher.
+    GPUs needed assumes throughput grows in proportion to replicas (requests spread evenly).
+    """
+
+    max_rate_scale: float
+    trace_rps: float
+    deployment: Deployment
+    capped: bool = False
+
+    @property
+    def max_rps(self) -> float:
+        return self.max_rate_scale * self.trace_rps
+
+    @property
+    def headroom(self) -> float:
+        """Extra traffic the deployment absorbs before attainment falls below target (-1..inf)."""
+        return self.max_rate_scale - 1.0
+
+    @property
+    def replicas_needed(self) -> int | None:
+        """Replicas for the trace's rate at the target; None if the target is out of reach."""
+        if not self.max_rate_scale > 0:
+            return None
+        return max(1, math.ceil(self.deployment.replicas / self.max_rate_scale - 1e-9))
+
+    @property
+    def gpus_needed(self) -> int | None:
+        replicas = self.replicas_needed
+        return None if replicas is None else replicas * self.deployment.tp
+
+
+# -- the document -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConfigFigures:
+    """What the review shows for one config: its knobs, report, capacity and limit."""
+
+    name: str
+    config: PolicyConfig
+    report: Mapping[str, Any]
+    capacity: Capacity | None = None
+    diagnosis: Diagnosis | None = None
+    trial: int | None = None
+
+
+@dataclass(frozen=True)
+class ReviewInputs:
+    title: str
+    deployment: Deployment
+    slos: SLOSet
+    target_attainment: float
+    trace_description: str
+    best: ConfigFigures
+    baselines: Sequence[ConfigFigures] = ()
+    objectives: Sequence[tuple[str, float, str]] = ()  # (name, value, direction) of the best trial
+    plots: Mapping[str, str] = field(default_factory=dict)  # caption -> relative PNG path
+    notes: Sequence[str] = ()
+
+
+Block = tuple[str, Any]  # ("h1" | "h2" | "p" | "ul" | "table" | "img", payload)
+
+_COMPARED = (("weighted_goodput", "weighted goodput (/s)", 3), ("request_goodput", "request goodput (req/s)", 3),
+             ("slo_attainment", "SLO attainment", None), ("p99_ttft_ms", "p99 TTFT (ms)", 0),
+             ("p99_tpot_ms", "p99 TPOT (ms)", 1), ("rejected_fraction", "rejected", None),
+             ("kv_peak_fraction", "KV high-water", None), ("preemption_rate", "preemptions / request", 3))
+
+
+def build_review(r: ReviewInputs) -> list[Block]:
+    """The review as blocks, in reading order."""
+    d = r.deployment
+    best = r.best
+    blocks: list[Block] = [
+        ("h1", r.title),
+        ("p", f"Traffic: {r.trace_description}. Model {d.model} on {d.gpu.upper()}, "
+              f"{d.replicas} replica(s) x TP {d.tp} = {d.gpus} GPU(s). SLOs: {r.slos.describe()}. "
+              f"Target: SLO attainment >= {r.target_attainment:.0%}."),
+        ("h2", "How many GPUs"),
+        ("table", _capacity_table([best, *r.baselines])),
+    ]
+    if best.capacity is not None:
+        blocks.append(("p", _capacity_sentence(best.name, best.capacity, r.target_attainment)))
+    blocks.append(("h2", "What limits the best config"))
+    if best.diagnosis is not None:
+        blocks += [("p", best.diagnosis.summary), ("ul", list(best.diagnosis.evidence))]
+    else:
+        blocks.append(("p", "No load signals were recorded for the best config."))
+    blocks += [("h2", "Gain over the engine defaults"), ("table", _comparison_table(best, r.baselines))]
+    blocks += [("p", line) for line in _gain_sentences(best, r.baselines)]
+    if r.objectives:
+        blocks.append(("p", "Objectives of the best trial: " + "; ".join(
+            f"{name} = {_fmt(value, 4)} ({direction})" for name, value, direction in r.objectives) + "."))
+    changed = _changed_knobs(best, r.baselines)
+    blocks += [("h2", "Best config"), ("table", changed)]
+    if r.notes:
+        blocks += [("h2", "Notes"), ("ul", list(r.notes))]
+    if r.plots:
+        blocks.append(("h2", "Plots"))
+        blocks += [("img", (caption, path)) for caption, path in r.plots.items()]
+    return blocks
+
+
+def _capacity_table(rows: Sequence[ConfigFigures]) -> list[list[str]]:
+    table = [["config", "max rate (req/s)", "headroom at trace rate", "GPUs needed", "limit"]]
+    for f in rows:
+        c = f.capacity
+        if c is None:
+            table.append([f.name, "n/a", "n/a", "n/a", f.diagnosis.limit if f.diagnosis else "n/a"])
+            continue
+        more = "+" if c.capped else ""
+        gpus = c.gpus_needed
+        table.append([
+            f.name,
+            f"{_fmt(c.max_rps, 3)}{more}",
+            f"{c.headroom:+.0%}{more}",
+            "target out of reach" if gpus is None else f"{gpus} ({c.replicas_needed} x TP {c.deployment.tp})",
+            f.diagnosis.limit if f.diagnosis else "n/a",
+        ])
+    return table
+
+
+def _capacity_sentence(name: str, c: Capacity, target: float) -> str:
+    gpus = c.gpus_needed
+    if gpus is None:
+        return (f"{name} does not reach {target:.0%} SLO attainment at any tested rate on this deployment: "
+                "the SLOs are tighter than one request's latency on this hardware.")
+    bound = "at least " if c.capped else ""
+    if c.headroom >= 0:
+        state = f"it has {bound}{c.headroom:.0%} headroom: traffic can grow to {bound}{_fmt(c.max_rps, 3)} req/s"
+    else:
+        state = (f"it is over capacity: attainment holds only up to {_fmt(c.max_rps, 3)} req/s, "
+                 f"{-c.headroom:.0%} below the trace rate")
+    return (f"With {name}, this traffic needs {gpus} GPU(s) ({c.replicas_needed} replica(s) x TP "
+            f"{c.deployment.tp}) to keep SLO attainment >= {target:.0%}; on the current "
+            f"{c.deployment.gpus} GPU(s) {state}.")
+
+
+def _comparison_table(best: ConfigFigures, baselines: Sequence[ConfigFigures]) -> list[list[str]]:
+    table = [["metric", best.name, *[b.name for b in baselines]]]
+    for key, label, digits in _COMPARED:
+        fmt = _pct if digits is None else (lambda v, k=digits: _fmt(v, k))
+        table.append([label, *[fmt(_num(f.report.get(key))) for f in (best, *baselines)]])
+    return table
+
+
+def _gain_sentences(best: ConfigFigures, baselines: Sequence[ConfigFigures]) -> list[str]:
+    mine = _num(best.report.get("weighted_goodput"))
+    lines = []
+    for b in baselines:
+        theirs = _num(b.report.get("weighted_goodput"))
+        gain = gain_ratio(mine, theirs)
+        if gain is None:
+            lines.append(f"{b.name} has no goodput on this trace; {best.name} delivers {_fmt(mine, 3)}/s.")
+        else:
+            lines.append(f"Weighted goodput {gain:+.1%} over {b.name} ({_fmt(mine, 3)} vs {_fmt(theirs, 3)}/s).")
+    return lines
+
+
+def gain_ratio(value: float, baseline: float) -> float | None:
+    """Relative gain value/baseline - 1; None when the baseline is zero or unknown."""
+    if not (math.isfinite(value) and math.isfinite(baseline)) or baseline == 0:
+        return None
+    return value / baseline - 1.0
+
+
+def _changed_knobs(best: ConfigFigures, baselines: Sequence[ConfigFigures]) -> list[list[str]]:
+    """Knobs whose best value differs from at least one baseline (policy.toml has them all)."""
+    table = [["knob", best.name, *[b.name for b in baselines]]]
+    for knob in KNOBS:
+        value = getattr(best.config, knob.name)
+        others = [getattr(b.config, knob.name) for b in baselines]
+        if not others or any(o != value for o in others):
+            table.append([knob.name, _show(value), *[_show(o) for o in others]])
+    return table
+
+
+# -- rendering ----------------------------------------------------------------------------------
+
+
+def to_markdown(blocks: Sequence[Block]) -> str:
+    out = []
+    for kind, payload in blocks:
+        if kind == "h1":
+            out.append(f"# {payload}")
+        elif kind == "h2":
+            out.append(f"## {payload}")
+        elif kind == "p":
+            out.append(payload)
+        elif kind == "ul":
+            out.append("\n".join(f"- {item}" for item in payload))
+        elif kind == "table":
+            head, *rows = payload
+            lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+            lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in rows]
+            out.append("\n".join(lines))
+        elif kind == "img":
+            caption, path = payload
+            out.append(f"![{caption}]({path})")
+    return "\n\n".join(out) + "\n"
+
+
+def to_html(blocks: Sequence[Block]) -> str:
+    e = html.escape
+    title = next((payload for kind, payload in blocks if kind == "h1"), "capacity review")
+    body = []
+    for kind, payload in blocks:
+        if kind in ("h1", "h2", "p"):
+            body.append(f"<{kind}>{e(payload)}</{kind}>")
+        elif kind == "ul":
+            body.append("<ul>" + "".join(f"<li>{e(item)}</li>" for item in payload) + "</ul>")
+        elif kind == "table":
+            head, *rows = payload
+            cells = "".join(f"<th>{e(c)}</th>" for c in head)
+            trs = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in rows)
+            body.append(f"<table><thead><tr>{cells}</tr></thead><tbody>{trs}</tbody></table>")
+        elif kind == "img":
+            caption, path = payload
+            body.append(f'<figure><img src="{e(path)}" alt="{e(caption)}"><figcaption>{e(caption)}'
+                        "</figcaption></figure>")
+    style = ("body{font-family:sans-serif;max-width:60em;margin:2em auto;line-height:1.4}"
+             "table{border-collapse:collapse}td,th{border:1px solid #bbb;padding:.2em .6em;text-align:left}"
+             "img{max-width:100%}")
+    return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{e(title)}</title>"
+            f"<style>{style}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+
+
+def write_review(directory: str | Path, inputs: ReviewInputs) -> tuple[Path, Path]:
+    """Write capacity-review.md and capacity-review.html into ``directory``."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    blocks = build_review(inputs)
+    md, page = directory / "capacity-review.md", directory / "capacity-review.html"
+    md.write_text(to_markdown(blocks))
+    page.write_text(to_html(blocks))
+    return md, page
+
+
+# -- formatting ---------------------------------------------------------------------------------
+
+
+def _num(value: Any, default: float = math.nan) -> float:
+    """Report values arrive as JSON (None for NaN); turn them back into floats."""
+    return default if value is None else float(value)
+
+
+def _ratio(num: float, den: float) -> float:
+    return float(num) / float(den) if den and math.isfinite(den) else math.nan
+
+
+def _ge(value: float, threshold: float) -> bool:
+    return math.isfinite(value) and value >= threshold
+
+
+def _fmt(value: float, digits: int) -> str:
+    return "n/a" if not math.isfinite(value) else f"{value:,.{digits}f}"
+
+
+def _pct(value: float) -> str:
+    return "n/a" if not math.isfinite(value) else f"{100 * value:.1f}%"
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _md_cell(text: str) -> str:
+    return str(text).replace("|", "\\|")

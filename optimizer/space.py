@@ -1,0 +1,308 @@
+"""The search space: which PolicyConfig knobs a study turns, over what ranges, and when.
+
+Every knob in ``policies.config.KNOBS`` is in the space, either searched or fixed. A knob
+is searched with the default range in ``DEFAULTS`` unless the study overrides it; a knob
+added later to KNOBS is searched automatically when it is a bool or a choice, and fixed
+at the base config's value when it is a number without a default range (a range over the
+knob's whole validity interval would waste the budget). Overrides per knob, from a
+study's ``[space.KNOB]`` table:
+
+- ``low``/``high``/``log``: a numeric range; ``choices``: a categorical list;
+- ``value``: fix the knob; ``search = false``: fix it at the base config's value;
+- ``off = true``: 0 (the knob's "off" value) is a choice besides ``[low, high]``; the
+  search first picks on/off (parameter ``KNOB:on``), then the value;
+- ``when = {PARENT = [values]}``: suggest the knob only when PARENT took one of values
+  (otherwise it keeps its base value), as Optuna's define-by-run conditional spaces do.
+
+``infeasibility`` prunes configs that cannot serve the trace by construction before any
+simulation runs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from policies.config import KNOB_BY_NAME, KNOBS, PolicyConfig
+
+
+class SpaceError(ValueError):
+    """A search-space override that cannot be searched, naming the knob and what is valid."""
+
+
+#: Default search ranges. Knobs absent here fall back to the rule in the module docstring.
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "max_num_batched_tokens": {"low": 256, "high": 32768, "log": True},
+    "max_num_seqs": {"low": 8, "high": 1024, "log": True},
+    "long_prefill_token_threshold": {"low": 64, "high": 8192, "log": True, "off": True,
+                                     "when": {"enable_chunked_prefill": [True]}},
+    "max_prefill_tokens": {"low": 1024, "high": 65536, "log": True,
+                           "when": {"schedule_mode": ["prefill_first"]}},
+    "step_time_cap_ms": {"low": 20.0, "high": 2000.0, "log": True, "off": True},
+    "kv_headroom": {"low": 0.0, "high": 0.3},
+    "admission_quantile": {"low": 0.5, "high": 1.0, "when": {"admission_mode": ["predicted"]}},
+    "schedule_conservativeness": {"low": 0.1, "high": 3.0, "log": True,
+                                  "when": {"admission_mode": ["new_token_ratio"]}},
+    # Free lunch in a simulator that does not model OOM or attention kernels: more memory
+    # and finer blocks always look better, so they stay at the deployment's value.
+    "gpu_memory_utilization": {"search": False},
+    "block_size": {"search": False},
+    # Load shedding: these buy goodput by rejecting requests; open them deliberately, with
+    # an explicit constraints.max_rejected_fraction.
+    "max_preemptions": {"search": False},
+    "max_queue_len": {"search": False},
+    "max_wait_s": {"search": False},
+    "kv_high_water": {"search": False},
+    "max_model_len": {"search": False},
+}
+
+_OVERRIDE_KEYS = {"low", "high", "log", "choices", "value", "search", "off", "when"}
+
+
+@dataclass(frozen=True)
+class Param:
+    """One searched knob: a numeric range (optionally with an "off" value 0) or choices."""
+
+    name: str
+    kind: str  # "int", "float" or "categorical"
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    choices: tuple = ()
+    off: bool = False
+    when: tuple[tuple[str, tuple], ...] = ()
+
+    @property
+    def gate(self) -> str:
+        return f"{self.name}:on"
+
+    def active(self, values: Mapping[str, Any]) -> bool:
+        return all(values[parent] in allowed for parent, allowed in self.when)
+
+    def suggest(self, trial) -> Any:
+        if self.kind == "categorical":
+            return trial.suggest_categorical(self.name, list(self.choices))
+        if self.off and not trial.suggest_categorical(self.gate, [False, True]):
+            return 0
+        if self.kind == "int":
+            return trial.suggest_int(self.name, int(self.low), int(self.high), log=self.log)
+        return trial.suggest_float(self.name, float(self.low), float(self.high), log=self.log)
+
+    def params_for(self, value: Any) -> dict[str, Any]:
+        """Optuna params that reproduce ``value``; empty when the space cannot express it."""
+        if self.kind == "categorical":
+            return {self.name: value} if value in self.choices else {}
+        if self.off and value == 0:
+            return {self.gate: False}
+        if self.low <= value <= self.high:
+            return {self.gate: True, self.name: value} if self.off else {self.name: value}
+        return {}
+
+    def describe(self) -> str:
+        if self.kind == "categorical":
+            text = "{" + ", ".join(map(str, self.choices)) + "}"
+        else:
+            text = f"[{self.low:g}, {self.high:g}]" + (" log" if self.log else "")
+            text += " or 0 (off)" if self.off else ""
+        for parent, allowed in self.when:
+            text += f" when {parent} in {list(allowed)}"
+        return text
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """Searched params (parents before children) and the base config the rest keep."""
+
+    params: tuple[Param, ...]
+    base: PolicyConfig
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.params)
+
+    @property
+    def fixed(self) -> dict[str, Any]:
+        searched = set(self.names)
+        return {k.name: getattr(self.base, k.name) for k in KNOBS if k.name not in searched}
+
+    def suggest(self, trial) -> PolicyConfig:
+        """Ask the trial for every active param and build the config."""
+        values = self.base.to_dict()
+        for p in self.params:
+            if p.active(values):
+                values[p.name] = p.suggest(trial)
+        return PolicyConfig(**values)
+
+    def params_for(self, config: PolicyConfig) -> dict[str, Any]:
+        """The params a trial of ``config`` records: the active ones the space can express.
+
+        Used for baselines: enqueued with these params, the sampler learns from them
+        where the space holds their values, and records nothing false where it does not.
+        """
+        values = config.to_dict()
+        params: dict[str, Any] = {}
+        for p in self.params:
+            if p.active(values):
+                params.update(p.params_for(values[p.name]))
+        return params
+
+    def record(self, trial, config: PolicyConfig) -> None:
+        """Store ``config``'s expressible params on a trial enqueued with ``params_for``."""
+        values = config.to_dict()
+        for p in self.params:
+            if p.active(values) and p.params_for(values[p.name]):
+                p.suggest(trial)  # returns the enqueued value
+
+    def describe(self) -> list[tuple[str, str]]:
+        """(knob, what the search does with it) for every knob, in KNOBS order."""
+        by_name = {p.name: p for p in self.params}
+        fixed = self.fixed
+        return [(k.name, by_name[k.name].describe() if k.name in by_name else f"fixed = {fixed[k.name]!r}")
+                for k in KNOBS]
+
+
+def build_space(overrides: Mapping[str, Mapping[str, Any]] | None = None,
+                base: PolicyConfig | None = None) -> SearchSpace:
+    """The default space with a study's per-knob overrides; raises SpaceError on bad ones."""
+    overrides = dict(overrides or {})
+    unknown = sorted(set(overrides) - set(KNOB_BY_NAME))
+    if unknown:
+        raise SpaceError(f"[space] has unknown knob(s) {unknown}; known: {sorted(KNOB_BY_NAME)}")
+    base_values = (base or PolicyConfig()).to_dict()
+    params = []
+    for knob in KNOBS:
+        settings = dict(DEFAULTS.get(knob.name, {}))
+        override = overrides.get(knob.name, {})
+        if not isinstance(override, Mapping):
+            raise SpaceError(f"[space.{knob.name}] must be a table such as {{low = 1, high = 8}}, got {override!r}")
+        bad_keys = sorted(set(override) - _OVERRIDE_KEYS)
+        if bad_keys:
+            raise SpaceError(f"[space.{knob.name}] has unknown key(s) {bad_keys}; valid: {sorted(_OVERRIDE_KEYS)}")
+        if override:
+            settings.pop("search", None)  # any override opens a knob fixed by default
+        settings.update(override)
+        if "value" in settings:
+            base_values[knob.name] = _valid_value(knob, settings["value"], "value")
+            continue
+        if settings.get("search", True) is False:
+            continue
+        param = _param(knob, settings)
+        if param is not None:
+            params.append(param)
+    try:
+        base_config = PolicyConfig(**base_values)
+    except ValueError as exc:
+        raise SpaceError(f"[space] fixed values do not form a valid config: {exc}") from None
+    ordered = _parents_first(params)
+    if not ordered:
+        raise SpaceError("the search space is empty: every knob is fixed; give at least one knob a range or choices")
+    return SearchSpace(tuple(ordered), base_config)
+
+
+def _param(knob, settings: dict[str, Any]) -> Param | None:
+    where = f"[space.{knob.name}]"
+    when = _when(where, settings.get("when", {}))
+    if "choices" in settings:
+        choices = tuple(_valid_value(knob, c, "choices") for c in settings["choices"])
+        if not choices:
+            raise SpaceError(f"{where}: choices is empty; give at least one value")
+        if len(set(choices)) != len(choices):
+            raise SpaceError(f"{where}: choices {list(choices)} has duplicates")
+        return Param(knob.name, "categorical", choices=choices, when=when)
+    if knob.kind is bool:
+        return Param(knob.name, "categorical", choices=(False, True), when=when)
+    if knob.kind is str:
+        return Param(knob.name, "categorical", choices=knob.choices, when=when)
+    if "low" not in settings or "high" not in settings:
+        if "low" in settings or "high" in settings:
+            raise SpaceError(f"{where}: give both low and high")
+        return None  # a number with no default range: fixed at the base value
+    low = _valid_value(knob, settings["low"], "low")
+    high = _valid_value(knob, settings["high"], "high")
+    if low > high:
+        raise SpaceError(f"{where}: low {low!r} is above high {high!r}")
+    log = bool(settings.get("log", False))
+    if log and low <= 0:
+        raise SpaceError(f"{where}: a log range needs low > 0, got {low!r} (use off = true for a 0 = off knob)")
+    off = bool(settings.get("off", False))
+    if off and not knob.low <= 0 <= knob.high:
+        raise SpaceError(f"{where}: off = true needs 0 to be a valid value; valid range [{knob.low:g}, {knob.high:g}]")
+    return Param(knob.name, "int" if knob.kind is int else "float", low, high, log, off=off, when=when)
+
+
+def _valid_value(knob, value: Any, what: str) -> Any:
+    try:
+        return getattr(PolicyConfig().replace(**{knob.name: value}), knob.name)
+    except ValueError as exc:
+        raise SpaceError(f"[space.{knob.name}] {what}: {exc}") from None
+
+
+def _when(where: str, when: Any) -> tuple[tuple[str, tuple], ...]:
+    if not isinstance(when, Mapping):
+        raise SpaceError(f"{where}: when must be a table {{PARENT = [values]}}, got {when!r}")
+    out = []
+    for parent, allowed in when.items():
+        if parent not in KNOB_BY_NAME:
+            raise SpaceError(f"{where}: when names unknown knob {parent!r}")
+        allowed = allowed if isinstance(allowed, list | tuple) else [allowed]
+        out.append((parent, tuple(_valid_value(KNOB_BY_NAME[parent], a, "when") for a in allowed)))
+    return tuple(out)
+
+
+def _parents_first(params: list[Param]) -> list[Param]:
+    """Order params so each comes after the knobs its ``when`` reads (KNOBS order otherwise)."""
+    by_name = {p.name: p for p in params}
+    ordered: list[Param] = []
+    visiting: set[str] = set()
+
+    def visit(p: Param) -> None:
+        if p in ordered:
+            return
+        if p.name in visiting:
+            raise SpaceError(f"[space.{p.name}] when conditions form a cycle")
+        visiting.add(p.name)
+        for parent, _ in p.when:
+            if parent in by_name:
+                visit(by_name[parent])
+        visiting.discard(p.name)
+        ordered.append(p)
+
+    for p in params:
+        visit(p)
+    return ordered
+
+
+def infeasibility(config: PolicyConfig, cost_model, request_tokens: np.ndarray, prompt_tokens: np.ndarray) -> str | None:
+    """Why ``config`` cannot serve the trace by construction, or None if it might.
+
+    ``request_tokens`` is prompt + max_tokens per request. A config is pruned when its KV
+    pool holds not even the smallest request, or when a knob (KV headroom, max_model_len,
+    chunked prefill off) turns away requests the hardware could hold: such a config only
+    wins goodput by refusing traffic, which the study would reject anyway.
+    """
+    from costmodels.costmodel import CostModelError
+
+    try:
+        blocks = cost_model.kv_capacity_blocks(config.gpu_memory_utilization, config.block_size)
+    except CostModelError as exc:
+        return str(exc)
+    capacity = blocks * config.block_size
+    smallest, largest = int(request_tokens.min()), int(request_tokens.max())
+    if capacity < smallest:
+        return f"KV holds {capacity} tokens; the smallest request needs {smallest}"
+    holdable = min(largest, capacity)
+    usable = math.floor(blocks * (1.0 - config.kv_headroom)) * config.block_size
+    if usable < holdable:
+        return (f"kv_headroom={config.kv_headroom:g} leaves {usable} of {capacity} KV tokens; "
+                f"a request of {holdable} tokens fits the hardware but never this config")
+    if 0 < config.max_model_len < holdable:
+        return f"max_model_len={config.max_model_len} rejects requests of up to {holdable} tokens the KV holds"
+    longest_prompt = int(prompt_tokens.max())
+    if not config.enable_chunked_prefill and config.max_num_batched_tokens < longest_prompt:
+        return (f"without chunked prefill a {longest_prompt}-token prompt never fits "
+                f"max_num_batched_tokens={config.max_num_batched_tokens}")
+    return None

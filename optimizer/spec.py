@@ -1,0 +1,302 @@
+"""StudySpec: the whole question a tuning run answers, from a TOML file and/or CLI flags.
+
+A study is a trace (and its rate transform), a deployment (model, GPU, TP, replicas,
+framework), SLO classes, an objective mode, constraints, a search space, a trial budget
+and a seed. ``load_spec(path, **flags)`` reads a TOML file (see
+``studies/examples/*.toml``) and lets CLI flags override it; with no file, the flags
+``trace``, ``model``, ``gpu`` and ``slo`` are enough and everything else has a default.
+
+The spec's ``fingerprint`` covers everything that changes trial results (trace bytes,
+transforms, deployment, SLOs, objective, constraints, space, seed) and nothing that does
+not (trial budget, batch size, storage, run folder), so rerunning the same command
+continues the same study, and a changed question is refused rather than mixed in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from optimizer.space import SearchSpace, build_space
+from policies.presets import vllm_default
+from studies.slo import SLOSet, parse_slo, slo_from_mapping
+
+
+class SpecError(ValueError):
+    """An inconsistent or incomplete study spec, naming the field and what is valid."""
+
+
+#: Objective modes: name -> (metric names, directions). See optimizer.objective.
+OBJECTIVE_MODES = ("goodput", "goodput-gpus", "goodput-ttft", "goodput-cost", "capacity")
+SAMPLERS = ("tpe", "nsga2", "random")
+#: On-demand $/GPU-hour used by the cost objective when the spec gives none (indicative).
+GPU_HOUR_USD = {"a100": 2.0, "h100": 3.0, "h200": 3.8}
+
+
+def default_batch_size() -> int:
+    """One simulation per core: the engine runs a batch with prange over configs."""
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """Feasibility bounds every trial must meet (Optuna constraints, <= 0 is feasible).
+
+    ``max_rejected_fraction`` None (the default) means *auto*: the least-rejecting
+    baseline's rejected fraction plus ``rejected_slack``. A default scheduler rejects
+    only requests that can never fit, so this stops the search from buying goodput by
+    turning away traffic the deployment could serve; an absolute cap replaces it.
+    """
+
+    max_rejected_fraction: float | None = None
+    rejected_slack: float = 0.01
+    p99_ttft_ms: float | None = None
+    p99_tpot_ms: float | None = None
+    p99_e2el_ms: float | None = None
+    max_preemption_rate: float | None = None
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None and not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise SpecError(f"constraints.{f.name} must be a number >= 0, got {value!r}")
+        if self.max_rejected_fraction is not None and self.max_rejected_fraction > 1:
+            raise SpecError(f"constraints.max_rejected_fraction is a fraction in [0, 1], got {self.max_rejected_fraction}")
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    """Everything one study needs; validated on construction."""
+
+    trace: Path
+    model: str
+    gpu: str
+    slos: SLOSet
+    trace_format: str | None = None
+    trace_options: Mapping[str, Any] = field(default_factory=dict)
+    rate_scale: float | None = None  # multiply the trace's arrival rate
+    target_rps: float | None = None  # or scale it to this mean rate
+    tp: int = 1
+    replicas: int = 1
+    framework: str = "vllm"
+    objective: str = "goodput"
+    constraints: Constraints = field(default_factory=Constraints)
+    space: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    trials: int = 100
+    batch_size: int = field(default_factory=default_batch_size)
+    seed: int = 0
+    sampler: str = "tpe"
+    study_name: str = ""
+    storage: str | None = None
+    run_dir: Path | None = None
+    capacity_target: float = 0.9
+    gpu_hour_usd: float | None = None
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "trace", Path(self.trace))
+        for name in ("model", "gpu"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name).strip():
+                raise SpecError(f"{name} is required (e.g. --{name} {'meta-llama/Llama-3.1-8B' if name == 'model' else 'h100'})")
+        if self.objective not in OBJECTIVE_MODES:
+            raise SpecError(f"objective {self.objective!r} is unknown; valid: {list(OBJECTIVE_MODES)}")
+        if not self.slos.has_bounds:
+            raise SpecError(f"objective {self.objective!r} counts requests that meet an SLO, but no SLO bound is set; "
+                            "give --slo ttft:2000,tpot:100 or [slo.NAME] tables")
+        if self.sampler not in SAMPLERS:
+            raise SpecError(f"sampler {self.sampler!r} is unknown; valid: {list(SAMPLERS)}")
+        for name in ("tp", "replicas", "trials", "batch_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise SpecError(f"{name} must be an integer >= 1, got {value!r}")
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise SpecError(f"seed must be an integer >= 0, got {self.seed!r}")
+        if self.rate_scale is not None and self.target_rps is not None:
+            raise SpecError("give trace rate_scale or target_rps, not both")
+        for name in ("rate_scale", "target_rps", "gpu_hour_usd"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise SpecError(f"{name} must be a number > 0, got {value!r}")
+        if not 0 < self.capacity_target <= 1:
+            raise SpecError(f"capacity_target is an SLO-attainment fraction in (0, 1], got {self.capacity_target!r}")
+        set_(self, "search_space", build_space(self.space, vllm_default(self.gpu)))
+        if not self.study_name:
+            set_(self, "study_name", default_study_name(self.trace, self.model, self.gpu))
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", self.study_name):
+            raise SpecError(f"study name {self.study_name!r} may use letters, digits, '.', '_' and '-' only")
+        set_(self, "run_dir", Path(self.run_dir) if self.run_dir is not None else Path("runs") / self.study_name)
+
+    search_space: SearchSpace = field(init=False, repr=False, compare=False)
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.replicas
+
+    @property
+    def usd_per_gpu_hour(self) -> float:
+        if self.gpu_hour_usd is not None:
+            return self.gpu_hour_usd
+        return GPU_HOUR_USD.get(self.gpu.lower().replace("-sxm", ""), 3.0)
+
+    def replace(self, **changes: Any) -> StudySpec:
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable form, for summaries and the study's stored spec."""
+        return {
+            "study_name": self.study_name,
+            "trace": {"path": str(self.trace), "format": self.trace_format, "options": dict(self.trace_options),
+                      "rate_scale": self.rate_scale, "target_rps": self.target_rps},
+            "deployment": {"model": self.model, "gpu": self.gpu, "tp": self.tp, "replicas": self.replicas,
+                           "framework": self.framework, "gpu_hour_usd": self.usd_per_gpu_hour},
+            "slo": {c.name: {"ttft": c.ttft_ms, "tpot": c.tpot_ms, "e2el": c.e2el_ms, "weight": c.weight}
+                    for c in self.slos.classes},
+            "objective": {"mode": self.objective, "capacity_target": self.capacity_target},
+            "constraints": asdict(self.constraints),
+            "space": {k: dict(v) for k, v in self.space.items()},
+            "study": {"trials": self.trials, "batch_size": self.batch_size, "seed": self.seed,
+                      "sampler": self.sampler, "storage": self.storage,
+                      "run_dir": str(self.run_dir)},
+        }
+
+    def fingerprint(self) -> str:
+        """Hash of everything that changes results; the trace by content, not by path."""
+        data = self.to_dict()
+        data["trace"] = {**data["trace"], "path": None, "sha256": file_sha256(self.trace)}
+        for volatile in ("study_name",):
+            data.pop(volatile)
+        data["study"] = {"seed": self.seed, "sampler": self.sampler}
+        return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(chunk)
+    except OSError as exc:
+        raise SpecError(f"trace {path}: cannot read ({exc.strerror})") from None
+    return digest.hexdigest()
+
+
+def default_study_name(trace: Path, model: str, gpu: str) -> str:
+    """``<trace stem>-<model short name>-<gpu>``: readable, and the same for the same command."""
+    raw = f"{Path(trace).stem}-{model.rstrip('/').split('/')[-1]}-{gpu}".lower()
+    return re.sub(r"[^a-z0-9._-]+", "-", raw).strip("-.")
+
+
+def load_spec(path: str | Path | None = None, **flags: Any) -> StudySpec:
+    """Build a spec from a TOML file (optional) with CLI flags on top (None = not given).
+
+    Flags: every StudySpec field name, plus ``slo`` (a ``ttft:2000,tpot:100`` string) and
+    ``slo_file`` (a TOML of ``[slo.NAME]`` tables). Relative paths in the file resolve
+    against the file's folder.
+    """
+    values: dict[str, Any] = {}
+    if path is not None:
+        values = _from_toml(Path(path))
+    given = {k: v for k, v in flags.items() if v is not None}
+    slo_text, slo_file = given.pop("slo", None), given.pop("slo_file", None)
+    if slo_text is not None and slo_file is not None:
+        raise SpecError("give --slo or --slo-file, not both")
+    if slo_text is not None:
+        values["slos"] = _parse(parse_slo, slo_text)
+    elif slo_file is not None:
+        from studies.slo import load_slo_toml
+
+        values["slos"] = _parse(load_slo_toml, slo_file)
+    known = {f.name for f in fields(StudySpec) if f.init}
+    unknown = sorted(set(given) - known)
+    if unknown:
+        raise SpecError(f"unknown spec field(s) {unknown}; known: {sorted(known)}")
+    constraint_flags = {k: given.pop(k) for k in list(given) if k == "constraints"}
+    values.update(given)
+    if constraint_flags:
+        values["constraints"] = constraint_flags["constraints"]
+    where = f"{path}: " if path is not None else ""
+    missing = [name for name in ("trace", "model", "gpu", "slos") if name not in values]
+    if missing:
+        flags_ = {"trace": "--trace FILE", "model": "--model M", "gpu": "--gpu G", "slos": "--slo ttft:2000,tpot:100"}
+        raise SpecError(f"{where}missing {', '.join(flags_[m] for m in missing)}")
+    try:
+        return StudySpec(**values)
+    except SpecError as exc:
+        raise SpecError(f"{where}{exc}") from None
+    except ValueError as exc:  # SpaceError, SLOError, ConfigError
+        raise SpecError(f"{where}{exc}") from None
+
+
+_SECTIONS = {
+    "study": {"name": "study_name", "trials": "trials", "batch_size": "batch_size", "seed": "seed",
+              "sampler": "sampler", "storage": "storage", "run_dir": "run_dir"},
+    "trace": {"path": "trace", "format": "trace_format", "options": "trace_options",
+              "rate_scale": "rate_scale", "target_rps": "target_rps"},
+    "deployment": {"model": "model", "gpu": "gpu", "tp": "tp", "replicas": "replicas",
+                   "framework": "framework", "gpu_hour_usd": "gpu_hour_usd"},
+    "objective": {"mode": "objective", "capacity_target": "capacity_target"},
+}
+
+
+def _from_toml(path: Path) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read ({exc.strerror})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{path}: not valid TOML ({exc})") from None
+    allowed = {*_SECTIONS, "slo", "constraints", "space"}
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise SpecError(f"{path}: unknown section(s) {unknown}; valid: {sorted(allowed)}")
+    values: dict[str, Any] = {}
+    for section, keys in _SECTIONS.items():
+        body = data.get(section, {})
+        if not isinstance(body, dict):
+            raise SpecError(f"{path}: [{section}] must be a table")
+        bad = sorted(set(body) - set(keys))
+        if bad:
+            raise SpecError(f"{path}: [{section}] has unknown key(s) {bad}; valid: {sorted(keys)}")
+        values.update({keys[k]: v for k, v in body.items()})
+    for key in ("trace", "run_dir"):
+        if key in values:
+            values[key] = (path.parent / values[key]) if not Path(values[key]).is_absolute() else Path(values[key])
+    slo = data.get("slo")
+    if isinstance(slo, str):
+        values["slos"] = _parse(parse_slo, slo, path)
+    elif isinstance(slo, dict):
+        values["slos"] = _parse(slo_from_mapping, slo, path)
+    elif slo is not None:
+        raise SpecError(f"{path}: slo must be a string such as \"ttft:2000,tpot:100\" or [slo.NAME] tables")
+    if "constraints" in data:
+        values["constraints"] = data["constraints"]
+    if "space" in data:
+        values["space"] = data["space"]
+    return values
+
+
+def _parse(parser, value, where: Path | None = None):
+    try:
+        return parser(value)
+    except (ValueError, OSError) as exc:
+        raise SpecError(f"{where}: {exc}" if where else str(exc)) from None
+
+
+def _constraints(value: Any) -> Constraints:
+    if isinstance(value, Constraints):
+        return value
+    if not isinstance(value, Mapping):
+        raise SpecError(f"[constraints] must be a table, got {value!r}")
+    valid = {f.name for f in fields(Constraints)}
+    bad = sorted(set(value) - valid)
+    if bad:
+        raise SpecError(f"[constraints] has unknown key(s) {bad}; valid: {sorted(valid)}")
+    return Constraints(**value)

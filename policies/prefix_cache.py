@@ -1,0 +1,276 @@
+"""Block-level prefix cache keyed by the trace's prefix hashes, as jitted pure functions.
+
+Unit of caching: one *hash block* of the trace (``Trace.block_tokens`` prompt tokens,
+512 in Mooncake). A hash names the whole prefix up to and including its block, so a
+request reuses the leading run of its hash blocks that are cached. Only *full* hash
+blocks are cached (the partial tail of a prompt is private), as vLLM caches only full
+KV blocks.
+
+Granularity: the engine allocates KV in blocks of ``block_size`` tokens (e.g. 16). A
+cached hash block occupies ``entry_blocks = ceil(block_tokens / block_size)`` KV blocks;
+a request holding ``held`` leading entries keeps privately only the KV blocks of tokens
+past ``held * block_tokens``: ``private_blocks(ctx, held) = ceil((ctx - held*BT)/bs)``.
+When ``block_size`` divides ``block_tokens`` (all powers of two up to 512) a request's
+blocks equal ``ceil(ctx / block_size)`` exactly as without caching; otherwise each entry
+rounds up by less than one KV block.
+
+Life of an entry:
+- ``match`` finds a request's leading run of cached entries (no mutation);
+- ``acquire`` takes a reference on each (referenced entries are never evicted);
+- ``insert`` runs after a step computed prompt tokens through full hash blocks: each new
+  block becomes an entry referenced by its request (its KV blocks move from the request
+  to the cache); a block another request inserted meanwhile is deduplicated: the request
+  references the existing entry and its own copy is freed;
+- ``release`` drops a request's references (finish, preemption, cancel, rejection);
+  entries left unreferenced join the LRU list, deepest block first, so a chain's tail is
+  evicted before its head (as vLLM frees blocks in reverse);
+- ``evict`` frees unreferenced entries from the LRU head when free KV runs out.
+
+A full-prompt hit still computes one token (the logits need a forward pass), as vLLM:
+the cached tokens are capped at ``prompt - 1``; that token rewrites its slot in the
+last shared block, so it costs no extra KV block.
+
+Entries are dense ids (``np.unique`` over the trace's hashes, once per trace), so the
+cache is plain arrays indexed by entry: no hash table in the hot path.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit
+
+# indices into PrefixCache.stats
+S_HEAD = 0  # LRU list head (least recently released entry), -1 if empty
+S_TAIL = 1  # LRU list tail, -1 if empty
+S_CACHED = 2  # entries holding KV now
+S_EVICTABLE = 3  # cached entries with no reference (on the LRU list)
+S_HIT_TOKENS = 4  # prompt tokens served from the cache, over all lookups noted
+S_QUERY_TOKENS = 5  # prompt tokens looked up
+S_INSERTS = 6  # entries created
+S_DEDUPS = 7  # blocks computed twice because another request inserted them first
+S_EVICTIONS = 8  # entries evicted
+N_STATS = 9
+
+
+class PrefixCache(NamedTuple):
+    """Cache state as arrays; build with ``new_prefix_cache``.
+
+    Per trace block (aligned with ``Trace.block_hashes``): ``entry``. Per request:
+    ``n_full`` (full hash blocks of its prompt, the only cacheable ones) and ``held``
+    (leading entries it references). Per entry: ``cached``, ``refs``, and the doubly
+    linked LRU list of unreferenced cached entries ``lru_prev``/``lru_next``.
+    """
+
+    entry: np.ndarray  # i8[H]
+    n_full: np.ndarray  # i8[n]
+    held: np.ndarray  # i8[n]
+    cached: np.ndarray  # b1[U]
+    refs: np.ndarray  # i8[U]
+    lru_prev: np.ndarray  # i8[U]
+    lru_next: np.ndarray  # i8[U]
+    stats: np.ndarray  # i8[N_STATS]
+    block_tokens: int
+    entry_blocks: int  # KV blocks per entry
+    kv_block_size: int
+
+
+def dense_entries(block_hashes: np.ndarray) -> tuple[np.ndarray, int]:
+    """Dense entry id per trace block and the number of distinct hashes."""
+    uniques, inverse = np.unique(np.asarray(block_hashes, dtype=np.int64), return_inverse=True)
+    return inverse.astype(np.int64).ravel(), len(uniques)
+
+
+def new_prefix_cache(
+    block_offsets: np.ndarray,
+    block_hashes: np.ndarray,
+    prompt_tokens: np.ndarray,
+    block_tokens: int,
+    kv_block_size: int,
+) -> PrefixCache:
+    """An empty cache for one trace (CSR prefix blocks) and one KV block size."""
+    if block_tokens <= 0 or kv_block_size <= 0:
+        raise ValueError(f"block_tokens ({block_tokens}) and kv_block_size ({kv_block_size}) must be positive")
+    entry, n_entries = dense_entries(block_hashes)
+    n_blocks = np.diff(np.asarray(block_offsets, dtype=np.int64))
+    n_full = np.minimum(n_blocks, np.asarray(prompt_tokens, dtype=np.int64) // block_tokens)
+    stats = np.zeros(N_STATS, dtype=np.int64)
+    stats[S_HEAD] = stats[S_TAIL] = -1
+    return PrefixCache(
+        entry=entry,
+        n_full=n_full.astype(np.int64),
+        held=np.zeros(len(n_full), dtype=np.int64),
+        cached=np.zeros(n_entries, dtype=np.bool_),
+        refs=np.zeros(n_entries, dtype=np.int64),
+        lru_prev=np.full(n_entries, -1, dtype=np.int64),
+        lru_next=np.full(n_entries, -1, dtype=np.int64),
+        stats=stats,
+        block_tokens=int(block_tokens),
+        entry_blocks=int(-(-block_tokens // kv_block_size)),
+        kv_block_size=int(kv_block_size),
+    )
+
+
+# -- KV accounting (pure arithmetic) ------------------------------------------------------
+@njit(cache=True, nogil=True)
+def private_blocks(ctx, held, block_tokens, kv_block_size):
+    """KV blocks a request owns for ``ctx`` tokens when it references ``held`` entries."""
+    own = ctx - held * block_tokens
+    if own <= 0:
+        return 0
+    return (own + kv_block_size - 1) // kv_block_size
+
+
+@njit(cache=True, nogil=True)
+def grow_blocks(ctx_old, ctx_new, held, n_full, block_tokens, kv_block_size, entry_blocks):
+    """KV blocks to allocate for computing tokens ``ctx_old..ctx_new`` of a request.
+
+    Counts every full hash block the chunk completes as a new entry (``entry_blocks``);
+    ``insert`` later hands back the blocks of any that turn out to be duplicates. With
+    ``n_full = 0`` (caching off) this is ``ceil(new/bs) - ceil(old/bs)``.
+    """
+    held_after = max(held, min(n_full, ctx_new // block_tokens))
+    return (
+        private_blocks(ctx_new, held_after, block_tokens, kv_block_size)
+        + entry_blocks * (held_after - held)
+        - private_blocks(ctx_old, held, block_tokens, kv_block_size)
+    )
+
+
+# -- LRU list of unreferenced entries ------------------------------------------------------
+@njit(cache=True, nogil=True)
+def _lru_append(pc, e):
+    tail = pc.stats[S_TAIL]
+    pc.lru_prev[e] = tail
+    pc.lru_next[e] = -1
+    if tail >= 0:
+        pc.lru_next[tail] = e
+    else:
+        pc.stats[S_HEAD] = e
+    pc.stats[S_TAIL] = e
+    pc.stats[S_EVICTABLE] += 1
+
+
+@njit(cache=True, nogil=True)
+def _lru_unlink(pc, e):
+    prev = pc.lru_prev[e]
+    nxt = pc.lru_next[e]
+    if prev >= 0:
+        pc.lru_next[prev] = nxt
+    else:
+        pc.stats[S_HEAD] = nxt
+    if nxt >= 0:
+        pc.lru_prev[nxt] = prev
+    else:
+        pc.stats[S_TAIL] = prev
+    pc.lru_prev[e] = -1
+    pc.lru_next[e] = -1
+    pc.stats[S_EVICTABLE] -= 1
+
+
+@njit(cache=True, nogil=True)
+def _ref(pc, e):
+    if pc.refs[e] == 0:
+        _lru_unlink(pc, e)
+    pc.refs[e] += 1
+
+
+# -- operations ----------------------------------------------------------------------------
+@njit(cache=True, nogil=True)
+def match(pc, block_offsets, prompt_tokens, i):
+    """Leading cached entries of request i: (entries, cached tokens, entries now idle).
+
+    Cached tokens are capped at ``prompt - 1`` so a full hit still computes one token.
+    "Idle" entries are unreferenced: acquiring them takes them off the evictable list,
+    which the caller must count when checking free KV before it acquires.
+    """
+    base = block_offsets[i]
+    k = 0
+    idle = 0
+    while k < pc.n_full[i]:
+        e = pc.entry[base + k]
+        if not pc.cached[e]:
+            break
+        if pc.refs[e] == 0:
+            idle += 1
+        k += 1
+    tokens = min(k * pc.block_tokens, prompt_tokens[i] - 1)
+    return k, tokens, idle
+
+
+@njit(cache=True, nogil=True)
+def acquire(pc, block_offsets, i, k):
+    """Reference request i's first k entries (all cached, as ``match`` found them)."""
+    base = block_offsets[i]
+    for j in range(k):
+        _ref(pc, pc.entry[base + j])
+    pc.held[i] = k
+
+
+@njit(cache=True, nogil=True)
+def note_lookup(pc, hit_tokens, query_tokens):
+    """Count one admission's lookup for the hit rate."""
+    pc.stats[S_HIT_TOKENS] += hit_tokens
+    pc.stats[S_QUERY_TOKENS] += query_tokens
+
+
+@njit(cache=True, nogil=True)
+def insert(pc, block_offsets, i, ctx):
+    """Cache the full hash blocks request i completed by ``ctx`` computed tokens.
+
+    Returns the KV blocks freed by deduplication (blocks of this request that another
+    request had cached first); the caller returns them to the free pool.
+    """
+    base = block_offsets[i]
+    last = min(pc.n_full[i], ctx // pc.block_tokens)
+    freed = 0
+    for j in range(pc.held[i], last):
+        e = pc.entry[base + j]
+        if pc.cached[e]:
+            _ref(pc, e)
+            freed += pc.entry_blocks
+            pc.stats[S_DEDUPS] += 1
+        else:
+            pc.cached[e] = True
+            pc.refs[e] = 1
+            pc.stats[S_CACHED] += 1
+            pc.stats[S_INSERTS] += 1
+    if last > pc.held[i]:
+        pc.held[i] = last
+    return freed
+
+
+@njit(cache=True, nogil=True)
+def release(pc, block_offsets, i):
+    """Drop request i's references, deepest first; idle entries become evictable."""
+    base = block_offsets[i]
+    for j in range(pc.held[i] - 1, -1, -1):
+        e = pc.entry[base + j]
+        pc.refs[e] -= 1
+        if pc.refs[e] == 0:
+            _lru_append(pc, e)
+    pc.held[i] = 0
+
+
+@njit(cache=True, nogil=True)
+def evict(pc, kv_blocks_needed):
+    """Evict LRU entries until ``kv_blocks_needed`` KV blocks are freed or none is idle.
+
+    Returns the KV blocks freed (a multiple of ``entry_blocks``).
+    """
+    freed = 0
+    while freed < kv_blocks_needed and pc.stats[S_HEAD] >= 0:
+        e = pc.stats[S_HEAD]
+        _lru_unlink(pc, e)
+        pc.cached[e] = False
+        pc.stats[S_CACHED] -= 1
+        pc.stats[S_EVICTIONS] += 1
+        freed += pc.entry_blocks
+    return freed
+
+
+@njit(cache=True, nogil=True)
+def cache_blocks(pc):
+    """KV blocks held by cached entries, and how many of them are evictable."""
+    return pc.stats[S_CACHED] * pc.entry_blocks, pc.stats[S_EVICTABLE] * pc.entry_blocks

@@ -1,0 +1,270 @@
+"""Waiting-queue orders as jitted pure functions over a preallocated indexed heap.
+
+The waiting queue is split into *lanes*, each an indexed binary min-heap on a static key
+``(key1, key2, request)``; a request sits in one lane (``lane_of``), fixed per trace. One
+lane serves the plain orders; per-tenant lanes (VTC, tenant quotas) and per-class lanes
+(class budgets) let the scheduler skip a whole tenant or class that is at its limit in
+O(1) instead of popping its requests one by one. ``pick`` compares the lane heads.
+
+Orders (``scheduling_policy``; codes are the knob's choice indices):
+- ``fcfs``: enqueue order; ``seq`` grows on arrival and shrinks on preemption, so a
+  preempted request goes back to the front (vLLM ``prepend_request``).
+- ``priority``: larger ``trace.priority`` first, then arrival (vLLM's heap, with the
+  project's larger-is-more-urgent convention). Ageing: effective priority rises by
+  ``aging_rate`` per second waited, ``p + r*(now - arrival)``; the order between two
+  waiting requests does not depend on ``now``, so the static key ``-p + r*arrival`` is
+  exact and the heap stays valid as time passes.
+- ``edf``: earliest absolute deadline first; requests without one follow, by arrival.
+  Requests whose deadline is already unmeetable are rejected (``deadline_unmeetable``,
+  SCORPIO-style margin) by the engine when they reach the head.
+- ``sjf``: shortest predicted job first (``job_s``, the engine's estimate from prompt
+  and ``max_tokens``; never the true output length); ageing as for priority.
+- ``lpm``: longest cached prefix first, ties by enqueue order; past ``LPM_FCFS_ABOVE``
+  waiting requests it falls back to FCFS, as SGLang does.
+- ``vtc``: the lane of the backlogged tenant with the smallest virtual counter, FIFO
+  within a tenant (``policies.fairness`` keeps the counters).
+
+A key is fixed when a request is pushed; ``promote`` re-keys one to the very front
+(hard max wait with "admit first").
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit
+
+from costmodels.steptable import step_seconds
+from policies import prefix_cache
+
+FCFS, PRIORITY, EDF, SJF, LPM, VTC = 0, 1, 2, 3, 4, 5
+QUEUE_ORDERS = ("fcfs", "priority", "edf", "sjf", "lpm", "vtc")
+LPM_FCFS_ABOVE = 128  # SGLang: cache-aware orders fall back to FCFS past this many waiting
+FRONT = -np.inf  # key1 of a promoted request
+
+
+class WaitQueue(NamedTuple):
+    """Lanes of indexed heaps. Heap slots of lane l are ``[lane_base[l], +lane_size[l])``."""
+
+    key1: np.ndarray  # f8[n], per slot
+    key2: np.ndarray  # f8[n], per slot
+    slot_req: np.ndarray  # i8[n], request in each slot
+    pos: np.ndarray  # i8[n], slot of each request, -1 if not queued
+    lane_of: np.ndarray  # i8[n]
+    lane_base: np.ndarray  # i8[L]
+    lane_size: np.ndarray  # i8[L]
+    lane_tenant: np.ndarray  # i8[L]
+    total: np.ndarray  # i8[1], requests queued over all lanes
+
+
+def new_wait_queue(lane_of: np.ndarray, lane_tenant: np.ndarray) -> WaitQueue:
+    """An empty queue; each lane gets room for every request mapped to it."""
+    lane_of = np.ascontiguousarray(lane_of, dtype=np.int64)
+    lane_tenant = np.ascontiguousarray(lane_tenant, dtype=np.int64)
+    n, n_lanes = len(lane_of), len(lane_tenant)
+    if n and (lane_of.min() < 0 or lane_of.max() >= n_lanes):
+        raise ValueError(f"lane_of must index {n_lanes} lanes")
+    counts = np.bincount(lane_of, minlength=n_lanes)
+    base = np.zeros(n_lanes, dtype=np.int64)
+    base[1:] = np.cumsum(counts)[:-1]
+    return WaitQueue(
+        key1=np.zeros(n),
+        key2=np.zeros(n),
+        slot_req=np.full(n, -1, dtype=np.int64),
+        pos=np.full(n, -1, dtype=np.int64),
+        lane_of=lane_of,
+        lane_base=base,
+        lane_size=np.zeros(n_lanes, dtype=np.int64),
+        lane_tenant=lane_tenant,
+        total=np.zeros(1, dtype=np.int64),
+    )
+
+
+def lanes(tenant: np.ndarray, slo_class: np.ndarray, n_tenants: int, n_classes: int,
+          by_tenant: bool, by_class: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Lane of each request and tenant of each lane: (tenant, class) pairs as asked."""
+    t = np.asarray(tenant, dtype=np.int64) if by_tenant else np.zeros(len(tenant), dtype=np.int64)
+    c = np.asarray(slo_class, dtype=np.int64) if by_class else np.zeros(len(tenant), dtype=np.int64)
+    nt = n_tenants if by_tenant else 1
+    nc = n_classes if by_class else 1
+    lane_tenant = np.repeat(np.arange(nt, dtype=np.int64), nc)
+    return t * nc + c, lane_tenant
+
+
+# -- keys ----------------------------------------------------------------------------------
+@njit(cache=True, nogil=True)
+def order_keys(order, seq, arrival, priority, deadline, job_s, aging_rate):
+    """Static heap key (key1, key2) of a request under a queue order; smaller goes first."""
+    if order == PRIORITY:
+        return -priority + aging_rate * arrival, arrival
+    if order == EDF:
+        return (np.inf, arrival) if np.isnan(deadline) else (deadline, arrival)
+    if order == SJF:
+        return job_s + aging_rate * arrival, arrival
+    return 0.0, float(seq)  # fcfs, lpm and vtc: enqueue order
+
+
+@njit(cache=True, nogil=True)
+def deadline_unmeetable(now, deadline, min_service_s, margin_s):
+    """True when even an immediate, uncontended run would finish past the deadline."""
+    return not np.isnan(deadline) and now + min_service_s + margin_s > deadline
+
+
+@njit(cache=True)
+def service_estimates(tables, prompt_tokens, max_tokens):
+    """Per request: a lower bound on its completion time, and its predicted job length.
+
+    The bound is one unchunked prefill step of the whole prompt alone (it yields the
+    first token; the true output length is unknown, so no decode is counted). The job
+    adds ``max_tokens - 1`` lone decode steps over the prompt's context: the scheduler
+    knows the cap, never the true output length.
+    """
+    n = prompt_tokens.shape[0]
+    min_service_s = np.empty(n)
+    job_s = np.empty(n)
+    for i in range(n):
+        p = prompt_tokens[i]
+        prefill = step_seconds(tables, p, 1, 0, 0, p * (p + 1) / 2.0)[0]
+        decode = step_seconds(tables, 1, 1, 1, p, 0.0)[0]
+        min_service_s[i] = prefill
+        job_s[i] = prefill + (max_tokens[i] - 1) * decode
+    return min_service_s, job_s
+
+
+# -- heap ------------------------------------------------------------------------------------
+@njit(cache=True, nogil=True)
+def _before(q, a, b):
+    if q.key1[a] != q.key1[b]:
+        return q.key1[a] < q.key1[b]
+    if q.key2[a] != q.key2[b]:
+        return q.key2[a] < q.key2[b]
+    return q.slot_req[a] < q.slot_req[b]
+
+
+@njit(cache=True, nogil=True)
+def _swap(q, a, b):
+    k1, k2, r = q.key1[a], q.key2[a], q.slot_req[a]
+    q.key1[a], q.key2[a], q.slot_req[a] = q.key1[b], q.key2[b], q.slot_req[b]
+    q.key1[b], q.key2[b], q.slot_req[b] = k1, k2, r
+    q.pos[q.slot_req[a]] = a
+    q.pos[q.slot_req[b]] = b
+
+
+@njit(cache=True, nogil=True)
+def _sift_up(q, base, s):
+    while s > base:
+        parent = base + (s - base - 1) // 2
+        if not _before(q, s, parent):
+            break
+        _swap(q, s, parent)
+        s = parent
+
+
+@njit(cache=True, nogil=True)
+def _sift_down(q, base, size, s):
+    while True:
+        child = base + 2 * (s - base) + 1
+        if child >= base + size:
+            break
+        if child + 1 < base + size and _before(q, child + 1, child):
+            child += 1
+        if not _before(q, child, s):
+            break
+        _swap(q, s, child)
+        s = child
+
+
+@njit(cache=True, nogil=True)
+def push(q, i, key1, key2):
+    """Queue request i (not already queued) with its key."""
+    lane = q.lane_of[i]
+    base = q.lane_base[lane]
+    s = base + q.lane_size[lane]
+    q.key1[s], q.key2[s], q.slot_req[s] = key1, key2, i
+    q.pos[i] = s
+    q.lane_size[lane] += 1
+    q.total[0] += 1
+    _sift_up(q, base, s)
+
+
+@njit(cache=True, nogil=True)
+def remove(q, i):
+    """Take request i out of the queue (admitted, rejected, cancelled); no-op if absent."""
+    s = q.pos[i]
+    if s < 0:
+        return
+    lane = q.lane_of[i]
+    base = q.lane_base[lane]
+    last = base + q.lane_size[lane] - 1
+    if s != last:
+        _swap(q, s, last)
+    q.pos[i] = -1
+    q.slot_req[last] = -1
+    q.lane_size[lane] -= 1
+    q.total[0] -= 1
+    if s != last:
+        _sift_down(q, base, q.lane_size[lane], s)
+        _sift_up(q, base, s)
+
+
+@njit(cache=True, nogil=True)
+def promote(q, i):
+    """Move a queued request ahead of every unpromoted one (hard max wait, admit first)."""
+    key2 = q.key2[q.pos[i]]
+    remove(q, i)
+    push(q, i, FRONT, key2)
+
+
+@njit(cache=True, nogil=True)
+def top(q, lane):
+    """Head request of a lane, -1 if empty."""
+    if q.lane_size[lane] == 0:
+        return -1
+    return q.slot_req[q.lane_base[lane]]
+
+
+@njit(cache=True, nogil=True)
+def _lpm_head(q, lane, pc, block_offsets, prompt_tokens):
+    """Lane member with the longest cached prefix (ties: heap order); and its tokens."""
+    best = -1
+    best_tokens = -1
+    base = q.lane_base[lane]
+    for s in range(base, base + q.lane_size[lane]):
+        tokens = prefix_cache.match(pc, block_offsets, prompt_tokens, q.slot_req[s])[1]
+        if best < 0 or tokens > best_tokens or (tokens == best_tokens and _before(q, s, best)):
+            best, best_tokens = s, tokens
+    return q.slot_req[best], best_tokens
+
+
+@njit(cache=True, nogil=True)
+def pick(q, order, lane_blocked, vtc_counter, pc, block_offsets, prompt_tokens):
+    """Request to try next under ``order``, skipping blocked lanes; -1 if none.
+
+    Compares lane heads by (VTC counter of the lane's tenant,) key1, key2, request; under
+    LPM with at most LPM_FCFS_ABOVE waiting, by longest cached prefix first.
+    """
+    cache_aware = order == LPM and q.total[0] <= LPM_FCFS_ABOVE
+    best = -1
+    best_counter = 0.0
+    best_tokens = 0
+    for lane in range(q.lane_size.shape[0]):
+        if q.lane_size[lane] == 0 or lane_blocked[lane]:
+            continue
+        tokens = 0
+        if cache_aware:
+            i, tokens = _lpm_head(q, lane, pc, block_offsets, prompt_tokens)
+        else:
+            i = q.slot_req[q.lane_base[lane]]
+        counter = vtc_counter[q.lane_tenant[lane]] if order == VTC else 0.0
+        if best >= 0:
+            if counter != best_counter:
+                if counter > best_counter:
+                    continue
+            elif tokens != best_tokens:
+                if tokens < best_tokens:
+                    continue
+            elif not _before(q, q.pos[i], q.pos[best]):
+                continue
+        best, best_counter, best_tokens = i, counter, tokens
+    return best

@@ -1,0 +1,345 @@
+"""Score a simulated run: goodput and the latency, load and memory figures around it.
+
+Goodput follows ``vllm bench serve --goodput``: a request is good only if it FINISHED and
+meets every configured bound of its SLO class (``metric <= bound``); TTFT = first token −
+arrival, E2E = finish − arrival, TPOT = (E2E − TTFT)/(n − 1) and 0 when n ≤ 1 (n = tokens
+generated). Rejected, failed, timed-out and cancelled requests are never good. A configured
+bound whose metric is NaN (no first token recorded) is not met.
+
+Every rate shares one window, first arrival to the last end time of any request, so the
+rates add up (accepted + rejected = offered). Rates over an empty window are 0; fractions
+with nothing to divide by are NaN (``None`` in ``to_dict``). Latency percentiles are over
+finished requests, NumPy's linear interpolation; TPOT percentiles, as in vLLM bench, only
+over finished requests with more than one output token.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from policies.result import Reject, SimResult, State
+from studies.slo import SLOSet
+from studies.traces import Trace
+
+LATENCY_METRICS = ("ttft", "tpot", "e2el", "queue")
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass(frozen=True)
+class Report:
+    """The figures of one scored run; flat so the tuner and exports read them by name."""
+
+    n_offered: int
+    n_accepted: int
+    n_rejected: int
+    n_finished: int
+    n_timed_out: int
+    n_cancelled: int
+    n_failed: int
+    n_good: int
+    duration_s: float
+    offered_rps: float
+    accepted_rps: float
+    rejected_fraction: float
+    request_throughput: float
+    output_throughput: float
+    request_goodput: float
+    token_goodput: float
+    weighted_goodput: float
+    slo_attainment: float
+    mean_ttft_ms: float
+    p50_ttft_ms: float
+    p90_ttft_ms: float
+    p99_ttft_ms: float
+    mean_tpot_ms: float
+    p50_tpot_ms: float
+    p90_tpot_ms: float
+    p99_tpot_ms: float
+    mean_e2el_ms: float
+    p50_e2el_ms: float
+    p90_e2el_ms: float
+    p99_e2el_ms: float
+    mean_queue_ms: float
+    p50_queue_ms: float
+    p90_queue_ms: float
+    p99_queue_ms: float
+    kv_peak_fraction: float
+    preemptions: int
+    preemption_rate: float
+    prefix_tokens_saved: int
+    prefix_hit_rate: float
+    out_of_range_steps: int
+    reject_reasons: dict[str, int]
+    per_tenant: dict[str, dict[str, Any]]
+    jain_index: float
+    per_class: dict[str, dict[str, Any]]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-serialisable values; NaN becomes ``None``."""
+        return _json_safe(asdict(self))
+
+    def summary_rows(self) -> list[tuple[str, str, str]]:
+        """(section, label, formatted value) rows of the key figures, for a console table."""
+        rows = [
+            ("load", "offered / accepted / rejected",
+             f"{self.n_offered} / {self.n_accepted} / {self.n_rejected} ({_pct(self.rejected_fraction)})"),
+            ("load", "finished / timed out / cancelled / failed",
+             f"{self.n_finished} / {self.n_timed_out} / {self.n_cancelled} / {self.n_failed}"),
+            ("load", "window (s)", _num(self.duration_s, 1)),
+            ("load", "offered rate (req/s)", _num(self.offered_rps, 3)),
+            ("goodput", "request goodput (req/s)", _num(self.request_goodput, 3)),
+            ("goodput", "token goodput (tok/s)", _num(self.token_goodput, 1)),
+            ("goodput", "weighted goodput (/s)", _num(self.weighted_goodput, 3)),
+            ("goodput", "SLO attainment", f"{self.n_good} good, {_pct(self.slo_attainment)}"),
+            ("goodput", "request throughput (req/s)", _num(self.request_throughput, 3)),
+            ("goodput", "output throughput (tok/s)", _num(self.output_throughput, 1)),
+        ]
+        for metric in LATENCY_METRICS:
+            values = [getattr(self, f"{stat}_{metric}_ms") for stat in ("mean", "p50", "p90", "p99")]
+            rows.append(("latency", f"{metric.upper()} mean / p50 / p90 / p99 (ms)",
+                         " / ".join(_num(v, 1) for v in values)))
+        rows += [
+            ("memory", "KV high-water", _pct(self.kv_peak_fraction)),
+            ("memory", "preemptions", f"{self.preemptions} ({_num(self.preemption_rate, 3)} per accepted)"),
+            ("memory", "prefix tokens saved", f"{self.prefix_tokens_saved} ({_pct(self.prefix_hit_rate)} of prompts)"),
+            ("fairness", "Jain index over tenants", _num(self.jain_index, 3)),
+        ]
+        reasons = ", ".join(f"{name} {count}" for name, count in self.reject_reasons.items())
+        rows.append(("rejects", "reject reasons", reasons or "none"))
+        if self.out_of_range_steps:
+            rows.append(("warning", "steps outside the profiled range", str(self.out_of_range_steps)))
+        return rows
+
+
+def request_latencies(result: SimResult, trace: Trace) -> dict[str, np.ndarray]:
+    """Per-request TTFT, TPOT, E2E and queue time in ms (NaN where the event never happened)."""
+    ttft = (result.first_token_s - trace.arrival_s) * 1e3
+    e2el = (result.finish_s - trace.arrival_s) * 1e3
+    n = result.tokens_generated
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(n > 1, (e2el - ttft) / np.maximum(n - 1, 1), 0.0)
+    return {"ttft": ttft, "tpot": tpot, "e2el": e2el, "queue": result.queue_s * 1e3}
+
+
+def good_requests(result: SimResult, trace: Trace, slos: SLOSet) -> np.ndarray:
+    """Boolean mask: finished and within every configured bound of the request's SLO class."""
+    bounds, _ = _class_table(trace, slos)
+    return _good(result, request_latencies(result, trace), bounds[trace.slo_class])
+
+
+def score(result: SimResult, trace: Trace, slos: SLOSet) -> Report:
+    """The goodput report of ``result``, a simulation of ``trace``, against ``slos``."""
+    _check(result, trace)
+    n = trace.n
+    state = result.state
+    finished = state == State.FINISHED
+    rejected = state == State.REJECTED
+    lat = request_latencies(result, trace)
+    bounds, weights = _class_table(trace, slos)
+    good = _good(result, lat, bounds[trace.slo_class])
+    request_weight = weights[trace.slo_class]
+    generated = result.tokens_generated
+
+    duration = _window(result, trace)
+    n_rejected = int(rejected.sum())
+    n_accepted = n - n_rejected
+    n_good = int(good.sum())
+    preemptions = int(result.preemptions.sum())
+    saved = int(result.cached_prompt_tokens.sum())
+    looked_up = int(trace.prompt_tokens[np.isfinite(result.queue_s)].sum())
+
+    latency_fields = {}
+    for metric in LATENCY_METRICS:
+        values = _latency_sample(metric, lat, finished, generated)
+        latency_fields[f"mean_{metric}_ms"] = float(values.mean()) if len(values) else math.nan
+        for q, v in zip(PERCENTILES, _percentiles(values, PERCENTILES), strict=True):
+            latency_fields[f"p{q}_{metric}_ms"] = v
+
+    per_tenant, jain = _tenants(result, trace, finished, good, duration)
+    return Report(
+        n_offered=n,
+        n_accepted=n_accepted,
+        n_rejected=n_rejected,
+        n_finished=int(finished.sum()),
+        n_timed_out=int((state == State.TIMED_OUT).sum()),
+        n_cancelled=int((state == State.CANCELLED).sum()),
+        n_failed=int((state == State.FAILED).sum()),
+        n_good=n_good,
+        duration_s=duration,
+        offered_rps=_per_second(n, duration),
+        accepted_rps=_per_second(n_accepted, duration),
+        rejected_fraction=_ratio(n_rejected, n),
+        request_throughput=_per_second(int(finished.sum()), duration),
+        output_throughput=_per_second(int(generated[finished].sum()), duration),
+        request_goodput=_per_second(n_good, duration),
+        token_goodput=_per_second(int(generated[good].sum()), duration),
+        weighted_goodput=_per_second(float(request_weight[good].sum()), duration),
+        slo_attainment=_ratio(n_good, n),
+        **latency_fields,
+        kv_peak_fraction=_ratio(result.kv_peak_blocks, result.kv_capacity_blocks),
+        preemptions=preemptions,
+        preemption_rate=_ratio(preemptions, n_accepted),
+        prefix_tokens_saved=saved,
+        prefix_hit_rate=_ratio(saved, looked_up),
+        out_of_range_steps=int(result.out_of_range_steps),
+        reject_reasons=_reject_reasons(result, rejected),
+        per_tenant=per_tenant,
+        jain_index=jain,
+        per_class=_classes(trace, slos, lat, finished, good, generated, request_weight, duration),
+    )
+
+
+# -- pieces ----------------------------------------------------------------------------------
+
+
+def _check(result: SimResult, trace: Trace) -> None:
+    """A result that does not belong to the trace, or breaks the SimResult contract, is an error."""
+    per_request = ("state", "reject_reason", "first_token_s", "finish_s", "tokens_generated",
+                   "preemptions", "cached_prompt_tokens", "queue_s")
+    for name in per_request:
+        size = len(getattr(result, name))
+        if size != trace.n:
+            raise ValueError(f"SimResult.{name} has {size} entries but the trace has {trace.n} requests")
+    valid_states = np.array([s.value for s in State])
+    bad = np.flatnonzero(~np.isin(result.state, valid_states))
+    if len(bad):
+        raise ValueError(f"request {bad[0]}: unknown state code {result.state[bad[0]]}")
+    bad = np.flatnonzero((result.reject_reason < 0) | (result.reject_reason >= len(Reject)))
+    if len(bad):
+        raise ValueError(f"request {bad[0]}: unknown reject reason code {result.reject_reason[bad[0]]}")
+    bad = np.flatnonzero((result.state == State.REJECTED) & (result.reject_reason == Reject.NONE))
+    if len(bad):
+        raise ValueError(f"request {bad[0]} is rejected without a reason")
+    bad = np.flatnonzero((result.state == State.FINISHED) & ~np.isfinite(result.finish_s))
+    if len(bad):
+        raise ValueError(f"request {bad[0]} is finished but has no finish time")
+
+
+def _class_table(trace: Trace, slos: SLOSet) -> tuple[np.ndarray, np.ndarray]:
+    """Bounds (k, 3) in ms and weights (k,) for each of the trace's SLO class codes."""
+    classes = [slos.lookup(name) for name in trace.slo_class_names]
+    bounds = np.array([c.bounds_ms for c in classes], dtype=np.float64).reshape(len(classes), 3)
+    weights = np.array([c.weight for c in classes], dtype=np.float64)
+    return bounds, weights
+
+
+def _good(result: SimResult, lat: dict[str, np.ndarray], bounds: np.ndarray) -> np.ndarray:
+    """Finished and every metric within its bound; ``bounds`` is (n, 3) ms, inf = unset."""
+    good = result.state == State.FINISHED
+    for j, metric in enumerate(("ttft", "tpot", "e2el")):
+        good &= np.isinf(bounds[:, j]) | (lat[metric] <= bounds[:, j])
+    return good
+
+
+def _window(result: SimResult, trace: Trace) -> float:
+    if trace.n == 0:
+        return 0.0
+    ends = result.finish_s[np.isfinite(result.finish_s)]
+    last = ends.max() if len(ends) else trace.arrival_s[-1]
+    return max(float(last - trace.arrival_s[0]), 0.0)
+
+
+def _latency_sample(metric: str, lat: dict[str, np.ndarray], finished: np.ndarray,
+                    generated: np.ndarray) -> np.ndarray:
+    mask = finished & (generated > 1) if metric == "tpot" else finished
+    values = lat[metric][mask]
+    return values[np.isfinite(values)]
+
+
+def _percentiles(values: np.ndarray, qs: tuple[int, ...]) -> list[float]:
+    if not len(values):
+        return [math.nan] * len(qs)
+    return [float(v) for v in np.percentile(values, qs)]
+
+
+def _per_second(count: float, duration: float) -> float:
+    """A count over the window; 0 over an empty window, where nothing could be measured."""
+    return float(count) / duration if duration > 0 else 0.0
+
+
+def _ratio(num: float, den: float) -> float:
+    return float(num) / float(den) if den else math.nan
+
+
+def _reject_reasons(result: SimResult, rejected: np.ndarray) -> dict[str, int]:
+    counts = np.bincount(result.reject_reason[rejected].astype(np.int64), minlength=len(Reject))
+    return {Reject(code).name.lower(): int(c) for code, c in enumerate(counts) if c}
+
+
+def _tenants(result: SimResult, trace: Trace, finished: np.ndarray, good: np.ndarray,
+             duration: float) -> tuple[dict[str, dict[str, Any]], float]:
+    """Per-tenant service and the Jain index over tenants that offered any request.
+
+    Service counts a prompt once its prefill completed (a first token exists) plus every
+    output token generated, whatever the request's final state.
+    """
+    k = len(trace.tenant_names)
+    prefilled = np.isfinite(result.first_token_s) | finished
+    service = np.where(prefilled, trace.prompt_tokens, 0) + result.tokens_generated
+    offered = np.bincount(trace.tenant, minlength=k)
+    n_finished = np.bincount(trace.tenant, weights=finished, minlength=k)
+    n_good = np.bincount(trace.tenant, weights=good, minlength=k)
+    served = np.bincount(trace.tenant, weights=service, minlength=k)
+    total = served.sum()
+    per_tenant = {
+        name: {
+            "offered": int(offered[i]),
+            "finished": int(n_finished[i]),
+            "good": int(n_good[i]),
+            "goodput": _per_second(n_good[i], duration),
+            "service_tokens": int(served[i]),
+            "share": _ratio(served[i], total),
+        }
+        for i, name in enumerate(trace.tenant_names)
+    }
+    x = served[offered > 0]  # weight 1 per tenant until fairness weights land
+    squares = float((x * x).sum())
+    jain = float(x.sum()) ** 2 / (len(x) * squares) if squares > 0 else math.nan
+    return per_tenant, jain
+
+
+def _classes(trace: Trace, slos: SLOSet, lat: dict[str, np.ndarray], finished: np.ndarray,
+             good: np.ndarray, generated: np.ndarray, request_weight: np.ndarray,
+             duration: float) -> dict[str, dict[str, Any]]:
+    out = {}
+    for code, name in enumerate(trace.slo_class_names):
+        mine = trace.slo_class == code
+        offered = int(mine.sum())
+        n_good = int((good & mine).sum())
+        entry = {
+            "slo": slos.lookup(name).describe(),
+            "offered": offered,
+            "good": n_good,
+            "attainment": _ratio(n_good, offered),
+            "request_goodput": _per_second(n_good, duration),
+            "weighted_goodput": _per_second(request_weight[good & mine].sum(), duration),
+        }
+        for metric in LATENCY_METRICS:
+            values = _latency_sample(metric, lat, finished & mine, generated)
+            entry[f"p99_{metric}_ms"] = _percentiles(values, (99,))[0]
+        out[name] = entry
+    return out
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _num(value: float, digits: int) -> str:
+    return "n/a" if not math.isfinite(value) else f"{value:,.{digits}f}"
+
+
+def _pct(value: float) -> str:
+    return "n/a" if not math.isfinite(value) else f"{100 * value:.1f}%"

@@ -1,0 +1,77 @@
+import json
+
+import numpy as np
+import polars as pl
+import pytest
+
+from costmodels import CostModelError, build, calibrate, load_calibration, load_runs, save_calibration
+from tests.costmodels.conftest import SILICON
+
+
+@pytest.fixture(scope="module")
+def entries():
+    if not SILICON.is_file():
+        pytest.skip(f"measured runs not found at {SILICON} (set SERVETUNE_SHARED)")
+    return calibrate(load_runs(SILICON))
+
+
+def test_decode_tpot_mape_within_10_percent_after_calibration(entries):
+    for e in entries:
+        if e["model"] == "*":
+            continue
+        print(f"{e['model']} {e['framework']}/{e['gemm_dtype']} tp{e['tp']} runs={e['n_runs']}: TPOT MAPE "
+              f"{e['tpot_mape_before']:.1f}% -> {e['tpot_mape_after']:.1f}%")
+        assert e["tpot_mape_after"] <= 10.0
+        assert e["tpot_mape_after"] <= e["tpot_mape_before"] + 1e-9
+
+
+def test_calibration_file_round_trip_and_build_applies_it(entries, tmp_path):
+    path = tmp_path / "calib.json"
+    save_calibration(entries, path)
+    assert load_calibration(path) == json.loads(path.read_text())["entries"]
+    cost = build("Qwen/Qwen3-32B", "h100", tp=4, framework="vllm", calibration=path)
+    entry = next(e for e in entries if e["model"] == "Qwen/Qwen3-32B" and e["framework"] == "vllm")
+    assert cost.tables.overhead_s == entry["overhead_s"] and cost.tables.scale == entry["scale"]
+    assert "calibrated:calib.json" in cost.source
+
+
+def test_bundled_calibration_matches_a_fresh_fit(entries):
+    cost = build("meta-llama/Llama-3.1-8B", "h100", framework="trtllm")
+    entry = next(e for e in entries if e["model"] == "meta-llama/Llama-3.1-8B")
+    assert cost.tables.scale == pytest.approx(entry["scale"], rel=1e-6)
+    assert "calibrated:default" in cost.source
+    assert "uncalibrated" in build("meta-llama/Llama-3.1-8B", "h100", framework="sglang").source
+
+
+def test_calibration_without_matching_entry_is_an_error(entries, tmp_path):
+    path = tmp_path / "calib.json"
+    save_calibration([e for e in entries if e["framework"] == "vllm"], path)
+    with pytest.raises(CostModelError, match="no entry"):
+        build("meta-llama/Llama-3.1-8B", "a100", calibration=path)
+
+
+def write(tmp_path, df):
+    path = tmp_path / "runs.csv"
+    df.write_csv(path)
+    return path
+
+
+GOOD = {"model": ["meta-llama/Llama-3.1-8B"] * 3, "gpu": ["h100"] * 3, "framework": ["vllm"] * 3,
+        "tp": [1, 1, 1], "batch_size": [8, 32, 64], "isl": [1024] * 3, "osl": [256] * 3,
+        "ttft_ms": [50.0, 80.0, 120.0], "tpot_ms": [8.0, 10.0, 12.0]}
+
+
+def test_canonical_runs_csv_is_accepted_and_fit(tmp_path):
+    [per_model, pooled] = calibrate(load_runs(write(tmp_path, pl.DataFrame(GOOD))))
+    assert per_model["model"] == "meta-llama/Llama-3.1-8B" and pooled["model"] == "*"
+    assert per_model["tpot_mape_after"] < 5.0 and np.isfinite(per_model["ttft_mape_after"])
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d.drop("tpot_ms"), "missing column 'tpot_ms'"),
+    (lambda d: d.with_columns(pl.Series("isl", [1024, -5, 1024])), r"row 3, column 'isl'"),
+    (lambda d: d.with_columns(pl.Series("model", ["llama-9", "x", "y"])), "unknown models"),
+])
+def test_bad_runs_csv_names_the_problem(tmp_path, change, message):
+    with pytest.raises(CostModelError, match=message):
+        load_runs(write(tmp_path, change(pl.DataFrame(GOOD))))

@@ -1,0 +1,165 @@
+"""Capacity review: the limit diagnosis, the GPU count and the rendered documents."""
+
+from __future__ import annotations
+
+import math
+from html.parser import HTMLParser
+
+import numpy as np
+import pytest
+
+from optimizer.exports import Deployment
+from optimizer.review import (
+    Capacity,
+    ConfigFigures,
+    LoadSignals,
+    ReviewInputs,
+    build_review,
+    diagnose,
+    gain_ratio,
+    to_html,
+    to_markdown,
+    write_review,
+)
+from policies.presets import preset
+from policies.result import SimResult
+from studies.slo import parse_slo
+
+
+def _signals(busy=0.5, kv=0.5, preempt=0.0, kv_rejects=0.0, queue=0.1) -> LoadSignals:
+    return LoadSignals(busy, kv, preempt, kv_rejects, queue)
+
+
+@pytest.mark.parametrize(("signals", "limit"), [
+    (_signals(busy=0.95), "compute"),
+    (_signals(busy=0.95, queue=0.9), "compute"),  # queueing caused by a saturated GPU
+    (_signals(kv=0.99, preempt=0.2), "kv"),
+    (_signals(busy=0.97, kv=0.99, preempt=0.2), "kv"),  # recompute inflates busy time
+    (_signals(kv=0.6, kv_rejects=0.05), "kv"),
+    (_signals(kv=0.99, queue=0.8), "kv"),  # waiting for memory
+    (_signals(kv=0.3, queue=0.8), "queueing"),
+    (_signals(), "none"),
+    (_signals(busy=math.nan, kv=math.nan, preempt=math.nan, kv_rejects=math.nan, queue=math.nan), "none"),
+])
+def test_diagnosis_names_the_limiting_resource(signals, limit):
+    d = diagnose(signals)
+    assert d.limit == limit
+    assert {"kv": "KV-bound", "compute": "Compute-bound", "queueing": "Queueing-bound",
+            "none": "Not saturated"}[limit] in d.summary
+    assert len(d.evidence) == 5
+
+
+def _result(busy_s: float) -> SimResult:
+    empty = np.zeros(0)
+    return SimResult(state=empty, reject_reason=empty, first_token_s=empty, finish_s=empty,
+                     tokens_generated=empty, preemptions=empty, cached_prompt_tokens=empty, queue_s=empty,
+                     replica=empty, steps=10, busy_s=busy_s, prefill_tokens_computed=0, out_of_range_steps=0,
+                     kv_capacity_blocks=100, kv_peak_blocks=50, series_t=empty, series_kv_blocks=empty,
+                     series_running=empty, series_waiting=empty)
+
+
+def test_load_signals_from_a_run_and_its_report():
+    report = {"duration_s": 100.0, "n_offered": 1000, "kv_peak_fraction": 0.97, "preemption_rate": 0.02,
+              "reject_reasons": {"kv_high_water": 30, "queue_full": 50, "exceeds_capacity": 10},
+              "mean_queue_ms": 300.0, "mean_ttft_ms": 400.0}
+    s = LoadSignals.of(_result(busy_s=180.0), report, replicas=2)
+    assert s.busy_fraction == pytest.approx(0.9)
+    assert s.kv_reject_fraction == pytest.approx(0.04)  # queue_full is not a memory reject
+    assert s.queue_share == pytest.approx(0.75)
+    assert diagnose(s).limit == "kv"
+    empty = LoadSignals.of(_result(0.0), {"duration_s": 0.0, "n_offered": 0, "kv_peak_fraction": None,
+                                          "preemption_rate": None, "mean_queue_ms": None, "mean_ttft_ms": None}, 1)
+    assert math.isnan(empty.busy_fraction) and math.isnan(empty.queue_share)
+
+
+def test_capacity_turns_rate_headroom_into_gpus():
+    deploy = Deployment("m", tp=2, replicas=4)
+    over = Capacity(max_rate_scale=0.8, trace_rps=10.0, deployment=deploy)
+    assert over.max_rps == pytest.approx(8.0) and over.headroom == pytest.approx(-0.2)
+    assert over.replicas_needed == 5 and over.gpus_needed == 10  # ceil(4 / 0.8) replicas x TP 2
+    spare = Capacity(max_rate_scale=2.0, trace_rps=10.0, deployment=deploy)
+    assert spare.replicas_needed == 2 and spare.gpus_needed == 4
+    exact = Capacity(max_rate_scale=1.0, trace_rps=10.0, deployment=deploy)
+    assert exact.replicas_needed == 4
+    unreachable = Capacity(max_rate_scale=0.0, trace_rps=10.0, deployment=deploy)
+    assert unreachable.gpus_needed is None
+
+
+def test_gain_ratio():
+    assert gain_ratio(3.0, 2.0) == pytest.approx(0.5)
+    assert gain_ratio(1.0, 0.0) is None and gain_ratio(math.nan, 1.0) is None
+
+
+def _inputs(**changes) -> ReviewInputs:
+    deploy = Deployment("meta-llama/Llama-3.1-8B", tp=1, replicas=2, gpu="h100")
+    best_cfg = preset("vllm-default").replace(max_num_batched_tokens=2048, max_num_seqs=128)
+    report = {"weighted_goodput": 6.0, "request_goodput": 6.0, "slo_attainment": 0.95, "p99_ttft_ms": 900.0,
+              "p99_tpot_ms": 60.0, "rejected_fraction": 0.0, "kv_peak_fraction": 0.5, "preemption_rate": 0.0}
+    best = ConfigFigures("best (trial 17)", best_cfg, report,
+                         Capacity(1.5, 6.3, deploy), diagnose(_signals(busy=0.95)), trial=17)
+    vllm = ConfigFigures("vllm-default", preset("vllm-default"), {**report, "weighted_goodput": 4.0},
+                         Capacity(0.7, 6.3, deploy), diagnose(_signals(kv=0.99, preempt=0.3)))
+    sglang = ConfigFigures("sglang-default", preset("sglang-default"), {**report, "weighted_goodput": 0.0})
+    values = dict(title="Capacity review: chat", deployment=deploy, slos=parse_slo("ttft:2000,tpot:100"),
+                  target_attainment=0.9, trace_description="azure conv, 19366 requests at 6.3 req/s",
+                  best=best, baselines=(vllm, sglang), objectives=(("weighted_goodput", 6.0, "maximize"),),
+                  plots={"Pareto front": "plots/pareto.png"}, notes=("a | note",))
+    values.update(changes)
+    return ReviewInputs(**values)
+
+
+def test_review_states_gpus_headroom_limit_and_gains():
+    md = to_markdown(build_review(_inputs()))
+    assert md.startswith("# Capacity review: chat\n")
+    assert "this traffic needs 2 GPU(s) (2 replica(s) x TP 1)" in md
+    assert "it has 50% headroom" in md
+    assert "| vllm-default | 4.410 | -30% | 3 (3 x TP 1) | kv |" in md
+    assert "Compute-bound" in md.split("## What limits the best config")[1].split("##")[0]
+    assert "Weighted goodput +50.0% over vllm-default (6.000 vs 4.000/s)." in md
+    assert "sglang-default has no goodput on this trace" in md
+    assert "| max_num_batched_tokens | 2048 | 8192 | 8192 |" in md  # changed knobs only
+    assert "| block_size |" in md and "| kv_headroom |" not in md  # sglang pages differ; headroom never
+    assert "![Pareto front](plots/pareto.png)" in md
+    assert "a \\| note" not in md and "- a | note" in md  # list items are not table cells
+
+
+def test_review_reports_over_capacity_and_unreachable_targets():
+    base = _inputs()
+    deploy = base.deployment
+    over = ConfigFigures(base.best.name, base.best.config, base.best.report, Capacity(0.5, 6.3, deploy, capped=False),
+                         base.best.diagnosis)
+    md = to_markdown(build_review(_inputs(best=over)))
+    assert "needs 4 GPU(s)" in md and "over capacity" in md and "50% below the trace rate" in md
+    never = ConfigFigures(base.best.name, base.best.config, base.best.report, Capacity(0.0, 6.3, deploy), None)
+    md = to_markdown(build_review(_inputs(best=never)))
+    assert "does not reach 90% SLO attainment" in md and "No load signals" in md
+
+
+class _Collect(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tags: list[str] = []
+        self.text: list[str] = []
+        self.imgs: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        if tag == "img":
+            self.imgs.append(dict(attrs)["src"])
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def test_html_carries_the_same_content_escaped(tmp_path):
+    inputs = _inputs(title="Review <chat> & co")
+    page = to_html(build_review(inputs))
+    parser = _Collect()
+    parser.feed(page)
+    assert parser.tags.count("table") == 3 and parser.imgs == ["plots/pareto.png"]
+    text = "".join(parser.text)
+    assert "Review <chat> & co" in text and "<chat>" not in page.replace("&lt;chat&gt;", "")
+    assert "this traffic needs 2 GPU(s)" in text
+    md, html_path = write_review(tmp_path, inputs)
+    assert md.name == "capacity-review.md" and html_path.name == "capacity-review.html"
+    assert "Compute-bound" in md.read_text() and "Compute-bound" in html_path.read_text()

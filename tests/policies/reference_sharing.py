@@ -1,0 +1,163 @@
+"""Plain-Python twins of the sharing building blocks: prefix cache, waiting queue, fairness.
+
+They state the rules of ``policies.prefix_cache``, ``policies.queues`` and
+``policies.fairness`` the obvious way (dicts, sorted lists, OrderedDict for LRU, keyed by
+the trace's raw hashes rather than dense ids) so the kernels can be checked against them,
+and the reference simulator uses them to implement the same rules.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+LPM_FCFS_ABOVE = 128
+
+
+# -- prefix cache --------------------------------------------------------------------------
+def private_blocks(ctx: int, held: int, block_tokens: int, kv_block_size: int) -> int:
+    return max(0, math.ceil((ctx - held * block_tokens) / kv_block_size))
+
+
+class RefPrefixCache:
+    """Hash-keyed prefix cache with reference counts and LRU eviction of idle entries."""
+
+    def __init__(self, hashes_per_request, prompt_tokens, block_tokens: int, kv_block_size: int):
+        self.hashes = [list(h) for h in hashes_per_request]
+        self.prompt = list(prompt_tokens)
+        self.bt = block_tokens
+        self.entry_blocks = math.ceil(block_tokens / kv_block_size)
+        self.n_full = [min(len(h), p // block_tokens) for h, p in zip(self.hashes, self.prompt, strict=True)]
+        self.held = [0] * len(self.prompt)
+        self.refs: dict[int, int] = {}  # cached hash -> references
+        self.idle: OrderedDict[int, None] = OrderedDict()  # least recently released first
+        self.hit_tokens = self.query_tokens = self.inserts = self.dedups = self.evictions = 0
+
+    def match(self, i):
+        k = 0
+        while k < self.n_full[i] and self.hashes[i][k] in self.refs:
+            k += 1
+        idle = sum(1 for h in self.hashes[i][:k] if self.refs[h] == 0)
+        return k, min(k * self.bt, self.prompt[i] - 1), idle
+
+    def _ref(self, h):
+        if self.refs[h] == 0:
+            del self.idle[h]
+        self.refs[h] += 1
+
+    def acquire(self, i, k):
+        for h in self.hashes[i][:k]:
+            self._ref(h)
+        self.held[i] = k
+
+    def insert(self, i, ctx):
+        last = min(self.n_full[i], ctx // self.bt)
+        freed = 0
+        for h in self.hashes[i][self.held[i] : last]:
+            if h in self.refs:
+                self._ref(h)
+                freed += self.entry_blocks
+                self.dedups += 1
+            else:
+                self.refs[h] = 1
+                self.inserts += 1
+        self.held[i] = max(self.held[i], last)
+        return freed
+
+    def release(self, i):
+        for h in reversed(self.hashes[i][: self.held[i]]):
+            self.refs[h] -= 1
+            if self.refs[h] == 0:
+                self.idle[h] = None
+        self.held[i] = 0
+
+    def evict(self, needed):
+        freed = 0
+        while freed < needed and self.idle:
+            h, _ = self.idle.popitem(last=False)
+            del self.refs[h]
+            self.evictions += 1
+            freed += self.entry_blocks
+        return freed
+
+    def grow_blocks(self, i, ctx_old, ctx_new, kv_block_size):
+        held = self.held[i]
+        after = max(held, min(self.n_full[i], ctx_new // self.bt))
+        return (
+            private_blocks(ctx_new, after, self.bt, kv_block_size)
+            + self.entry_blocks * (after - held)
+            - private_blocks(ctx_old, held, self.bt, kv_block_size)
+        )
+
+    def cache_blocks(self):
+        return len(self.refs) * self.entry_blocks, len(self.idle) * self.entry_blocks
+
+
+# -- waiting queue -------------------------------------------------------------------------
+FCFS, PRIORITY, EDF, SJF, LPM, VTC = range(6)
+
+
+def order_keys(order, seq, arrival, priority, deadline, job_s, aging_rate):
+    if order == PRIORITY:
+        return -priority + aging_rate * arrival, arrival
+    if order == EDF:
+        return (math.inf, arrival) if math.isnan(deadline) else (deadline, arrival)
+    if order == SJF:
+        return job_s + aging_rate * arrival, arrival
+    return 0.0, float(seq)
+
+
+class RefWaitQueue:
+    """Waiting requests as a dict of keys; ``pick`` sorts every candidate."""
+
+    def __init__(self, lane_of, lane_tenant):
+        self.lane_of = list(lane_of)
+        self.lane_tenant = list(lane_tenant)
+        self.keys: dict[int, tuple[float, float]] = {}
+
+    def push(self, i, k1, k2):
+        self.keys[i] = (k1, k2)
+
+    def remove(self, i):
+        self.keys.pop(i, None)
+
+    def promote(self, i):
+        self.keys[i] = (-math.inf, self.keys[i][1])
+
+    def pick(self, order, lane_blocked, vtc_counter, cache: RefPrefixCache | None):
+        live = [i for i in self.keys if not lane_blocked[self.lane_of[i]]]
+        if not live:
+            return -1
+        cache_aware = order == LPM and len(self.keys) <= LPM_FCFS_ABOVE
+
+        def rank(i):
+            counter = vtc_counter[self.lane_tenant[self.lane_of[i]]] if order == VTC else 0.0
+            matched = cache.match(i)[1] if cache_aware else 0
+            return (counter, -matched, *self.keys[i], i)
+
+        return min(live, key=rank)
+
+
+# -- fairness ledger -----------------------------------------------------------------------
+class RefShares:
+    """VTC counters with the backlog lift, and raw charged service per tenant."""
+
+    def __init__(self, weights):
+        self.weight = list(weights)
+        self.counter = [0.0] * len(weights)
+        self.service = [0.0] * len(weights)
+        self.waiting = [0] * len(weights)
+
+    def enqueue(self, t):
+        if self.waiting[t] == 0:
+            others = [self.counter[u] for u in range(len(self.weight)) if u != t and self.waiting[u] > 0]
+            if others:
+                self.counter[t] = max(self.counter[t], min(others))
+        self.waiting[t] += 1
+
+    def dequeue(self, t):
+        self.waiting[t] -= 1
+
+    def charge(self, t, cost):
+        self.service[t] += cost
+        self.counter[t] += cost / self.weight[t]

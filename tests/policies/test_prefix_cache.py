@@ -1,0 +1,152 @@
+"""Prefix cache kernels: agree with the plain-Python twin, keep the KV ledger exact."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies import prefix_cache as pcm
+from tests.policies.reference_sharing import RefPrefixCache
+
+BT = 64  # hash block tokens, small so prompts span several blocks
+
+
+def _cache(hashes, prompts, kv_block_size, block_tokens=BT):
+    offsets = np.zeros(len(hashes) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(h) for h in hashes])
+    flat = np.array([x for h in hashes for x in h], dtype=np.int64)
+    prompts = np.asarray(prompts, dtype=np.int64)
+    pc = pcm.new_prefix_cache(offsets, flat, prompts, block_tokens, kv_block_size)
+    ref = RefPrefixCache(hashes, prompts.tolist(), block_tokens, kv_block_size)
+    return pc, ref, offsets, prompts
+
+
+@st.composite
+def workloads(draw):
+    """Requests whose hash chains branch off a few shared conversations, plus ops."""
+    n = draw(st.integers(1, 7))
+    roots = draw(st.lists(st.integers(-(2**62), 2**62), min_size=1, max_size=3, unique=True))
+    hashes, prompts = [], []
+    for r in range(n):
+        root = roots[draw(st.integers(0, len(roots) - 1))]
+        shared = draw(st.integers(0, 4))
+        chain = [hash((root, j)) for j in range(shared)] + [hash((root, r, j)) for j in range(draw(st.integers(0, 2)))]
+        prompt = draw(st.integers(max(1, (len(chain) - 1) * BT + 1), max(1, len(chain) * BT + 40)))
+        hashes.append(chain)
+        prompts.append(prompt)
+    ops = draw(
+        st.lists(
+            st.tuples(st.sampled_from(["admit", "compute", "release", "evict"]), st.integers(0, n - 1), st.integers(1, 200)),
+            max_size=40,
+        )
+    )
+    return hashes, prompts, draw(st.sampled_from([1, 16, 48, 64, 100])), ops
+
+
+@settings(max_examples=150, deadline=None)
+@given(workloads())
+def test_kernels_agree_with_twin_and_ledger_balances(workload):
+    hashes, prompts, bs, ops = workload
+    pc, ref, offsets, prompts = _cache(hashes, prompts, bs)
+    ctx = {}  # active request -> computed tokens
+    allocated = 0  # KV blocks handed out minus blocks returned
+    for op, i, x in ops:
+        if op == "admit" and i not in ctx:
+            got = pcm.match(pc, offsets, prompts, i)
+            assert got == ref.match(i)
+            pcm.acquire(pc, offsets, i, got[0])
+            ref.acquire(i, got[0])
+            ctx[i] = got[1]
+            assert 0 <= got[1] < prompts[i], "a full hit still computes one token"
+        elif op == "compute" and i in ctx:
+            new = ctx[i] + x
+            need = pcm.grow_blocks(ctx[i], new, pc.held[i], pc.n_full[i], BT, bs, pc.entry_blocks)
+            assert need == ref.grow_blocks(i, ctx[i], new, bs) >= 0
+            allocated += need
+            freed = pcm.insert(pc, offsets, i, new)
+            assert freed == ref.insert(i, new)
+            allocated -= freed
+            ctx[i] = new
+        elif op == "release" and i in ctx:
+            allocated -= pcm.private_blocks(ctx.pop(i), pc.held[i], BT, bs)
+            pcm.release(pc, offsets, i)
+            ref.release(i)
+        elif op == "evict":
+            freed = pcm.evict(pc, x % 50)
+            assert freed == ref.evict(x % 50)
+            allocated -= freed
+        assert list(pc.held) == ref.held
+        assert pcm.cache_blocks(pc) == ref.cache_blocks()
+        private = sum(pcm.private_blocks(c, pc.held[r], BT, bs) for r, c in ctx.items())
+        assert allocated == private + pcm.cache_blocks(pc)[0], "KV ledger out of balance"
+        assert np.all(pc.refs >= 0) and np.all(pc.refs[~pc.cached] == 0)
+    s = pc.stats
+    assert (s[pcm.S_INSERTS], s[pcm.S_DEDUPS], s[pcm.S_EVICTIONS]) == (ref.inserts, ref.dedups, ref.evictions)
+
+
+def test_requests_sharing_one_prefix_hit_after_the_first():
+    hashes = [[11, 12, 13]] * 4
+    pc, _, offsets, prompts = _cache(hashes, [3 * BT + 10] * 4, 16)
+    first = pcm.match(pc, offsets, prompts, 0)
+    assert first == (0, 0, 0)
+    pcm.acquire(pc, offsets, 0, 0)
+    pcm.insert(pc, offsets, 0, 3 * BT + 10)
+    for i in (1, 2, 3):
+        k, tokens, idle = pcm.match(pc, offsets, prompts, i)
+        assert (k, tokens, idle) == (3, 3 * BT, 0)
+        pcm.acquire(pc, offsets, i, k)
+    assert list(pc.refs[pc.cached]) == [4, 4, 4]
+
+
+def test_full_prompt_hit_computes_one_token_without_a_new_block():
+    pc, _, offsets, prompts = _cache([[5, 6], [5, 6]], [2 * BT, 2 * BT], 16)
+    pcm.acquire(pc, offsets, 0, 0)
+    pcm.insert(pc, offsets, 0, 2 * BT)
+    k, tokens, _ = pcm.match(pc, offsets, prompts, 1)
+    assert (k, tokens) == (2, 2 * BT - 1)
+    pcm.acquire(pc, offsets, 1, k)
+    assert pcm.grow_blocks(tokens, 2 * BT, k, 2, BT, 16, pc.entry_blocks) == 0
+    assert pcm.grow_blocks(2 * BT, 2 * BT + 1, k, 2, BT, 16, pc.entry_blocks) == 1
+
+
+def test_partial_tail_block_is_never_cached():
+    pc, _, offsets, prompts = _cache([[7, 8], [7, 8]], [BT + 30, BT + 30], 16)
+    pcm.acquire(pc, offsets, 0, 0)
+    pcm.insert(pc, offsets, 0, BT + 30)
+    assert pcm.match(pc, offsets, prompts, 1)[:2] == (1, BT)
+
+
+def test_lru_evicts_least_recently_released_and_chain_tails_first():
+    pc, _, offsets, prompts = _cache([[1, 2], [3, 4]], [2 * BT, 2 * BT], 64)
+    for i in (0, 1):
+        pcm.acquire(pc, offsets, i, 0)
+        pcm.insert(pc, offsets, i, 2 * BT)
+    pcm.release(pc, offsets, 0)
+    pcm.release(pc, offsets, 1)
+    assert pcm.evict(pc, 1) == 1  # one KV block per entry at kv_block_size = BT
+    assert pcm.match(pc, offsets, prompts, 0)[0] == 1, "request 0's tail went first"
+    assert pcm.match(pc, offsets, prompts, 1)[0] == 2
+    assert pcm.evict(pc, 100) == 3, "eviction stops when nothing is idle"
+
+
+def test_referenced_entries_are_never_evicted():
+    pc, _, offsets, prompts = _cache([[1, 2], [1, 2]], [2 * BT + 1] * 2, 16)
+    pcm.acquire(pc, offsets, 0, 0)
+    pcm.insert(pc, offsets, 0, 2 * BT)
+    assert pcm.evict(pc, 10**6) == 0
+    pcm.release(pc, offsets, 0)
+    k, _, idle = pcm.match(pc, offsets, prompts, 1)
+    assert (k, idle) == (2, 2)
+    pcm.acquire(pc, offsets, 1, k)
+    assert pcm.cache_blocks(pc) == (2 * pc.entry_blocks, 0)
+
+
+def test_caching_off_grow_is_plain_block_arithmetic():
+    for old, new, bs in [(0, 1, 16), (15, 17, 16), (0, 1000, 7), (33, 33, 4)]:
+        expected = -(-new // bs) - -(-old // bs)
+        assert pcm.grow_blocks(old, new, 0, 0, 512, bs, 32) == expected
+
+
+def test_bad_sizes_are_refused():
+    with pytest.raises(ValueError, match="block_tokens"):
+        pcm.new_prefix_cache(np.zeros(2, np.int64), np.zeros(0, np.int64), np.ones(1, np.int64), 0, 16)
