@@ -78,7 +78,7 @@ def read_step_csv(path: str | Path) -> StepTables:
     return StepTables(
         linear_tokens=tokens, linear_s=seconds,
         head_seqs=_FLAT_AXIS, head_s=zero,
-        decode_batch=_FLAT_AXIS, decode_kv=_FLAT_AXIS, decode_s=np.zeros((2, 2)), decode_kv_measured=_FLAT_AXIS.copy(),
+        decode_batch=_FLAT_AXIS, decode_kv=_FLAT_AXIS, decode_s=np.zeros((2, 2)), decode_kv_measured=np.full(2, _FLAT_AXIS[1]),
         prefill_pairs=_FLAT_AXIS, prefill_s=zero,
         overhead_s=0.0, scale=1.0,
     )

@@ -32,14 +32,17 @@ import polars as pl
 from optuna.trial import FrozenTrial, TrialState
 
 from optimizer import plots
-from optimizer.exports import Deployment, TrafficShape, write_exports
+from optimizer.capacity import capacity_many
+from optimizer.exports import Deployment, TrafficShape, goodput_bounds, write_exports
 from optimizer.review import (
     Capacity,
     ConfigFigures,
+    Diagnosis,
     LoadSignals,
     ReviewInputs,
     diagnose,
     gain_ratio,
+    simulated_replicas,
     write_review,
 )
 from policies.config import PolicyConfig
@@ -49,7 +52,6 @@ from studies.metrics import request_latencies
 #: Report fields compared between the recommendation and each baseline, and their direction.
 GAIN_METRICS = {"weighted_goodput": "maximize", "request_goodput": "maximize", "token_goodput": "maximize",
                 "slo_attainment": "maximize", "p99_ttft_ms": "minimize", "p99_tpot_ms": "minimize"}
-SWEEP_POINTS = 9
 PACKAGES = ("servetune", "numpy", "numba", "optuna", "polars", "scipy", "matplotlib")
 
 
@@ -236,40 +238,29 @@ def redact_url(url: str) -> str:
 # -- rate sweep and capacity --------------------------------------------------------------------
 
 
-def sweep_scales(capacities: Sequence[float]) -> np.ndarray:
-    """Rate scales that bracket every config's capacity, plus the trace's own rate (1.0)."""
-    known = [c for c in capacities if math.isfinite(c) and c > 0]
-    low = min(known, default=1.0) * 0.25
-    high = max(max(known, default=1.0) * 2.0, 1.5)
-    return np.unique(np.round(np.concatenate([np.geomspace(low, high, SWEEP_POINTS), [1.0]]), 6))
+def sweep_scales(capacities: Sequence[float], per_doubling: int = 2) -> np.ndarray:
+    """Rate scales from a quarter of the lowest capacity to twice the highest, with 1.0.
 
-
-def capacity_from_curve(scales: np.ndarray, attainment: np.ndarray, target: float) -> tuple[float, bool]:
-    """Highest scale with attainment >= target, interpolated at the crossing; (scale, capped).
-
-    0.0 when even the lowest scale misses the target; capped when the highest meets it.
+    Geometric, ``per_doubling`` points per factor of 2, so every curve's fall is visible.
     """
-    order = np.argsort(scales)
-    scales, attainment = np.asarray(scales)[order], np.nan_to_num(np.asarray(attainment)[order])
-    ok = attainment >= target
-    if not ok[0]:
-        return 0.0, False
-    first_miss = np.flatnonzero(~ok)
-    if not len(first_miss):
-        return float(scales[-1]), True
-    j = first_miss[0]
-    a0, a1 = attainment[j - 1], attainment[j]
-    t = (a0 - target) / (a0 - a1) if a0 != a1 else 0.0
-    return float(scales[j - 1] + t * (scales[j] - scales[j - 1])), False
+    known = [c for c in capacities if math.isfinite(c) and c > 0]
+    low = min(min(known, default=0.5), 1.0) / 4
+    high = max(max(known, default=1.0), 1.0) * 2
+    steps = max(1, round(math.log2(high / low) * per_doubling))
+    return np.unique(np.round(np.concatenate([np.geomspace(low, high, steps + 1), [1.0]]), 6))
 
 
-def rate_curve(evaluator, config: PolicyConfig, scales: np.ndarray, trace_rps: float) -> plots.RateCurve:
-    attainment, goodput = [], []
+def rate_curves(evaluator, configs: Mapping[str, PolicyConfig], scales: np.ndarray,
+                trace_rps: float) -> dict[str, plots.RateCurve]:
+    """SLO attainment and weighted goodput of each config at each rate scale (one batch per scale)."""
+    attainment = {name: [] for name in configs}
+    goodput = {name: [] for name in configs}
     for scale in scales:
-        _, report = evaluator.simulate(config, rate_scale=float(scale))
-        attainment.append(_num(report.slo_attainment))
-        goodput.append(_num(report.weighted_goodput))
-    return plots.RateCurve(np.asarray(scales) * trace_rps, np.array(attainment), np.array(goodput))
+        for name, report in zip(configs, evaluator.reports(list(configs.values()), float(scale)), strict=True):
+            attainment[name].append(_num(report.slo_attainment))
+            goodput[name].append(_num(report.weighted_goodput))
+    return {name: plots.RateCurve(np.asarray(scales) * trace_rps, np.array(attainment[name]), np.array(goodput[name]))
+            for name in configs}
 
 
 def latency_samples(result, trace) -> dict[str, np.ndarray]:
@@ -282,63 +273,73 @@ def latency_samples(result, trace) -> dict[str, np.ndarray]:
 # -- the entry point ----------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Evaluated:
+    """One config the outputs describe: the recommendation or a baseline, run at the trace rate."""
+
+    name: str
+    config: PolicyConfig
+    trial: FrozenTrial | None
+    result: Any  # SimResult
+    report: dict[str, Any]
+    curve: plots.RateCurve
+    capacity: Capacity
+    diagnosis: Diagnosis
+    diagnosed_at_rps: float
+
+
 def write_run_outputs(run_dir, study, spec, evaluator) -> RunOutputs:
     """Write every run-folder output for the study's recommended trial; return paths and summary."""
     run_dir = Path(run_dir)
-    plot_dir = run_dir / "plots"
     trials = study.get_trials(deepcopy=False)
     dirs, names = directions(study), metric_names(study)
     best = select_best(trials, dirs)
     presets = evaluator.baselines()
-    best_config = trial_config(best, spec, presets)
     found = baseline_trials(trials)
-    configs = {f"best (trial {best.number})": best_config, **presets}
-    runs = {name: evaluator.simulate(config) for name, config in configs.items()}
-    reports = {name: report.to_dict() for name, (_, report) in runs.items()}
-    best_name = next(iter(configs))
+    label = f"best (trial {best.number}" + (f", {baseline_name(best)})" if baseline_name(best) else ")")
+    configs = {label: trial_config(best, spec, presets), **presets}
+    trial_of = {label: best, **{name: found.get(name) for name in presets}}
+
+    traffic = TrafficShape.of(evaluator.trace)
+    found_capacity = capacity_many(evaluator, list(configs.values()), spec.capacity_target)
+    curves = rate_curves(evaluator, configs, sweep_scales([c.rate_scale for c in found_capacity]), traffic.rate_rps)
+    evaluated = []
+    runs = evaluator.simulate_batch(list(configs.values()))
+    for (name, config), (result, report), cap in zip(configs.items(), runs, found_capacity, strict=True):
+        capacity = Capacity(cap.rate_scale, traffic.rate_rps, simulated_replicas(result), spec.tp,
+                            capped=not cap.bracketed)
+        # What limits a config shows where it saturates: at its capacity, not at a light trace rate.
+        limit_scale = cap.rate_scale if cap.rate_scale > 0 else 1.0
+        at_limit, limit_report = evaluator.simulate(config, rate_scale=limit_scale)
+        diagnosis = diagnose(LoadSignals.of(at_limit, limit_report.to_dict()))
+        evaluated.append(Evaluated(name, config, trial_of[name], result, report.to_dict(), curves[name], capacity,
+                                   diagnosis, limit_scale * traffic.rate_rps))
+    recommended, baselines = evaluated[0], evaluated[1:]
 
     deployment = deployment_of(spec, evaluator)
-    traffic = TrafficShape.of(evaluator.trace)
-    target = spec.capacity_target
-    capacities = {name: _capacity(evaluator, config, target) for name, config in configs.items()}
-    scales = sweep_scales([c for c, _ in capacities.values()])
-    curves = {name: rate_curve(evaluator, config, scales, traffic.rate_rps) for name, config in configs.items()}
-
     files: dict[str, Path] = {}
-    best_report = reports[best_name]
-    note = f"servetune study {spec.study_name}, trial {best.number}"
-    expected = {k: best_report[k] for k in ("request_goodput", "slo_attainment", "p99_ttft_ms", "p99_tpot_ms")
-                if best_report.get(k) is not None}
-    files.update(write_exports(run_dir, best_config, deployment, spec.slos, traffic, seed=spec.seed, note=note,
-                               expected=expected))
-
-    files.update(_write_plots(plot_dir, study, trials, dirs, names, found, reports, curves, runs, evaluator, spec,
-                              traffic.rate_rps))
-    figures = []
-    for name, config in configs.items():
-        scale, capped = capacities[name]
-        result, _ = runs[name]
-        figures.append(ConfigFigures(
-            name, config, reports[name], Capacity(scale, traffic.rate_rps, deployment, capped),
-            diagnose(LoadSignals.of(result, reports[name], spec.replicas)),
-            trial=best.number if name == best_name else (found[name].number if name in found else None)))
+    expected = {k: recommended.report[k] for k in ("request_goodput", "slo_attainment", "p99_ttft_ms", "p99_tpot_ms")
+                if recommended.report.get(k) is not None}
+    files.update(write_exports(run_dir, recommended.config, deployment, spec.slos, traffic, seed=spec.seed,
+                               note=f"servetune study {spec.study_name}, trial {best.number}", expected=expected))
+    plot_files = _write_plots(run_dir / "plots", study, trials, dirs, names, evaluated, evaluator.trace, spec,
+                              traffic.rate_rps)
+    files.update(plot_files)
     review = ReviewInputs(
         title=f"Capacity review: {spec.study_name}",
-        deployment=deployment, slos=spec.slos, target_attainment=target,
+        deployment=deployment, slos=spec.slos, target_attainment=spec.capacity_target,
         trace_description=(f"{spec.trace.name}, {evaluator.trace.n} requests at {traffic.rate_rps:.3g} req/s "
                            f"(burstiness {traffic.burstiness:.2g}, mean {traffic.mean_prompt_tokens} prompt / "
                            f"{traffic.mean_output_tokens} output tokens)"),
-        best=figures[0], baselines=figures[1:],
+        best=_figures(recommended), baselines=[_figures(e) for e in baselines],
         objectives=tuple(zip(names, best.values, dirs, strict=True)),
-        plots={caption: str(path.relative_to(run_dir)) for caption, path in files.items()
-               if path.suffix == ".png" and path.parent == plot_dir},
-        notes=_notes(best, reports[best_name]),
+        plots={caption: str(path.relative_to(run_dir)) for caption, path in plot_files.items()
+               if path.suffix == ".png"},
+        notes=_notes(best, recommended, spec),
     )
-    md, page = write_review(run_dir, review)
-    files["capacity-review.md"], files["capacity-review.html"] = md, page
+    files["capacity-review.md"], files["capacity-review.html"] = write_review(run_dir, review)
 
-    summary = _summary(study, spec, evaluator, best, best_config, found, reports, best_name, dirs, names,
-                       {name: capacities[name] for name in configs}, traffic)
+    summary = _summary(study, spec, evaluator, best, names, dirs, recommended, baselines, traffic)
     files["summary.json"] = run_dir / "summary.json"
     files["summary.json"].write_text(json.dumps(_json_safe(summary), indent=2) + "\n")
     files["trials.parquet"] = run_dir / "trials.parquet"
@@ -352,30 +353,27 @@ def deployment_of(spec, evaluator) -> Deployment:
     return Deployment(spec.model, tp=spec.tp, replicas=spec.replicas, gpu=spec.gpu, reserved_fraction=reserved)
 
 
-def _capacity(evaluator, config: PolicyConfig, target: float) -> tuple[float, bool]:
-    from optimizer.capacity import max_rate_scale
-
-    found = max_rate_scale(evaluator, config, target)
-    return float(found.scale), bool(found.capped)
+def _figures(e: Evaluated) -> ConfigFigures:
+    return ConfigFigures(e.name, e.config, e.report, e.capacity, e.diagnosis,
+                         trial=e.trial.number if e.trial else None, diagnosed_at_rps=e.diagnosed_at_rps)
 
 
-def _write_plots(plot_dir: Path, study, trials, dirs, names, found, reports, curves, runs, evaluator, spec,
-                 trace_rps) -> dict[str, Path]:
+def _write_plots(plot_dir: Path, study, trials, dirs, names, evaluated: Sequence[Evaluated], trace, spec,
+                 trace_rps: float) -> dict[str, Path]:
+    """Every plot as PNG and SVG; returns caption -> path (PNG under the caption itself)."""
     files: dict[str, Path] = {}
 
     def save(caption: str, fig, stem: str) -> None:
         png, svg = plots.save_figure(fig, plot_dir / stem)
-        files[caption] = png
-        files[f"{caption} (SVG)"] = svg
+        files[caption], files[f"{caption} (SVG)"] = png, svg
 
     points, axis_names, axis_dirs = _pareto_points(trials, dirs, names)
     save("Pareto front", plots.pareto_figure(points, axis_names, axis_dirs), "pareto")
     save("SLO attainment and goodput vs arrival rate",
-         plots.rate_sweep_figure(curves, spec.capacity_target, trace_rps), "rate-sweep")
-    samples = {name: latency_samples(result, evaluator.trace) for name, (result, _) in runs.items()}
-    strictest = {k: min((getattr(c, f"{k}_ms") for c in spec.slos.classes if getattr(c, f"{k}_ms") is not None),
-                        default=None) for k in ("ttft", "tpot")}
-    save("TTFT and TPOT CDFs", plots.latency_cdf_figure(samples, strictest), "latency-cdf")
+         plots.rate_sweep_figure({e.name: e.curve for e in evaluated}, spec.capacity_target, trace_rps), "rate-sweep")
+    bounds = goodput_bounds(spec.slos)
+    save("TTFT and TPOT CDFs", plots.latency_cdf_figure(
+        {e.name: latency_samples(e.result, trace) for e in evaluated}, bounds), "latency-cdf")
     importances = plots.param_importances(study, target=lambda t: t.values[0])
     if importances:
         save("Parameter importances", plots.importance_figure(importances), "importance")
@@ -389,56 +387,57 @@ def _pareto_points(trials, dirs, names) -> tuple[list[plots.TrialPoint], tuple[s
         points = [plots.TrialPoint(t.number, t.values[0], t.values[1], is_feasible(t), baseline_name(t))
                   for t in complete]
         return points, (names[0], names[1]), (dirs[0], dirs[1])
-    points = []
-    for t in complete:
-        report = trial_report(t) or {}
-        points.append(plots.TrialPoint(t.number, t.values[0], _num(report.get("p99_ttft_ms")), is_feasible(t),
-                                       baseline_name(t)))
+    points = [plots.TrialPoint(t.number, t.values[0], _num((trial_report(t) or {}).get("p99_ttft_ms")),
+                               is_feasible(t), baseline_name(t)) for t in complete]
     return points, (names[0], "p99 TTFT (ms)"), (dirs[0], "minimize")
 
 
-def _notes(best: FrozenTrial, report: Mapping[str, Any]) -> list[str]:
+def _notes(best: FrozenTrial, recommended: Evaluated, spec) -> list[str]:
     notes = []
     if not is_feasible(best):
         violated = ", ".join(k for k, v in best.constraints.items() if v > 0)
         notes.append(f"No trial met every constraint; trial {best.number} is the best of all and violates {violated}.")
-    if report.get("out_of_range_steps"):
-        notes.append(f"{report['out_of_range_steps']} simulated steps fell outside the profiled step-time tables; "
+    if recommended.capacity.replicas != spec.replicas:
+        notes.append(f"The engine simulated {recommended.capacity.replicas} replica(s) carrying the whole trace; "
+                     f"GPU counts here scale from that, not from the study's {spec.replicas} replica(s).")
+    out_of_range = recommended.report.get("out_of_range_steps")
+    if out_of_range:
+        notes.append(f"{out_of_range} simulated steps fell outside the profiled step-time tables; "
                      "their timing is extrapolated and less certain.")
     return notes
 
 
-def _summary(study, spec, evaluator, best, best_config, found, reports, best_name, dirs, names, capacities,
-             traffic) -> dict[str, Any]:
-    best_report = reports[best_name]
-    baselines = {}
-    for name, report in reports.items():
-        if name == best_name:
-            continue
-        trial = found.get(name)
-        entry: dict[str, Any] = {"trial": trial.number if trial else None,
-                                 "config": evaluator.baselines()[name].to_dict(), "report": report,
-                                 "gains": gains(best_report, report)}
-        if trial is not None:
-            entry["values"] = dict(zip(names, trial.values, strict=True))
+def _capacity_dict(c: Capacity) -> dict[str, Any]:
+    return {"rate_scale": c.max_rate_scale, "max_rps": c.max_rps, "capped": c.capped, "headroom": c.headroom,
+            "replicas_simulated": c.replicas, "replicas_needed": c.replicas_needed, "gpus_needed": c.gpus_needed}
+
+
+def _summary(study, spec, evaluator, best: FrozenTrial, names, dirs, recommended: Evaluated,
+             baselines: Sequence[Evaluated], traffic: TrafficShape) -> dict[str, Any]:
+    entries = {}
+    for b in baselines:
+        entry: dict[str, Any] = {"trial": b.trial.number if b.trial else None, "config": b.config.to_dict(),
+                                 "report": b.report, "capacity": _capacity_dict(b.capacity),
+                                 "gains": gains(recommended.report, b.report)}
+        if b.trial is not None:
+            entry["values"] = dict(zip(names, b.trial.values, strict=True))
             entry["objective_gains"] = {
-                n: {"best": b, "baseline": v, "change": gain_ratio(b, v),
-                    "better": b > v if d == "maximize" else b < v}
-                for n, b, v, d in zip(names, best.values, trial.values, dirs, strict=True)}
-        entry["capacity_rate_scale"], entry["capacity_capped"] = capacities[name]
-        baselines[name] = entry
+                n: {"best": mine, "baseline": theirs, "change": gain_ratio(mine, theirs),
+                    "better": mine > theirs if d == "maximize" else mine < theirs}
+                for n, mine, theirs, d in zip(names, best.values, b.trial.values, dirs, strict=True)}
+        entries[b.name] = entry
     states = [t.state.name.lower() for t in study.get_trials(deepcopy=False)]
-    scale, capped = capacities[best_name]
     return {
         "study": spec.study_name,
         "objective": spec.objective,
         "metric_names": names,
         "directions": dirs,
         "trials": {state: states.count(state) for state in sorted(set(states))},
-        "best": {"trial": best.number, "feasible": is_feasible(best), "values": dict(zip(names, best.values, strict=True)),
-                 "constraints": dict(best.constraints), "params": dict(best.params), "config": best_config.to_dict(),
-                 "report": best_report, "capacity_rate_scale": scale, "capacity_capped": capped},
-        "baselines": baselines,
+        "best": {"trial": best.number, "baseline": baseline_name(best), "feasible": is_feasible(best),
+                 "values": dict(zip(names, best.values, strict=True)), "constraints": dict(best.constraints),
+                 "params": dict(best.params), "config": recommended.config.to_dict(), "report": recommended.report,
+                 "capacity": _capacity_dict(recommended.capacity)},
+        "baselines": entries,
         "deployment": {"model": spec.model, "gpu": spec.gpu, "tp": spec.tp, "replicas": spec.replicas,
                        "framework": spec.framework},
         "slo": spec.slos.describe(),
@@ -471,3 +470,44 @@ def _json_safe(value: Any) -> Any:
     if isinstance(value, Path):
         return str(value)
     return value
+
+
+# -- reading a run folder back ------------------------------------------------------------------
+
+
+def open_run(run_dir: str | Path, storage: str | None = None):
+    """(spec, study) of a run folder, from its ``study.json`` manifest and its storage.
+
+    ``storage`` (or ``SERVETUNE_STORAGE``) is needed when the study lives in a database:
+    the manifest keeps its URL without the password.
+    """
+    import os
+
+    from optimizer.spec import spec_from_dict
+    from optimizer.study import JOURNAL, MANIFEST, open_storage
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise OutputError(f"run folder {run_dir} does not exist")
+    manifest_path = run_dir / MANIFEST
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except FileNotFoundError:
+        raise OutputError(f"{run_dir} has no {MANIFEST}: not a servetune run folder") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise OutputError(f"{manifest_path} is unreadable ({exc})") from None
+    stored = manifest.get("storage") or JOURNAL
+    url = storage or os.environ.get("SERVETUNE_STORAGE")
+    if url is None:
+        if "***" in stored:
+            raise OutputError(f"study {manifest.get('study_name')!r} lives in {stored}; pass --storage with the "
+                              "full URL (or set SERVETUNE_STORAGE)")
+        url = stored if "://" in stored else str(run_dir / stored)
+        if "://" not in url and not Path(url).is_file():
+            raise OutputError(f"run folder {run_dir} has no study storage {url}")
+    spec = spec_from_dict(manifest.get("spec", {}), storage=url, run_dir=run_dir)
+    try:
+        study = optuna.load_study(study_name=spec.study_name, storage=open_storage(spec))
+    except KeyError:
+        raise OutputError(f"no study {spec.study_name!r} in {redact_url(url)}") from None
+    return spec, study

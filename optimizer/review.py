@@ -44,14 +44,14 @@ class LoadSignals:
     queue_share: float  # mean queue time / mean TTFT
 
     @classmethod
-    def of(cls, result: SimResult, report: Mapping[str, Any], replicas: int) -> LoadSignals:
-        """From a simulation and its report (``Report.to_dict()``) on ``replicas`` replicas."""
+    def of(cls, result: SimResult, report: Mapping[str, Any]) -> LoadSignals:
+        """From a simulation and its report (``Report.to_dict()``)."""
         window = _num(report.get("duration_s"))
         offered = _num(report.get("n_offered"))
         reasons = report.get("reject_reasons") or {}
         kv_rejects = sum(reasons.get(r, 0) for r in KV_REJECT_REASONS)
         return cls(
-            busy_fraction=_ratio(result.busy_s, window * replicas),
+            busy_fraction=_ratio(result.busy_s, window * simulated_replicas(result)),
             kv_peak_fraction=_num(report.get("kv_peak_fraction")),
             preemption_rate=_num(report.get("preemption_rate"), 0.0),
             kv_reject_fraction=_ratio(kv_rejects, offered),
@@ -93,21 +93,28 @@ def diagnose(s: LoadSignals) -> Diagnosis:
     return Diagnosis("none", "Not saturated: compute, KV and queueing all have room at this rate.", evidence)
 
 
+def simulated_replicas(result: SimResult) -> int:
+    """Replicas the run simulated, from the replica each request finished on (at least 1)."""
+    return max(1, int(result.replica.max()) + 1) if len(result.replica) else 1
+
+
 # -- how many GPUs ------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Capacity:
-    """The highest rate a config serves at the target SLO attainment on the current deployment.
+    """The highest rate a config serves at the target SLO attainment.
 
-    ``max_rate_scale`` multiplies the trace's arrival rate (1.0 = the trace as given);
-    ``capped`` says the search stopped at its upper bound, so the true capacity is higher.
-    GPUs needed assumes throughput grows in proportion to replicas (requests spread evenly).
+    ``max_rate_scale`` multiplies the trace's arrival rate (1.0 = the trace as given), as
+    measured on ``replicas`` replicas of TP ``tp``; ``capped`` says the search stopped at
+    its upper bound, so the true capacity is higher. GPUs needed assumes throughput grows
+    in proportion to replicas (requests spread evenly over them).
     """
 
     max_rate_scale: float
     trace_rps: float
-    deployment: Deployment
+    replicas: int = 1
+    tp: int = 1
     capped: bool = False
 
     @property
@@ -116,7 +123,7 @@ class Capacity:
 
     @property
     def headroom(self) -> float:
-        """Extra traffic the deployment absorbs before attainment falls below target (-1..inf)."""
+        """Extra traffic the replicas absorb before attainment falls below target (-1..inf)."""
         return self.max_rate_scale - 1.0
 
     @property
@@ -124,12 +131,16 @@ class Capacity:
         """Replicas for the trace's rate at the target; None if the target is out of reach."""
         if not self.max_rate_scale > 0:
             return None
-        return max(1, math.ceil(self.deployment.replicas / self.max_rate_scale - 1e-9))
+        return max(1, math.ceil(self.replicas / self.max_rate_scale - 1e-9))
 
     @property
     def gpus_needed(self) -> int | None:
         replicas = self.replicas_needed
-        return None if replicas is None else replicas * self.deployment.tp
+        return None if replicas is None else replicas * self.tp
+
+    @property
+    def gpus(self) -> int:
+        return self.replicas * self.tp
 
 
 # -- the document -------------------------------------------------------------------------------
@@ -145,6 +156,7 @@ class ConfigFigures:
     capacity: Capacity | None = None
     diagnosis: Diagnosis | None = None
     trial: int | None = None
+    diagnosed_at_rps: float | None = None  # arrival rate of the run the diagnosis comes from
 
 
 @dataclass(frozen=True)
@@ -185,7 +197,8 @@ def build_review(r: ReviewInputs) -> list[Block]:
         blocks.append(("p", _capacity_sentence(best.name, best.capacity, r.target_attainment)))
     blocks.append(("h2", "What limits the best config"))
     if best.diagnosis is not None:
-        blocks += [("p", best.diagnosis.summary), ("ul", list(best.diagnosis.evidence))]
+        where = "" if best.diagnosed_at_rps is None else f"At {_fmt(best.diagnosed_at_rps, 3)} req/s (its capacity): "
+        blocks += [("p", where + best.diagnosis.summary), ("ul", list(best.diagnosis.evidence))]
     else:
         blocks.append(("p", "No load signals were recorded for the best config."))
     blocks += [("h2", "Gain over the engine defaults"), ("table", _comparison_table(best, r.baselines))]
@@ -216,7 +229,7 @@ def _capacity_table(rows: Sequence[ConfigFigures]) -> list[list[str]]:
             f.name,
             f"{_fmt(c.max_rps, 3)}{more}",
             f"{c.headroom:+.0%}{more}",
-            "target out of reach" if gpus is None else f"{gpus} ({c.replicas_needed} x TP {c.deployment.tp})",
+            "target out of reach" if gpus is None else f"{gpus} ({c.replicas_needed} x TP {c.tp})",
             f.diagnosis.limit if f.diagnosis else "n/a",
         ])
     return table
@@ -234,8 +247,7 @@ def _capacity_sentence(name: str, c: Capacity, target: float) -> str:
         state = (f"it is over capacity: attainment holds only up to {_fmt(c.max_rps, 3)} req/s, "
                  f"{-c.headroom:.0%} below the trace rate")
     return (f"With {name}, this traffic needs {gpus} GPU(s) ({c.replicas_needed} replica(s) x TP "
-            f"{c.deployment.tp}) to keep SLO attainment >= {target:.0%}; on the current "
-            f"{c.deployment.gpus} GPU(s) {state}.")
+            f"{c.tp}) to keep SLO attainment >= {target:.0%}; on the simulated {c.gpus} GPU(s) {state}.")
 
 
 def _comparison_table(best: ConfigFigures, baselines: Sequence[ConfigFigures]) -> list[list[str]]:

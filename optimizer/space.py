@@ -14,6 +14,9 @@ study's ``[space.KNOB]`` table:
 - ``when = {PARENT = [values]}``: suggest the knob only when PARENT took one of values
   (otherwise it keeps its base value), as Optuna's define-by-run conditional spaces do.
 
+A top-level ``others = "fixed"`` in ``[space]`` fixes every knob the table does not name,
+so a study can search a few knobs only (``others = "default"`` is the default).
+
 ``infeasibility`` prunes configs that cannot serve the trace by construction before any
 simulation runs.
 """
@@ -169,6 +172,9 @@ def build_space(overrides: Mapping[str, Mapping[str, Any]] | None = None,
                 base: PolicyConfig | None = None) -> SearchSpace:
     """The default space with a study's per-knob overrides; raises SpaceError on bad ones."""
     overrides = dict(overrides or {})
+    others = overrides.pop("others", "default")
+    if others not in ("default", "fixed"):
+        raise SpaceError(f'[space] others must be "default" or "fixed", got {others!r}')
     unknown = sorted(set(overrides) - set(KNOB_BY_NAME))
     if unknown:
         raise SpaceError(f"[space] has unknown knob(s) {unknown}; known: {sorted(KNOB_BY_NAME)}")
@@ -176,6 +182,8 @@ def build_space(overrides: Mapping[str, Mapping[str, Any]] | None = None,
     params = []
     for knob in KNOBS:
         settings = dict(DEFAULTS.get(knob.name, {}))
+        if others == "fixed" and knob.name not in overrides:
+            continue
         override = overrides.get(knob.name, {})
         if not isinstance(override, Mapping):
             raise SpaceError(f"[space.{knob.name}] must be a table such as {{low = 1, high = 8}}, got {override!r}")

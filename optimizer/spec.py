@@ -103,6 +103,8 @@ class StudySpec:
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         set_(self, "trace", Path(self.trace))
+        set_(self, "constraints", _constraints(self.constraints))
+        set_(self, "space", {k: dict(v) if isinstance(v, Mapping) else v for k, v in dict(self.space).items()})
         for name in ("model", "gpu"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name).strip():
                 raise SpecError(f"{name} is required (e.g. --{name} {'meta-llama/Llama-3.1-8B' if name == 'model' else 'h100'})")
@@ -150,30 +152,28 @@ class StudySpec:
         return replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-serialisable form, for summaries and the study's stored spec."""
+        """The spec as TOML-shaped sections (None = unset); ``spec_from_dict`` reads it back."""
         return {
-            "study_name": self.study_name,
+            "study": {"name": self.study_name, "trials": self.trials, "batch_size": self.batch_size,
+                      "seed": self.seed, "sampler": self.sampler, "storage": self.storage,
+                      "run_dir": str(self.run_dir)},
             "trace": {"path": str(self.trace), "format": self.trace_format, "options": dict(self.trace_options),
                       "rate_scale": self.rate_scale, "target_rps": self.target_rps},
             "deployment": {"model": self.model, "gpu": self.gpu, "tp": self.tp, "replicas": self.replicas,
-                           "framework": self.framework, "gpu_hour_usd": self.usd_per_gpu_hour},
-            "slo": {c.name: {"ttft": c.ttft_ms, "tpot": c.tpot_ms, "e2el": c.e2el_ms, "weight": c.weight}
+                           "framework": self.framework, "gpu_hour_usd": self.gpu_hour_usd},
+            "slo": {c.name: {k: v for k, v in (("ttft", c.ttft_ms), ("tpot", c.tpot_ms), ("e2el", c.e2el_ms),
+                                               ("weight", c.weight)) if v is not None}
                     for c in self.slos.classes},
             "objective": {"mode": self.objective, "capacity_target": self.capacity_target},
             "constraints": asdict(self.constraints),
-            "space": {k: dict(v) for k, v in self.space.items()},
-            "study": {"trials": self.trials, "batch_size": self.batch_size, "seed": self.seed,
-                      "sampler": self.sampler, "storage": self.storage,
-                      "run_dir": str(self.run_dir)},
+            "space": {k: dict(v) if isinstance(v, Mapping) else v for k, v in self.space.items()},
         }
 
     def fingerprint(self) -> str:
         """Hash of everything that changes results; the trace by content, not by path."""
         data = self.to_dict()
         data["trace"] = {**data["trace"], "path": None, "sha256": file_sha256(self.trace)}
-        for volatile in ("study_name",):
-            data.pop(volatile)
-        data["study"] = {"seed": self.seed, "sampler": self.sampler}
+        data["study"] = {"seed": self.seed}
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -218,10 +218,7 @@ def load_spec(path: str | Path | None = None, **flags: Any) -> StudySpec:
     unknown = sorted(set(given) - known)
     if unknown:
         raise SpecError(f"unknown spec field(s) {unknown}; known: {sorted(known)}")
-    constraint_flags = {k: given.pop(k) for k in list(given) if k == "constraints"}
     values.update(given)
-    if constraint_flags:
-        values["constraints"] = constraint_flags["constraints"]
     where = f"{path}: " if path is not None else ""
     missing = [name for name in ("trace", "model", "gpu", "slos") if name not in values]
     if missing:
@@ -253,31 +250,46 @@ def _from_toml(path: Path) -> dict[str, Any]:
         raise SpecError(f"{path}: cannot read ({exc.strerror})") from None
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{path}: not valid TOML ({exc})") from None
+    return _from_mapping(data, path.parent, path)
+
+
+def spec_from_dict(data: Mapping[str, Any], **flags: Any) -> StudySpec:
+    """Rebuild a spec from ``StudySpec.to_dict()`` (as stored in a study), flags on top."""
+    values = _from_mapping(data, Path.cwd(), "stored spec")
+    values.update({k: v for k, v in flags.items() if v is not None})
+    try:
+        return StudySpec(**values)
+    except ValueError as exc:
+        raise SpecError(f"stored spec: {exc}") from None
+
+
+def _from_mapping(data: Mapping[str, Any], base_dir: Path, where) -> dict[str, Any]:
     allowed = {*_SECTIONS, "slo", "constraints", "space"}
     unknown = sorted(set(data) - allowed)
     if unknown:
-        raise SpecError(f"{path}: unknown section(s) {unknown}; valid: {sorted(allowed)}")
+        raise SpecError(f"{where}: unknown section(s) {unknown}; valid: {sorted(allowed)}")
     values: dict[str, Any] = {}
     for section, keys in _SECTIONS.items():
         body = data.get(section, {})
-        if not isinstance(body, dict):
-            raise SpecError(f"{path}: [{section}] must be a table")
+        if not isinstance(body, Mapping):
+            raise SpecError(f"{where}: [{section}] must be a table")
         bad = sorted(set(body) - set(keys))
         if bad:
-            raise SpecError(f"{path}: [{section}] has unknown key(s) {bad}; valid: {sorted(keys)}")
-        values.update({keys[k]: v for k, v in body.items()})
+            raise SpecError(f"{where}: [{section}] has unknown key(s) {bad}; valid: {sorted(keys)}")
+        values.update({keys[k]: v for k, v in body.items() if v is not None})
     for key in ("trace", "run_dir"):
         if key in values:
-            values[key] = (path.parent / values[key]) if not Path(values[key]).is_absolute() else Path(values[key])
+            values[key] = Path(values[key]) if Path(values[key]).is_absolute() else base_dir / values[key]
     slo = data.get("slo")
     if isinstance(slo, str):
-        values["slos"] = _parse(parse_slo, slo, path)
-    elif isinstance(slo, dict):
-        values["slos"] = _parse(slo_from_mapping, slo, path)
+        values["slos"] = _parse(parse_slo, slo, where)
+    elif isinstance(slo, Mapping):
+        values["slos"] = _parse(slo_from_mapping, dict(slo), where)
     elif slo is not None:
-        raise SpecError(f"{path}: slo must be a string such as \"ttft:2000,tpot:100\" or [slo.NAME] tables")
+        raise SpecError(f"{where}: slo must be a string such as \"ttft:2000,tpot:100\" or [slo.NAME] tables")
     if "constraints" in data:
-        values["constraints"] = data["constraints"]
+        values["constraints"] = {k: v for k, v in data["constraints"].items() if v is not None} \
+            if isinstance(data["constraints"], Mapping) else data["constraints"]
     if "space" in data:
         values["space"] = data["space"]
     return values

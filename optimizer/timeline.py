@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from policies.result import SimResult
 
@@ -41,6 +42,9 @@ def timeline_figure(result: SimResult, title: str = "") -> Figure:
             ax.text(0.5, 0.5, "no samples", transform=ax.transAxes, ha="center", va="center")
     axes[0].axhline(100.0, color="black", linestyle="--", linewidth=0.8)
     axes[0].set_ylim(0, 105)
+    for ax, counts in zip(axes[1:], series[1:], strict=True):  # whole requests, from zero
+        ax.set_ylim(0, max(1.0, 1.05 * float(np.max(counts, initial=0))))
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     axes[-1].set_xlabel("time on the trace clock (s)")
     if title:
         fig.suptitle(title)

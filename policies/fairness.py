@@ -62,18 +62,21 @@ class Shares(NamedTuple):
     class_params: np.ndarray  # f8[C, 3]
 
 
-def new_shares(tenant_params: np.ndarray, class_params: np.ndarray) -> Shares:
-    n_t, n_c = len(tenant_params), len(class_params)
+@njit(cache=True, nogil=True)
+def new_shares(tenant_params, class_params):
+    """Zeroed ledger and usage for ``side_params`` arrays (f8[T, 3], f8[C, 3])."""
+    n_t = tenant_params.shape[0]
+    n_c = class_params.shape[0]
     return Shares(
-        counter=np.zeros(n_t),
-        service=np.zeros(n_t),
-        waiting=np.zeros(n_t, dtype=np.int64),
-        tenant_kv=np.zeros(n_t, dtype=np.int64),
-        tenant_tokens=np.zeros(n_t, dtype=np.int64),
-        class_kv=np.zeros(n_c, dtype=np.int64),
-        class_tokens=np.zeros(n_c, dtype=np.int64),
-        tenant_params=np.ascontiguousarray(tenant_params, dtype=np.float64),
-        class_params=np.ascontiguousarray(class_params, dtype=np.float64),
+        np.zeros(n_t),
+        np.zeros(n_t),
+        np.zeros(n_t, dtype=np.int64),
+        np.zeros(n_t, dtype=np.int64),
+        np.zeros(n_t, dtype=np.int64),
+        np.zeros(n_c, dtype=np.int64),
+        np.zeros(n_c, dtype=np.int64),
+        tenant_params,
+        class_params,
     )
 
 

@@ -76,10 +76,38 @@ class PrefixCache(NamedTuple):
     kv_block_size: int
 
 
-def dense_entries(block_hashes: np.ndarray) -> tuple[np.ndarray, int]:
-    """Dense entry id per trace block and the number of distinct hashes."""
+def prefix_layout(
+    block_offsets: np.ndarray, block_hashes: np.ndarray, prompt_tokens: np.ndarray, block_tokens: int
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Per trace block its dense entry id, per request its cacheable (full) hash blocks,
+    and the number of distinct entries: computed once per trace."""
+    if block_tokens <= 0:
+        raise ValueError(f"block_tokens must be positive, got {block_tokens}")
     uniques, inverse = np.unique(np.asarray(block_hashes, dtype=np.int64), return_inverse=True)
-    return inverse.astype(np.int64).ravel(), len(uniques)
+    n_blocks = np.diff(np.asarray(block_offsets, dtype=np.int64))
+    n_full = np.minimum(n_blocks, np.asarray(prompt_tokens, dtype=np.int64) // block_tokens)
+    return inverse.astype(np.int64).ravel(), n_full.astype(np.int64), len(uniques)
+
+
+@njit(cache=True, nogil=True)
+def empty_cache(entry, n_full, n_entries, block_tokens, kv_block_size):
+    """An empty cache over a ``prefix_layout`` for one KV block size."""
+    stats = np.zeros(N_STATS, dtype=np.int64)
+    stats[S_HEAD] = -1
+    stats[S_TAIL] = -1
+    return PrefixCache(
+        entry,
+        n_full,
+        np.zeros(n_full.shape[0], dtype=np.int64),
+        np.zeros(n_entries, dtype=np.bool_),
+        np.zeros(n_entries, dtype=np.int64),
+        np.full(n_entries, -1, dtype=np.int64),
+        np.full(n_entries, -1, dtype=np.int64),
+        stats,
+        block_tokens,
+        (block_tokens + kv_block_size - 1) // kv_block_size,
+        kv_block_size,
+    )
 
 
 def new_prefix_cache(
@@ -90,26 +118,10 @@ def new_prefix_cache(
     kv_block_size: int,
 ) -> PrefixCache:
     """An empty cache for one trace (CSR prefix blocks) and one KV block size."""
-    if block_tokens <= 0 or kv_block_size <= 0:
-        raise ValueError(f"block_tokens ({block_tokens}) and kv_block_size ({kv_block_size}) must be positive")
-    entry, n_entries = dense_entries(block_hashes)
-    n_blocks = np.diff(np.asarray(block_offsets, dtype=np.int64))
-    n_full = np.minimum(n_blocks, np.asarray(prompt_tokens, dtype=np.int64) // block_tokens)
-    stats = np.zeros(N_STATS, dtype=np.int64)
-    stats[S_HEAD] = stats[S_TAIL] = -1
-    return PrefixCache(
-        entry=entry,
-        n_full=n_full.astype(np.int64),
-        held=np.zeros(len(n_full), dtype=np.int64),
-        cached=np.zeros(n_entries, dtype=np.bool_),
-        refs=np.zeros(n_entries, dtype=np.int64),
-        lru_prev=np.full(n_entries, -1, dtype=np.int64),
-        lru_next=np.full(n_entries, -1, dtype=np.int64),
-        stats=stats,
-        block_tokens=int(block_tokens),
-        entry_blocks=int(-(-block_tokens // kv_block_size)),
-        kv_block_size=int(kv_block_size),
-    )
+    if kv_block_size <= 0:
+        raise ValueError(f"kv_block_size must be positive, got {kv_block_size}")
+    entry, n_full, n_entries = prefix_layout(block_offsets, block_hashes, prompt_tokens, block_tokens)
+    return empty_cache(entry, n_full, n_entries, int(block_tokens), int(kv_block_size))
 
 
 # -- KV accounting (pure arithmetic) ------------------------------------------------------
@@ -243,14 +255,20 @@ def insert(pc, block_offsets, i, ctx):
 
 @njit(cache=True, nogil=True)
 def release(pc, block_offsets, i):
-    """Drop request i's references, deepest first; idle entries become evictable."""
+    """Drop request i's references, deepest first; idle entries become evictable.
+
+    Returns the KV blocks of entries that became idle (evictable, so available again).
+    """
     base = block_offsets[i]
+    idle = 0
     for j in range(pc.held[i] - 1, -1, -1):
         e = pc.entry[base + j]
         pc.refs[e] -= 1
         if pc.refs[e] == 0:
             _lru_append(pc, e)
+            idle += pc.entry_blocks
     pc.held[i] = 0
+    return idle
 
 
 @njit(cache=True, nogil=True)

@@ -62,22 +62,31 @@ def new_wait_queue(lane_of: np.ndarray, lane_tenant: np.ndarray) -> WaitQueue:
     """An empty queue; each lane gets room for every request mapped to it."""
     lane_of = np.ascontiguousarray(lane_of, dtype=np.int64)
     lane_tenant = np.ascontiguousarray(lane_tenant, dtype=np.int64)
-    n, n_lanes = len(lane_of), len(lane_tenant)
-    if n and (lane_of.min() < 0 or lane_of.max() >= n_lanes):
-        raise ValueError(f"lane_of must index {n_lanes} lanes")
-    counts = np.bincount(lane_of, minlength=n_lanes)
+    if len(lane_of) and (lane_of.min() < 0 or lane_of.max() >= len(lane_tenant)):
+        raise ValueError(f"lane_of must index {len(lane_tenant)} lanes")
+    return empty_wait_queue(lane_of, lane_tenant)
+
+
+@njit(cache=True, nogil=True)
+def empty_wait_queue(lane_of, lane_tenant):
+    n = lane_of.shape[0]
+    n_lanes = lane_tenant.shape[0]
     base = np.zeros(n_lanes, dtype=np.int64)
-    base[1:] = np.cumsum(counts)[:-1]
+    for i in range(n):
+        if lane_of[i] + 1 < n_lanes:
+            base[lane_of[i] + 1] += 1
+    for lane in range(1, n_lanes):
+        base[lane] += base[lane - 1]
     return WaitQueue(
-        key1=np.zeros(n),
-        key2=np.zeros(n),
-        slot_req=np.full(n, -1, dtype=np.int64),
-        pos=np.full(n, -1, dtype=np.int64),
-        lane_of=lane_of,
-        lane_base=base,
-        lane_size=np.zeros(n_lanes, dtype=np.int64),
-        lane_tenant=lane_tenant,
-        total=np.zeros(1, dtype=np.int64),
+        np.zeros(n),
+        np.zeros(n),
+        np.full(n, -1, dtype=np.int64),
+        np.full(n, -1, dtype=np.int64),
+        lane_of,
+        base,
+        np.zeros(n_lanes, dtype=np.int64),
+        lane_tenant,
+        np.zeros(1, dtype=np.int64),
     )
 
 

@@ -55,6 +55,9 @@ class SimResult:
     series_kv_blocks: np.ndarray
     series_running: np.ndarray
     series_waiting: np.ndarray
+    # added after the first contract; defaults keep hand-built results valid
+    swap_outs: int = 0  # preemptions that copied KV to host instead of recomputing
+    end_s: float = float("nan")  # clock when the last request ended
 
     @property
     def n(self) -> int:

@@ -86,32 +86,32 @@ class Report:
         """(section, label, formatted value) rows of the key figures, for a console table."""
         rows = [
             ("load", "offered / accepted / rejected",
-             f"{self.n_offered} / {self.n_accepted} / {self.n_rejected} ({_pct(self.rejected_fraction)})"),
-            ("load", "finished / timed out / cancelled / failed",
-             f"{self.n_finished} / {self.n_timed_out} / {self.n_cancelled} / {self.n_failed}"),
+             f"{self.n_offered:,} / {self.n_accepted:,} / {self.n_rejected:,} ({_pct(self.rejected_fraction)})"),
+            ("load", "finished/timed out/cancelled/failed",
+             f"{self.n_finished:,} / {self.n_timed_out:,} / {self.n_cancelled:,} / {self.n_failed:,}"),
             ("load", "window (s)", _num(self.duration_s, 1)),
             ("load", "offered rate (req/s)", _num(self.offered_rps, 3)),
             ("goodput", "request goodput (req/s)", _num(self.request_goodput, 3)),
             ("goodput", "token goodput (tok/s)", _num(self.token_goodput, 1)),
             ("goodput", "weighted goodput (/s)", _num(self.weighted_goodput, 3)),
-            ("goodput", "SLO attainment", f"{self.n_good} good, {_pct(self.slo_attainment)}"),
+            ("goodput", "SLO attainment", f"{self.n_good:,} good, {_pct(self.slo_attainment)}"),
             ("goodput", "request throughput (req/s)", _num(self.request_throughput, 3)),
             ("goodput", "output throughput (tok/s)", _num(self.output_throughput, 1)),
         ]
         for metric in LATENCY_METRICS:
             values = [getattr(self, f"{stat}_{metric}_ms") for stat in ("mean", "p50", "p90", "p99")]
-            rows.append(("latency", f"{metric.upper()} mean / p50 / p90 / p99 (ms)",
-                         " / ".join(_num(v, 1) for v in values)))
+            rows.append(("latency", f"{metric.upper()} ms mean/p50/p90/p99",
+                         " / ".join(_num(v, 1 if abs(v) < 100 else 0) for v in values)))
         rows += [
             ("memory", "KV high-water", _pct(self.kv_peak_fraction)),
-            ("memory", "preemptions", f"{self.preemptions} ({_num(self.preemption_rate, 3)} per accepted)"),
-            ("memory", "prefix tokens saved", f"{self.prefix_tokens_saved} ({_pct(self.prefix_hit_rate)} of prompts)"),
+            ("memory", "preemptions", f"{self.preemptions:,} ({_num(self.preemption_rate, 3)} per accepted)"),
+            ("memory", "prefix tokens saved", f"{self.prefix_tokens_saved:,} ({_pct(self.prefix_hit_rate)} of prompts)"),
             ("fairness", "Jain index over tenants", _num(self.jain_index, 3)),
         ]
-        reasons = ", ".join(f"{name} {count}" for name, count in self.reject_reasons.items())
+        reasons = ", ".join(f"{name} {count:,}" for name, count in self.reject_reasons.items())
         rows.append(("rejects", "reject reasons", reasons or "none"))
         if self.out_of_range_steps:
-            rows.append(("warning", "steps outside the profiled range", str(self.out_of_range_steps)))
+            rows.append(("warning", "steps outside the profiled range", f"{self.out_of_range_steps:,}"))
         return rows
 
 

@@ -96,7 +96,7 @@ class Trace:
         for name, bad, expected in checks:
             rows = np.flatnonzero(bad)
             if len(rows):
-                value = getattr(self, name)[rows[0]]
+                value = getattr(self, name)[rows[0]].item()
                 raise TraceError(f"row {rows[0]}: column {name!r} is {value!r}; expected {expected}")
         unsorted = np.flatnonzero(np.diff(self.arrival_s) < 0)
         if len(unsorted):

@@ -42,6 +42,13 @@ ModelConfig = typer.Option(None, "--model-config", help="HuggingFace config.json
 Calibration = typer.Option(None, "--calibration", help="calibration JSON from `servetune cost calibrate`")
 SpsCsv = typer.Option(None, "--sps-csv", help="use a measured SPS(B) CSV as the step-time source")
 Context = typer.Option(1024, "--context", help="KV tokens per sequence for decode step times")
+Utilization = typer.Option(0.9, "--gpu-memory-utilization")
+BlockSize = typer.Option(16, "--block-size")
+Plot = typer.Option(None, "--plot", help="write the SPS(B) curve as a PNG")
+Format = typer.Option("text", "--format", help="text | json")
+SpsOutput = typer.Option(..., "-o", "--output", help="CSV to write")
+Runs = typer.Argument(..., help="measured runs CSV (aiconfigurator silicon format or canonical)")
+CalibrationOutput = typer.Option(Path("calibration.json"), "-o", "--output")
 
 
 def summary(cost, utilization: float, block_size: int, context: int) -> dict:
@@ -115,10 +122,8 @@ def show(
     model: str = Model, gpu: str = Gpu, tp: int = Tp, framework: str = Framework,
     gemm_dtype: str = GemmDtype, kv_dtype: str = KvDtype, model_config: Path = ModelConfig,
     calibration: Path = Calibration, sps_csv: Path = SpsCsv, context: int = Context,
-    gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization"),
-    block_size: int = typer.Option(16, "--block-size"),
-    plot: Path = typer.Option(None, "--plot", help="write the SPS(B) curve as a PNG"),
-    fmt: str = typer.Option("text", "--format", help="text | json"),
+    gpu_memory_utilization: float = Utilization, block_size: int = BlockSize, plot: Path = Plot,
+    fmt: str = Format,
 ) -> None:
     """KV capacity, weight memory and step times at a few batch shapes."""
     if fmt not in ("text", "json"):
@@ -140,7 +145,7 @@ def sps(
     model: str = Model, gpu: str = Gpu, tp: int = Tp, framework: str = Framework,
     gemm_dtype: str = GemmDtype, kv_dtype: str = KvDtype, model_config: Path = ModelConfig,
     calibration: Path = Calibration, context: int = Context,
-    output: Path = typer.Option(..., "-o", "--output", help="CSV to write"),
+    output: Path = SpsOutput,
 ) -> None:
     """Export SPS(B), steps per second vs batched decode tokens, as CSV."""
     from costmodels import CostModelError, write_sps_csv
@@ -155,8 +160,8 @@ def sps(
 
 @cost_app.command("calibrate")
 def calibrate_cmd(
-    runs: Path = typer.Argument(..., help="measured runs CSV (aiconfigurator silicon format or canonical)"),
-    output: Path = typer.Option(Path("calibration.json"), "-o", "--output"),
+    runs: Path = Runs,
+    output: Path = CalibrationOutput,
 ) -> None:
     """Fit per-step overhead and scale to measured TPOT; print MAPE before/after."""
     from costmodels import CostModelError, calibrate, load_runs, save_calibration

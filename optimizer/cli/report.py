@@ -1,7 +1,49 @@
-"""`servetune report` commands (being written)."""
+"""`servetune report RUN_DIR`: regenerate a run folder's plots, review and summary from its study."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
 
+def user_errors() -> tuple[type[Exception], ...]:
+    """What a user can get wrong in a run folder; anything else is a bug and keeps its traceback."""
+    from costmodels.costmodel import CostModelError
+    from optimizer.exports import ExportError
+    from optimizer.outputs import OutputError
+    from optimizer.spec import SpecError
+    from optimizer.study import StudyError
+    from studies.traces import TraceError
+
+    return OutputError, ExportError, SpecError, StudyError, TraceError, CostModelError
+
+
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the root app."""
+    app.command("report")(report_command)
+
+
+def report_command(
+    run_dir: Annotated[Path, typer.Argument(help="run folder written by `servetune tune`")],
+    storage: Annotated[str | None, typer.Option("--storage", help="study storage URL, when it is a database "
+                                                "(default: the run folder's journal or SERVETUNE_STORAGE)")] = None,
+) -> None:
+    """Regenerate the configs, plots, capacity review and summary of RUN_DIR from its study."""
+    from optimizer.evaluate import Evaluator
+    from optimizer.outputs import open_run, write_run_outputs
+
+    try:
+        spec, study = open_run(run_dir, storage)
+        outputs = write_run_outputs(run_dir, study, spec, Evaluator(spec))
+    except user_errors() as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    best = outputs.summary["best"]
+    typer.echo(f"best trial {best['trial']}: " + ", ".join(f"{k} {v:.4g}" for k, v in best["values"].items()
+                                                          if isinstance(v, int | float)))
+    for name, entry in outputs.summary["baselines"].items():
+        change = entry["gains"]["weighted_goodput"]["change"]
+        typer.echo(f"  weighted goodput vs {name}: " + ("n/a" if change is None else f"{change:+.1%}"))
+    typer.echo(f"wrote {len(outputs.files)} files to {run_dir}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import tomllib
@@ -19,12 +18,10 @@ from policies.config import ConfigError, PolicyConfig
 from policies.presets import PRESETS, preset
 from studies.metrics import Report, score
 from studies.slo import SLOError, SLOSet, load_slo_toml, parse_slo
-from studies.traces import Trace, TraceError
+from studies.traces import TraceError
 
 #: Errors that mean "bad input from the user": one line and exit code 2, no traceback.
 USER_ERRORS = (TraceError, ConfigError, CostModelError, SLOError)
-
-FRAMEWORKS = ("vllm", "sglang", "trtllm")
 
 
 def register(app: typer.Typer) -> None:
@@ -66,6 +63,7 @@ def simulate_command(
     else:
         _print_table(Console(), run, report)
     if timeline is not None:
+        # matplotlib loads only when a plot is asked for
         from optimizer.timeline import save_timeline
 
         title = f"{run['model']} on {run['gpu']} (TP {run['tp']}), {run['config_source']}"
@@ -79,8 +77,6 @@ def _simulate(trace_path: Path, trace_format: str | None, model: str, gpu: str, 
     """Validate every input first (cheap ones before the trace), then simulate and score."""
     if output_format not in ("table", "json"):
         raise ConfigError(f"--format must be table or json, got {output_format!r}")
-    if framework not in FRAMEWORKS:
-        raise CostModelError(f"--framework must be one of {list(FRAMEWORKS)}, got {framework!r}")
     slos = _slos(slo, slo_file)
     policy, config_source = _policy(config_path, preset_name, gpu, overrides)
 
@@ -88,8 +84,11 @@ def _simulate(trace_path: Path, trace_format: str | None, model: str, gpu: str, 
     from costmodels import build
     from policies.engine import simulate
     from studies.traces import load_trace
+    from studies.transforms import scale_rate
 
-    requests = _rate_scaled(load_trace(trace_path, format=trace_format), rate_scale)
+    requests = load_trace(trace_path, format=trace_format)
+    if rate_scale != 1.0:
+        requests = scale_rate(requests, rate_scale)
     cost_model = build(model, gpu, tp=tp, framework=framework)
     result = simulate(requests, cost_model, policy, seed=seed)
     return {
@@ -155,19 +154,6 @@ def _parse_override(item: str) -> tuple[str, object]:
     return knob.strip(), value
 
 
-def _rate_scaled(trace: Trace, scale: float) -> Trace:
-    """Arrivals compressed by ``scale`` (2 = twice the rate); deadlines keep their slack."""
-    if not (math.isfinite(scale) and scale > 0):
-        raise TraceError(f"--rate-scale must be a positive number, got {scale}")
-    if scale == 1.0:
-        return trace
-    start = trace.arrival_s[0] if trace.n else 0.0
-    arrival = start + (trace.arrival_s - start) / scale
-    deadline = arrival + (trace.deadline_s - trace.arrival_s)  # NaN stays NaN
-    return dataclasses.replace(trace, arrival_s=arrival, deadline_s=deadline,
-                               meta={**trace.meta, "rate_scale": scale})
-
-
 def _existing(path: Path, flag: str, error: type[Exception]) -> Path:
     if not path.is_file():
         raise error(f"{flag} {path}: no such file")
@@ -184,15 +170,16 @@ def _print_table(console: Console, run: dict, report: Report) -> None:
                   f"{run['model']} on {run['gpu']} TP{run['tp']} ({run['framework']})")
     console.print(f"cost model: {run['cost_model']} [dim]({run['cost_model_source']})[/]")
     console.print(f"config: {run['config_source']} · SLO: {run['slo']} · seed {run['seed']}")
-    table = Table(show_header=True, header_style="bold")
-    table.add_column("", style="dim")
-    table.add_column("figure")
+    table = Table(show_header=False, show_lines=False)
+    table.add_column("figure", style="dim")
     table.add_column("value", justify="right")
     section = None
     for group, label, value in report.summary_rows():
         if group == "warning":
-            continue
-        table.add_row(group if group != section else "", label, value)
+            continue  # printed below the tables, where it is seen
+        if section is not None and group != section:
+            table.add_section()
+        table.add_row(label, value)
         section = group
     console.print(table)
     if len(report.per_class) > 1:
@@ -219,5 +206,7 @@ def _cell(value: object) -> str:
     if isinstance(value, int | np.integer):
         return f"{value:,}"
     if isinstance(value, float):
-        return "n/a" if not math.isfinite(value) else f"{value:,.3f}"
+        if not math.isfinite(value):
+            return "n/a"
+        return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
     return str(value)

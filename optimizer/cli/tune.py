@@ -1,7 +1,202 @@
-"""`servetune tune` commands (being written)."""
+"""`servetune tune`, `servetune worker` and `servetune warmup`.
+
+``tune`` creates or resumes a study (rerunning the same command continues it), runs the
+baselines and the search, prints the gain over both baselines and writes the run folder.
+``worker`` joins an existing study from any machine that reaches its storage. ``warmup``
+compiles the engine's kernels ahead, so the first trial does not pay for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from pathlib import Path
+from typing import Annotated
 
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from costmodels.costmodel import CostModelError
+from optimizer.spec import SpecError, load_spec
+from optimizer.study import RunStats, StudyError
+from policies.config import ConfigError
+from studies.slo import SLOError
+from studies.traces import TraceError
+
+USER_ERRORS = (SpecError, StudyError, TraceError, ConfigError, CostModelError, SLOError)
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the root app."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress bar and summary say it all
+    app.command("tune")(tune_command)
+    app.command("worker")(worker_command)
+    app.command("warmup")(warmup_command)
+
+
+def tune_command(
+    spec_file: Annotated[Path | None, typer.Argument(help="study spec TOML (flags override it)")] = None,
+    trace: Annotated[Path | None, typer.Option("--trace", help="request trace file")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="model name, e.g. meta-llama/Llama-3.1-8B")] = None,
+    gpu: Annotated[str | None, typer.Option("--gpu", help="GPU type, e.g. h100")] = None,
+    slo: Annotated[str | None, typer.Option("--slo", help="SLO bounds in ms, e.g. ttft:2000,tpot:100")] = None,
+    slo_file: Annotated[Path | None, typer.Option("--slo-file", help="TOML of \\[slo.NAME] classes")] = None,
+    trace_format: Annotated[str | None, typer.Option("--trace-format", help="trace format; detected if unset")] = None,
+    rate_scale: Annotated[float | None, typer.Option("--rate-scale", help="multiply the arrival rate")] = None,
+    target_rps: Annotated[float | None, typer.Option("--target-rps", help="scale the trace to this rate")] = None,
+    tp: Annotated[int | None, typer.Option("--tp", help="tensor-parallel degree")] = None,
+    replicas: Annotated[int | None, typer.Option("--replicas", help="engine replicas")] = None,
+    framework: Annotated[str | None, typer.Option("--framework", help="profiles: vllm, sglang, trtllm")] = None,
+    objective: Annotated[str | None, typer.Option("--objective", help="goodput, goodput-gpus, goodput-ttft, "
+                                                                      "goodput-cost or capacity")] = None,
+    capacity: Annotated[bool, typer.Option("--capacity", help="maximise capacity (same as --objective capacity)")] = False,
+    capacity_target: Annotated[float | None, typer.Option("--capacity-target", help="SLO attainment target")] = None,
+    max_rejected: Annotated[float | None, typer.Option("--max-rejected-fraction",
+                                                       help="absolute cap (default: best baseline + 0.01)")] = None,
+    trials: Annotated[int | None, typer.Option("--trials", help="trial budget, shared by all workers")] = None,
+    batch_size: Annotated[int | None, typer.Option("--batch-size", help="trials simulated in parallel")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="sampler and simulation seed")] = None,
+    sampler: Annotated[str | None, typer.Option("--sampler", help="tpe, nsga2 or random")] = None,
+    study_name: Annotated[str | None, typer.Option("--study-name", help="default: <trace>-<model>-<gpu>")] = None,
+    storage: Annotated[str | None, typer.Option("--storage", envvar="SERVETUNE_STORAGE",
+                                                help="Optuna RDB URL or journal path")] = None,
+    run_dir: Annotated[Path | None, typer.Option("--run-dir", help="default: runs/<study-name>")] = None,
+    resume: Annotated[bool, typer.Option("--resume/--no-resume", help="continue an existing study")] = True,
+    outputs: Annotated[bool, typer.Option("--outputs/--no-outputs", help="write configs, plots, review")] = True,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
+) -> None:
+    """Search the scheduler knobs for the most weighted goodput on a trace."""
+    console = Console()
+    try:
+        if capacity and objective not in (None, "capacity"):
+            raise SpecError(f"--capacity and --objective {objective} contradict each other")
+        flags = dict(trace=trace, model=model, gpu=gpu, slo=slo, slo_file=slo_file, trace_format=trace_format,
+                     rate_scale=rate_scale, target_rps=target_rps, tp=tp, replicas=replicas, framework=framework,
+                     objective="capacity" if capacity else objective, capacity_target=capacity_target,
+                     trials=trials, batch_size=batch_size, seed=seed, sampler=sampler, study_name=study_name,
+                     storage=storage, run_dir=run_dir)
+        spec = load_spec(spec_file, **flags)
+        if max_rejected is not None:
+            spec = spec.replace(constraints=dataclasses.replace(spec.constraints, max_rejected_fraction=max_rejected))
+        _tune(spec, console, resume=resume, outputs=outputs, quiet=quiet)
+    except USER_ERRORS as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _tune(spec, console: Console, *, resume: bool, outputs: bool, quiet: bool) -> None:
+    from optimizer.evaluate import Evaluator
+    from optimizer.study import create_or_resume, enqueue_baselines
+
+    study = create_or_resume(spec)
+    done = _counted(study)
+    if done and not resume:
+        raise StudyError(f"study {spec.study_name!r} already has {done} trials; rerun without --no-resume to "
+                         "continue it, or pass another --study-name")
+    evaluator = Evaluator(spec)
+    console.print(f"study [bold]{spec.study_name}[/]: {evaluator.trace.n} requests, {spec.model} on "
+                  f"{spec.gpu} (TP {spec.tp}), cost model {evaluator.cost_model.source}; "
+                  f"{spec.trials} trials{f', {done} done' if done else ''}; run folder {spec.run_dir}")
+    enqueue_baselines(study, spec, evaluator.baselines())
+    stats = _run(study, spec, evaluator, quiet, done)
+    _print_summary(console, study, spec, stats)
+    if outputs:
+        from optimizer.outputs import write_run_outputs
+
+        result = write_run_outputs(spec.run_dir, study, spec, evaluator)
+        console.print(f"wrote {len(result.files)} files to {spec.run_dir}")
+
+
+def worker_command(
+    study_name: Annotated[str, typer.Option("--study", help="name of a study created by servetune tune")],
+    storage: Annotated[str, typer.Option("--storage", envvar="SERVETUNE_STORAGE", help="Optuna RDB URL or journal")],
+    trace: Annotated[Path | None, typer.Option("--trace", help="the study's trace, if at another path here")] = None,
+    batch_size: Annotated[int | None, typer.Option("--batch-size", help="trials simulated in parallel")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="sampler seed (default: from the process id)")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
+) -> None:
+    """Join a study and evaluate trials until its shared budget is spent."""
+    console = Console()
+    try:
+        from optimizer.evaluate import Evaluator
+        from optimizer.study import load_for_worker
+
+        spec, study = load_for_worker(study_name, storage, trace=str(trace) if trace else None,
+                                      batch_size=batch_size, seed=seed if seed is not None else os.getpid())
+        stats = _run(study, spec, Evaluator(spec), quiet, _counted(study))
+        _print_summary(console, study, spec, stats)
+    except USER_ERRORS as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+def warmup_command() -> None:
+    """Compile (or load from the cache) the simulator kernels, so the first trial is fast."""
+    from policies.engine import warmup
+
+    start = time.perf_counter()
+    warmup()
+    typer.echo(f"kernels ready in {time.perf_counter() - start:.1f} s")
+
+
+def _counted(study) -> int:
+    from optuna.trial import TrialState
+
+    return sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in study.get_trials(deepcopy=False))
+
+
+def _run(study, spec, evaluator, quiet: bool, done: int) -> RunStats:
+    from optimizer.progress import TuneProgress
+    from optimizer.study import run
+
+    with TuneProgress(spec.trials, done, quiet=quiet) as progress:
+        try:
+            return run(study, spec, evaluator, on_trial=progress.update)
+        except KeyboardInterrupt:
+            progress.__exit__(None)
+            typer.echo(f"interrupted: {_counted(study)} finished trials are kept; rerun the same command to continue",
+                       err=True)
+            raise typer.Exit(130) from None
+
+
+def _print_summary(console: Console, study, spec, stats: RunStats) -> None:
+    from optimizer.study import baseline_trials, best_goodput_trial, gains
+
+    best = best_goodput_trial(study)
+    console.print(f"{stats.told} trials in {stats.wall_s:.1f} s ({stats.trials_per_s:.2f} trials/s); "
+                  f"engine {_share(stats.engine_s, stats.wall_s)}, Optuna {_share(stats.optuna_s, stats.wall_s)}, "
+                  f"other {_share(stats.other_s, stats.wall_s)} of wall time"
+                  + (f"; {stats.pruned} pruned before simulating" if stats.pruned else ""))
+    if best is None:
+        console.print("[yellow]no feasible trial yet: every config broke a constraint or was pruned[/]")
+        return
+    rows = {f"best (trial {best.number})": best, **baseline_trials(study)}
+    table = Table(title=f"{spec.study_name}: SLO {spec.slos.describe()}")
+    for column in ("config", "weighted goodput (/s)", "SLO attainment", "p99 TTFT (ms)", "p99 TPOT (ms)",
+                   "rejected"):
+        table.add_column(column, justify="left" if column == "config" else "right")
+    for name, t in rows.items():
+        r = t.user_attrs["report"]
+        table.add_row(name, _num(r.get("weighted_goodput"), 3), _pct(r.get("slo_attainment")),
+                      _num(r.get("p99_ttft_ms"), 0), _num(r.get("p99_tpot_ms"), 1), _pct(r.get("rejected_fraction")))
+    console.print(table)
+    for name, ratio in gains(study).items():
+        console.print(f"gain over {name}: [bold]{ratio:.2f}x[/] weighted goodput"
+                      if math.isfinite(ratio) else f"gain over {name}: {name} has no goodput on this trace")
+
+
+def _share(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.0f}%" if whole > 0 else "-"
+
+
+def _num(value, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _pct(value) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"

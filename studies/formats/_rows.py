@@ -55,6 +55,8 @@ class Rows:
 
     def error(self, row: int, column: str, expected: str) -> TraceError:
         value = self.frame[column][row] if column in self.frame.columns else None
+        if isinstance(value, pl.Series):
+            value = value.to_list()
         got = "nothing" if value is None or (isinstance(value, str) and not value.strip()) else repr(value)
         return TraceError(f"{self.where(row, column)}: got {got}; expected {expected}")
 
@@ -100,22 +102,19 @@ class Rows:
             bad = bad | ~(raw.is_finite() & (raw == raw.floor())).fill_null(True)
         fill = 0 if dtype == pl.Int64 else float("nan")
         values = parsed.fill_null(fill).to_numpy()
-        missing = missing.to_numpy()
-        if self.n and missing.all():
-            raise TraceError(f"{self.path}: column {column!r} is empty in every row; expected values")
-        return values, missing, bad.to_numpy()
+        return values, missing.to_numpy(), bad.to_numpy()
 
     def integers(self, column: str, *, minimum: int, hint: str = "") -> np.ndarray:
         values, missing, bad = self._parse(column, pl.Int64)
-        expected = f"an integer >= {minimum}{hint}"
-        self.check(column, [(missing, expected), (bad, expected), (values < minimum, expected)])
+        expected = f"an integer >= {minimum}"
+        self.check(column, [(missing, expected), (bad, expected), (values < minimum, expected + hint)])
         return values.astype(np.int64, copy=False)
 
     def optional_integers(self, column: str, default: int) -> np.ndarray:
         """An optional integer column: absent or empty cells take ``default``."""
         if column not in self.frame.columns:
             return np.full(self.n, default, dtype=np.int64)
-        values, missing, bad = self._parse_optional(column, pl.Int64)
+        values, missing, bad = self._parse(column, pl.Int64)
         self.check(column, [(bad, "an integer or nothing")])
         return np.where(missing, default, values).astype(np.int64)
 
@@ -131,18 +130,10 @@ class Rows:
         """An optional time column: absent, empty or NaN cells are NaN (none)."""
         if column not in self.frame.columns:
             return np.full(self.n, np.nan)
-        values, missing, bad = self._parse_optional(column, pl.Float64)
+        values, missing, bad = self._parse(column, pl.Float64)
         self.check(column, [(bad, "a time in seconds, or nothing for none"),
                             (np.isinf(values), "a finite time, or nothing for none")])
         return np.where(missing, np.nan, values)
-
-    def _parse_optional(self, column: str, dtype: pl.DataType) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        try:
-            return self._parse(column, dtype)
-        except TraceError as exc:
-            if "is empty in every row" not in str(exc):
-                raise
-            return np.zeros(self.n), np.ones(self.n, dtype=bool), np.zeros(self.n, dtype=bool)
 
     def strings(self, column: str, default: str) -> np.ndarray:
         """A text column with empty cells (or no column) meaning ``default``."""
@@ -197,7 +188,7 @@ class Rows:
             warnings.warn(f"{problem}; {len(backwards)} such row(s), sorted by arrival",
                           TraceWarning, stacklevel=4)
             order = np.argsort(arrival, kind="stable")
-            columns = {name: values[order] for name, values in columns.items()}
+            columns = {name: None if values is None else values[order] for name, values in columns.items()}
             if block_offsets is not None:
                 block_offsets, block_hashes = csr_take(block_offsets, block_hashes, order)
             meta = {**meta, "resorted_rows": len(backwards)}
@@ -258,8 +249,8 @@ def _json_fits(value, dtype: pl.DataType) -> bool:
 
     if dtype == pl.Int64:
         return is_int(value)
-    if dtype == pl.Float64:
-        return is_int(value) or isinstance(value, float)
+    if dtype == pl.Float64:  # Python's json accepts NaN and Infinity; JSON does not
+        return is_int(value) or (isinstance(value, float) and np.isfinite(value))
     if dtype == pl.String:
         return isinstance(value, str)
     if isinstance(dtype, pl.List):

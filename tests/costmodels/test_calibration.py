@@ -4,7 +4,14 @@ import numpy as np
 import polars as pl
 import pytest
 
-from costmodels import CostModelError, build, calibrate, load_calibration, load_runs, save_calibration
+from costmodels import (
+    CostModelError,
+    build,
+    calibrate,
+    load_calibration,
+    load_runs,
+    save_calibration,
+)
 from tests.costmodels.conftest import SILICON
 
 

@@ -1,8 +1,8 @@
 import pytest
 
 from costmodels import CostModel, CostModelError, build
-from costmodels.build import CUDA_GRAPH_BYTES, RUNTIME_BYTES, activation_peak_bytes
 from costmodels.architecture import load_model
+from costmodels.build import CUDA_GRAPH_BYTES, RUNTIME_BYTES, activation_peak_bytes
 
 
 def test_kv_capacity_follows_vllm_sizing():

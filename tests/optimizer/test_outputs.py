@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 
@@ -13,7 +14,6 @@ import pytest
 from optimizer.outputs import (
     OutputError,
     baseline_trials,
-    capacity_from_curve,
     find_trial,
     gains,
     redact_url,
@@ -21,6 +21,7 @@ from optimizer.outputs import (
     sweep_scales,
     trial_config,
     trials_frame,
+    write_run_outputs,
 )
 from policies.config import PolicyConfig
 from policies.presets import preset
@@ -136,23 +137,98 @@ def test_trials_frame_has_values_params_constraints_and_report_columns(tmp_path)
     assert pl.read_parquet(path).equals(frame)
 
 
-def test_capacity_from_a_sweep_interpolates_the_crossing():
-    scales = np.array([0.5, 1.0, 2.0, 4.0])
-    assert capacity_from_curve(scales, np.array([1.0, 0.95, 0.85, 0.2]), 0.9) == (pytest.approx(1.5), False)
-    assert capacity_from_curve(scales, np.array([1.0, 1.0, 0.99, 0.95]), 0.9) == (4.0, True)
-    assert capacity_from_curve(scales, np.array([0.5, 0.4, 0.1, 0.0]), 0.9) == (0.0, False)
-    assert capacity_from_curve(scales[::-1], np.array([0.2, 0.85, 0.95, 1.0]), 0.9)[0] == pytest.approx(1.5)
-    # NaN attainment (nothing scored) counts as a miss.
-    assert capacity_from_curve(scales, np.array([1.0, np.nan, 0.9, 0.9]), 0.9) == (pytest.approx(0.55), False)
-
-
 def test_sweep_scales_bracket_every_capacity_and_include_the_trace_rate():
-    scales = sweep_scales([0.4, 3.0, math.nan])
+    scales = sweep_scales([0.4, 3.0, math.nan, 0.0])
     assert scales[0] == pytest.approx(0.1) and scales[-1] == pytest.approx(6.0)
     assert 1.0 in scales and np.all(np.diff(scales) > 0)
-    assert sweep_scales([])[-1] == pytest.approx(2.0)
+    geometric = scales[scales != 1.0]
+    assert np.allclose(geometric[1:] / geometric[:-1], geometric[1] / geometric[0], rtol=1e-4)
+    assert sweep_scales([])[0] == pytest.approx(0.125) and sweep_scales([])[-1] == pytest.approx(2.0)
 
 
 def test_storage_passwords_never_reach_the_summary():
     assert redact_url("postgresql+psycopg2://tuner:s3cr%40t@db:5432/st") == "postgresql+psycopg2://tuner:***@db:5432/st"
     assert redact_url("sqlite:///x.db") == "sqlite:///x.db"
+
+
+# -- the whole run folder, on the real engine and a small synthetic trace -----------------------
+
+
+def _run(tmp_path, objective: str):
+    from costmodels.costmodel import CostModel
+    from optimizer.evaluate import Evaluator
+    from optimizer.objective import record
+    from optimizer.spec import load_spec
+    from tests.optimizer.test_outputs_fixtures import make_trace
+
+    rng = np.random.default_rng(7)
+    n = 400
+    trace = make_trace(np.cumsum(rng.exponential(0.04, n)), rng.integers(100, 1500, n), rng.integers(2, 120, n))
+    trace_file = tmp_path / "trace.csv"
+    trace_file.write_text("stand-in bytes for the provenance hash\n")
+    spec = load_spec(trace=trace_file, model="meta-llama/Llama-3.1-8B", gpu="h100", slo="ttft:300,tpot:40",
+                     objective=objective, study_name="outputs-test", run_dir=tmp_path / "run", seed=3)
+    evaluator = Evaluator(spec, trace=trace, cost_model=CostModel.synthetic(60_000))
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(directions=["maximize", "minimize"] if objective != "goodput" else ["maximize"],
+                                sampler=optuna.samplers.RandomSampler(seed=0))
+    baselines = evaluator.baselines()
+    for name in baselines:
+        study.enqueue_trial({}, user_attrs={"baseline": name})
+
+    def objective_fn(trial):
+        name = trial.user_attrs.get("baseline")
+        config = baselines[name] if name else spec.search_space.suggest(trial)
+        (report,) = evaluator.reports([config])
+        return record(trial, spec, config, report, cap=0.01, gpus=spec.gpus)
+
+    study.optimize(objective_fn, n_trials=14)
+    return write_run_outputs(spec.run_dir, study, spec, evaluator), study, spec
+
+
+def test_write_run_outputs_fills_the_run_folder(tmp_path):
+    outputs, study, spec = _run(tmp_path, "goodput")
+    run = spec.run_dir
+    for name in ("vllm.yaml", "sglang.yaml", "policy.toml", "bench.sh", "summary.json", "trials.parquet",
+                 "capacity-review.md", "capacity-review.html"):
+        assert (run / name).stat().st_size > 0, name
+    for stem in ("pareto", "rate-sweep", "latency-cdf", "importance"):
+        assert (run / "plots" / f"{stem}.png").read_bytes()[:4] == b"\x89PNG", stem
+        assert "<svg" in (run / "plots" / f"{stem}.svg").read_text(), stem
+
+    summary = json.loads((run / "summary.json").read_text())
+    best = select_best(study.trials, ["maximize"])
+    assert summary["best"]["trial"] == best.number
+    assert summary["best"]["values"]["value"] == pytest.approx(best.values[0])
+    assert summary["best"]["report"]["weighted_goodput"] == pytest.approx(best.user_attrs["report"]["weighted_goodput"])
+    assert set(summary["baselines"]) == {"vllm-default", "sglang-default"}
+    vllm = summary["baselines"]["vllm-default"]
+    assert vllm["trial"] == 0
+    mine, theirs = summary["best"]["report"]["weighted_goodput"], vllm["report"]["weighted_goodput"]
+    assert vllm["gains"]["weighted_goodput"]["best"] == pytest.approx(mine)
+    assert vllm["gains"]["weighted_goodput"]["baseline"] == pytest.approx(theirs)
+    assert mine >= theirs  # the baselines are trials too, so the best is at least as good
+    prov = summary["provenance"]
+    assert prov["trace"]["sha256"] == hashlib.sha256((tmp_path / "trace.csv").read_bytes()).hexdigest()
+    assert prov["cost_model"]["name"] == "synthetic-60000tok" and prov["seed"] == 3
+    assert prov["versions"]["optuna"] == optuna.__version__
+    cap = summary["best"]["capacity"]
+    assert cap["rate_scale"] > 0 and cap["gpus_needed"] == math.ceil(1 / cap["rate_scale"] - 1e-9)
+
+    assert PolicyConfig.from_toml(run / "policy.toml") == PolicyConfig.from_mapping(summary["best"]["config"])
+    frame = pl.read_parquet(run / "trials.parquet")
+    assert frame.height == 14 and frame["baseline"].to_list()[:2] == ["vllm-default", "sglang-default"]
+    review = (run / "capacity-review.md").read_text()
+    assert f"best (trial {best.number}" in review and "![Pareto front](plots/pareto.png)" in review
+    assert "GPU(s)" in review and "## What limits the best config" in review
+    assert outputs.files["summary.json"] == run / "summary.json"
+
+
+def test_write_run_outputs_plots_both_objectives_of_a_multi_objective_study(tmp_path):
+    outputs, study, spec = _run(tmp_path, "goodput-ttft")
+    summary = outputs.summary
+    assert summary["directions"] == ["maximize", "minimize"]
+    assert set(summary["best"]["values"]) == set(summary["metric_names"]) and len(summary["metric_names"]) == 2
+    assert "objective_gains" in summary["baselines"]["vllm-default"]
+    svg = (spec.run_dir / "plots" / "pareto.svg").read_text()
+    assert "Pareto front" in svg and "baseline: vllm-default" in svg

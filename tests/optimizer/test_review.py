@@ -49,11 +49,12 @@ def test_diagnosis_names_the_limiting_resource(signals, limit):
     assert len(d.evidence) == 5
 
 
-def _result(busy_s: float) -> SimResult:
+def _result(busy_s: float, replicas: int = 1) -> SimResult:
     empty = np.zeros(0)
+    replica = np.array([-1, *range(replicas)])  # -1: a request no replica finished
     return SimResult(state=empty, reject_reason=empty, first_token_s=empty, finish_s=empty,
                      tokens_generated=empty, preemptions=empty, cached_prompt_tokens=empty, queue_s=empty,
-                     replica=empty, steps=10, busy_s=busy_s, prefill_tokens_computed=0, out_of_range_steps=0,
+                     replica=replica, steps=10, busy_s=busy_s, prefill_tokens_computed=0, out_of_range_steps=0,
                      kv_capacity_blocks=100, kv_peak_blocks=50, series_t=empty, series_kv_blocks=empty,
                      series_running=empty, series_waiting=empty)
 
@@ -62,26 +63,26 @@ def test_load_signals_from_a_run_and_its_report():
     report = {"duration_s": 100.0, "n_offered": 1000, "kv_peak_fraction": 0.97, "preemption_rate": 0.02,
               "reject_reasons": {"kv_high_water": 30, "queue_full": 50, "exceeds_capacity": 10},
               "mean_queue_ms": 300.0, "mean_ttft_ms": 400.0}
-    s = LoadSignals.of(_result(busy_s=180.0), report, replicas=2)
+    s = LoadSignals.of(_result(busy_s=180.0, replicas=2), report)
     assert s.busy_fraction == pytest.approx(0.9)
     assert s.kv_reject_fraction == pytest.approx(0.04)  # queue_full is not a memory reject
     assert s.queue_share == pytest.approx(0.75)
     assert diagnose(s).limit == "kv"
     empty = LoadSignals.of(_result(0.0), {"duration_s": 0.0, "n_offered": 0, "kv_peak_fraction": None,
-                                          "preemption_rate": None, "mean_queue_ms": None, "mean_ttft_ms": None}, 1)
+                                          "preemption_rate": None, "mean_queue_ms": None, "mean_ttft_ms": None})
     assert math.isnan(empty.busy_fraction) and math.isnan(empty.queue_share)
 
 
 def test_capacity_turns_rate_headroom_into_gpus():
-    deploy = Deployment("m", tp=2, replicas=4)
-    over = Capacity(max_rate_scale=0.8, trace_rps=10.0, deployment=deploy)
+    deploy = dict(replicas=4, tp=2)
+    over = Capacity(max_rate_scale=0.8, trace_rps=10.0, **deploy)
     assert over.max_rps == pytest.approx(8.0) and over.headroom == pytest.approx(-0.2)
     assert over.replicas_needed == 5 and over.gpus_needed == 10  # ceil(4 / 0.8) replicas x TP 2
-    spare = Capacity(max_rate_scale=2.0, trace_rps=10.0, deployment=deploy)
+    spare = Capacity(max_rate_scale=2.0, trace_rps=10.0, **deploy)
     assert spare.replicas_needed == 2 and spare.gpus_needed == 4
-    exact = Capacity(max_rate_scale=1.0, trace_rps=10.0, deployment=deploy)
+    exact = Capacity(max_rate_scale=1.0, trace_rps=10.0, **deploy)
     assert exact.replicas_needed == 4
-    unreachable = Capacity(max_rate_scale=0.0, trace_rps=10.0, deployment=deploy)
+    unreachable = Capacity(max_rate_scale=0.0, trace_rps=10.0, **deploy)
     assert unreachable.gpus_needed is None
 
 
@@ -96,9 +97,9 @@ def _inputs(**changes) -> ReviewInputs:
     report = {"weighted_goodput": 6.0, "request_goodput": 6.0, "slo_attainment": 0.95, "p99_ttft_ms": 900.0,
               "p99_tpot_ms": 60.0, "rejected_fraction": 0.0, "kv_peak_fraction": 0.5, "preemption_rate": 0.0}
     best = ConfigFigures("best (trial 17)", best_cfg, report,
-                         Capacity(1.5, 6.3, deploy), diagnose(_signals(busy=0.95)), trial=17)
+                         Capacity(1.5, 6.3, replicas=2), diagnose(_signals(busy=0.95)), trial=17)
     vllm = ConfigFigures("vllm-default", preset("vllm-default"), {**report, "weighted_goodput": 4.0},
-                         Capacity(0.7, 6.3, deploy), diagnose(_signals(kv=0.99, preempt=0.3)))
+                         Capacity(0.7, 6.3, replicas=2), diagnose(_signals(kv=0.99, preempt=0.3)))
     sglang = ConfigFigures("sglang-default", preset("sglang-default"), {**report, "weighted_goodput": 0.0})
     values = dict(title="Capacity review: chat", deployment=deploy, slos=parse_slo("ttft:2000,tpot:100"),
                   target_attainment=0.9, trace_description="azure conv, 19366 requests at 6.3 req/s",
@@ -125,12 +126,11 @@ def test_review_states_gpus_headroom_limit_and_gains():
 
 def test_review_reports_over_capacity_and_unreachable_targets():
     base = _inputs()
-    deploy = base.deployment
-    over = ConfigFigures(base.best.name, base.best.config, base.best.report, Capacity(0.5, 6.3, deploy, capped=False),
+    over = ConfigFigures(base.best.name, base.best.config, base.best.report, Capacity(0.5, 6.3, replicas=2),
                          base.best.diagnosis)
     md = to_markdown(build_review(_inputs(best=over)))
     assert "needs 4 GPU(s)" in md and "over capacity" in md and "50% below the trace rate" in md
-    never = ConfigFigures(base.best.name, base.best.config, base.best.report, Capacity(0.0, 6.3, deploy), None)
+    never = ConfigFigures(base.best.name, base.best.config, base.best.report, Capacity(0.0, 6.3, replicas=2), None)
     md = to_markdown(build_review(_inputs(best=never)))
     assert "does not reach 90% SLO attainment" in md and "No load signals" in md
 

@@ -65,11 +65,14 @@ class RefPrefixCache:
         return freed
 
     def release(self, i):
+        idle = 0
         for h in reversed(self.hashes[i][: self.held[i]]):
             self.refs[h] -= 1
             if self.refs[h] == 0:
                 self.idle[h] = None
+                idle += self.entry_blocks
         self.held[i] = 0
+        return idle
 
     def evict(self, needed):
         freed = 0

@@ -69,8 +69,7 @@ def test_kernels_agree_with_twin_and_ledger_balances(workload):
             ctx[i] = new
         elif op == "release" and i in ctx:
             allocated -= pcm.private_blocks(ctx.pop(i), pc.held[i], BT, bs)
-            pcm.release(pc, offsets, i)
-            ref.release(i)
+            assert pcm.release(pc, offsets, i) == ref.release(i)
         elif op == "evict":
             freed = pcm.evict(pc, x % 50)
             assert freed == ref.evict(x % 50)

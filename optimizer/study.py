@@ -1,0 +1,396 @@
+"""The Optuna study: storage, creation and resume, baselines, and the batched trial loop.
+
+Storage is a journal file ``RUN_DIR/study.journal`` by default, or any Optuna RDB URL
+(``--storage`` or ``SERVETUNE_STORAGE``), e.g. PostgreSQL for workers on many machines.
+The study stores its spec (``user_attrs["servetune_spec"]``) and fingerprint, so a worker
+needs only the study name and storage, and a different question under the same name, or
+a run folder that belongs to another study, is refused instead of mixed in.
+
+The loop asks a batch of trials, builds their configs, prunes the ones that cannot run,
+simulates the rest in one parallel ``simulate_many`` call and tells each result as soon
+as its batch finishes, so a killed run loses at most the batch in flight. The trial
+budget is global: every process counts the study's non-failed trials, so several workers
+share one budget; a trial asked past the budget (two workers racing) is told FAIL with
+``user_attrs["over_budget"]``. Trials left RUNNING by a dead local process are failed when
+the next process starts; on an RDB, heartbeats do the same for remote workers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from optimizer import objective as objectives
+from optimizer.capacity import capacity_many
+from optimizer.spec import StudySpec, spec_from_dict
+
+MANIFEST = "study.json"
+JOURNAL = "study.journal"
+SPEC_ATTR = "servetune_spec"
+FINGERPRINT_ATTR = "servetune_fingerprint"
+CAP_ATTR = "rejected_fraction_cap"
+HEARTBEAT_S = 60
+
+
+class StudyError(RuntimeError):
+    """Storage that cannot be reached, or a study/run folder that does not match the spec."""
+
+
+@dataclass
+class RunStats:
+    """What one process did: trials told, and where its wall time went."""
+
+    told: int = 0
+    pruned: int = 0
+    wall_s: float = 0.0
+    optuna_s: float = 0.0  # ask, suggest, tell, budget checks
+    engine_s: float = 0.0  # simulate + score
+
+    @property
+    def trials_per_s(self) -> float:
+        return self.told / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def other_s(self) -> float:
+        return max(0.0, self.wall_s - self.optuna_s - self.engine_s)
+
+
+# -- storage ---------------------------------------------------------------------------
+def storage_url(spec: StudySpec) -> str | None:
+    return spec.storage or os.environ.get("SERVETUNE_STORAGE") or None
+
+
+def redact(url: str) -> str:
+    """The URL with any password replaced by ***."""
+    if "://" not in url or "@" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    creds, host = rest.rsplit("@", 1)
+    user = creds.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}" if ":" in creds else url
+
+
+def open_storage(spec: StudySpec):
+    """The study's storage; raises StudyError naming the storage when it cannot be opened."""
+    url = storage_url(spec)
+    if url is None or "://" not in url:
+        path = Path(url) if url else Path(spec.run_dir) / JOURNAL
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            from optuna.storages import JournalStorage
+            from optuna.storages.journal import JournalFileBackend
+
+            return JournalStorage(JournalFileBackend(str(path)))
+        except OSError as exc:
+            raise StudyError(f"cannot open journal storage {path}: {exc.strerror or exc}") from None
+    kwargs: dict[str, Any] = {}
+    if url.startswith("postgresql"):
+        kwargs["engine_kwargs"] = {"connect_args": {"connect_timeout": 10}}
+    try:
+        return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=3 * HEARTBEAT_S, **kwargs)
+    except Exception as exc:  # sqlalchemy/driver errors vary by backend
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise StudyError(f"cannot reach storage {redact(url)}: {detail}") from None
+
+
+def make_sampler(spec: StudySpec, seed: int | None):
+    if spec.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if spec.sampler == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(20, spec.batch_size))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, constant_liar=True,
+                                          n_startup_trials=min(10, max(4, spec.trials // 10)))
+
+
+# -- creation and resume -----------------------------------------------------------------
+def create_or_resume(spec: StudySpec, *, seed: int | None = None) -> optuna.Study:
+    """Open the spec's study, creating it (with baselines enqueued) if it does not exist.
+
+    Refuses a run folder or an existing study that holds a different question.
+    """
+    fingerprint = spec.fingerprint()
+    _check_manifest(spec, fingerprint)
+    storage = open_storage(spec)
+    direction_names = list(objectives.objective_for(spec).directions)
+    names = {s.study_name for s in _all_studies(storage, spec)}
+    if storage_url(spec) is None and names - {spec.study_name}:
+        raise StudyError(f"{Path(spec.run_dir) / JOURNAL} holds study {sorted(names)}, not {spec.study_name!r}; "
+                         "use another --run-dir or the original --study-name")
+    study = optuna.create_study(storage=storage, study_name=spec.study_name, directions=direction_names,
+                                sampler=make_sampler(spec, spec.seed if seed is None else seed),
+                                load_if_exists=True)
+    stored = study.user_attrs.get(FINGERPRINT_ATTR)
+    if stored is None:
+        if study.get_trials(deepcopy=False):
+            raise StudyError(f"study {spec.study_name!r} already has trials but was not made by servetune; "
+                             "choose another --study-name")
+        study.set_user_attr(SPEC_ATTR, spec.to_dict())
+        study.set_user_attr(FINGERPRINT_ATTR, fingerprint)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(list(objectives.objective_for(spec).metrics))
+    elif stored != fingerprint:
+        raise StudyError(_mismatch(f"study {spec.study_name!r}", study.user_attrs.get(SPEC_ATTR, {}), spec))
+    _write_manifest(spec, fingerprint)
+    return study
+
+
+def load_for_worker(study_name: str, storage: str, *, trace: str | None = None, batch_size: int | None = None,
+                    seed: int | None = None) -> tuple[StudySpec, optuna.Study]:
+    """Join an existing study as a worker: the spec comes from the study itself."""
+    probe = open_storage(_Probe(storage))
+    try:
+        study = optuna.load_study(study_name=study_name, storage=probe)
+    except KeyError:
+        known = sorted(s.study_name for s in optuna.get_all_study_summaries(probe))
+        raise StudyError(f"no study {study_name!r} in {redact(storage)}; studies there: {known}") from None
+    stored = study.user_attrs.get(SPEC_ATTR)
+    if stored is None:
+        raise StudyError(f"study {study_name!r} was not created by servetune tune; start it with tune first")
+    spec = spec_from_dict(stored, storage=storage, trace=trace, batch_size=batch_size)
+    if spec.fingerprint() != study.user_attrs.get(FINGERPRINT_ATTR):
+        raise StudyError(f"the trace at {spec.trace} differs from the one study {study_name!r} was created with; "
+                         "pass --trace with the same file")
+    study.sampler = make_sampler(spec, seed)
+    return spec, study
+
+
+@dataclass(frozen=True)
+class _Probe:
+    storage: str
+    run_dir: str = "."
+
+
+def _all_studies(storage, spec: StudySpec):
+    try:
+        return storage.get_all_studies()
+    except Exception as exc:
+        url = storage_url(spec)
+        raise StudyError(f"cannot read storage {redact(url) if url else Path(spec.run_dir) / JOURNAL}: {exc}") from None
+
+
+def _check_manifest(spec: StudySpec, fingerprint: str) -> None:
+    path = Path(spec.run_dir) / MANIFEST
+    if not path.exists():
+        return
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise StudyError(f"{path} is unreadable ({exc}); it is not a servetune run folder") from None
+    if manifest.get("study_name") != spec.study_name:
+        raise StudyError(f"run folder {spec.run_dir} belongs to study {manifest.get('study_name')!r}, not "
+                         f"{spec.study_name!r}; use another --run-dir, or the original --study-name to resume it")
+    if manifest.get("fingerprint") != fingerprint:
+        raise StudyError(_mismatch(f"run folder {spec.run_dir}", manifest.get("spec", {}), spec))
+
+
+def _write_manifest(spec: StudySpec, fingerprint: str) -> None:
+    path = Path(spec.run_dir) / MANIFEST
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    url = storage_url(spec)
+    body = {"study_name": spec.study_name, "fingerprint": fingerprint,
+            "storage": redact(url) if url else JOURNAL, "spec": spec.to_dict()}
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(body, indent=2, default=str) + "\n")
+    tmp.replace(path)
+
+
+def _mismatch(what: str, stored: dict, spec: StudySpec) -> str:
+    new = spec.to_dict()
+    differing = sorted(section for section in ("trace", "deployment", "slo", "objective", "constraints", "space")
+                       if stored.get(section) != new.get(section))
+    detail = f" ({', '.join(differing)} differ)" if differing else " (the trace file's content differs)"
+    return (f"{what} was created for a different question{detail}; nothing was changed. Rerun with the "
+            "original spec to resume, or pass another --study-name / --run-dir to start a new study")
+
+
+# -- baselines ---------------------------------------------------------------------------
+def enqueue_baselines(study: optuna.Study, spec: StudySpec, baselines: dict) -> None:
+    """Enqueue each preset once (a rerun finds them already there), before any sampled trial."""
+    present = {t.user_attrs.get("baseline") for t in study.get_trials(deepcopy=False) if t.state != TrialState.FAIL}
+    for name, config in baselines.items():
+        if name not in present:
+            study.enqueue_trial(spec.search_space.params_for(config), user_attrs={"baseline": name})
+
+
+def rejected_cap(study: optuna.Study, spec: StudySpec, evaluator) -> float:
+    """The study's rejected-fraction bound, computed once from the baselines and stored."""
+    cap = study.user_attrs.get(CAP_ATTR)
+    if cap is None:
+        cap = objectives.rejected_cap(spec.constraints, evaluator.reports(list(evaluator.baselines().values())))
+        study.set_user_attr(CAP_ATTR, cap)
+    return float(cap)
+
+
+# -- the loop ------------------------------------------------------------------------------
+def worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def fail_dead_local_trials(study: optuna.Study) -> int:
+    """Fail RUNNING trials whose owner is a dead process on this host; return how many."""
+    host = socket.gethostname()
+    failed = 0
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        owner = str(t.user_attrs.get("worker", ""))
+        owner_host, _, pid = owner.rpartition(":")
+        if owner_host == host and pid.isdigit() and not _alive(int(pid)):
+            study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+            failed += 1
+    return failed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def run(study: optuna.Study, spec: StudySpec, evaluator, *, on_trial: Callable | None = None,
+        stop: Callable[[], bool] | None = None) -> RunStats:
+    """Run batches until the study holds ``spec.trials`` non-failed trials (global budget).
+
+    ``on_trial(frozen_trial, stats)`` is called after each tell (progress display).
+    """
+    stats = RunStats()
+    start = time.perf_counter()
+    t0 = time.perf_counter()
+    fail_dead_local_trials(study)
+    _fail_stale(study)
+    stats.optuna_s += time.perf_counter() - t0
+    engine_before = evaluator.engine_seconds
+    cap = rejected_cap(study, spec, evaluator)
+    baselines = evaluator.baselines()
+    me = worker_id()
+    while not (stop and stop()):
+        t0 = time.perf_counter()
+        trials = study.get_trials(deepcopy=False)
+        waiting = sum(t.state == TrialState.WAITING for t in trials)
+        counted = sum(t.state != TrialState.FAIL for t in trials)
+        k = min(spec.batch_size, max(0, spec.trials - counted) + waiting)
+        if k == 0:
+            stats.optuna_s += time.perf_counter() - t0
+            break
+        batch = _ask(study, spec, baselines, k, me)
+        stats.optuna_s += time.perf_counter() - t0
+        if not batch:
+            break
+        try:
+            _evaluate_and_tell(study, spec, evaluator, batch, cap, stats, on_trial)
+        except BaseException:
+            for trial, _ in batch:  # told trials are skipped; nothing completed is undone
+                study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+            raise
+    stats.engine_s = evaluator.engine_seconds - engine_before
+    stats.wall_s = time.perf_counter() - start
+    return stats
+
+
+def _ask(study, spec, baselines, k, me) -> list[tuple[Any, Any]]:
+    batch = []
+    for _ in range(k):
+        trial = study.ask()
+        trial.set_user_attr("worker", me)
+        earlier = sum(t.state != TrialState.FAIL and t.number < trial.number
+                      for t in study.get_trials(deepcopy=False))
+        if earlier >= spec.trials:
+            trial.set_user_attr("over_budget", True)
+            study.tell(trial, state=TrialState.FAIL)
+            break
+        name = trial.user_attrs.get("baseline")
+        if name in baselines:
+            config = baselines[name]
+            spec.search_space.record(trial, config)
+        else:
+            config = spec.search_space.suggest(trial)
+        batch.append((trial, config))
+    return batch
+
+
+def _evaluate_and_tell(study, spec, evaluator, batch, cap, stats: RunStats, on_trial) -> None:
+    runnable = []
+    for trial, config in batch:
+        reason = evaluator.infeasibility(config)
+        if reason is None:
+            runnable.append((trial, config))
+            continue
+        t0 = time.perf_counter()
+        trial.set_user_attr("config", config.to_dict())
+        trial.set_user_attr("pruned", reason)
+        frozen = study.tell(trial, state=TrialState.PRUNED)
+        stats.optuna_s += time.perf_counter() - t0
+        stats.told += 1
+        stats.pruned += 1
+        if on_trial:
+            on_trial(frozen, stats)
+    if not runnable:
+        return
+    configs = [c for _, c in runnable]
+    reports = evaluator.reports(configs)
+    capacities = capacity_many(evaluator, configs, spec.capacity_target) if spec.objective == "capacity" \
+        else [None] * len(configs)
+    for (trial, config), report, capacity in zip(runnable, reports, capacities, strict=True):
+        t0 = time.perf_counter()
+        values = objectives.record(trial, spec, config, report, cap, gpus=spec.gpus, capacity=capacity)
+        frozen = study.tell(trial, values)
+        stats.optuna_s += time.perf_counter() - t0
+        stats.told += 1
+        if on_trial:
+            on_trial(frozen, stats)
+
+
+def _fail_stale(study: optuna.Study) -> None:
+    storage = study._storage  # heartbeats live on the storage; Optuna exposes no public handle
+    if getattr(storage, "is_heartbeat_enabled", lambda: False)():
+        optuna.storages.fail_stale_trials(study)
+
+
+# -- results -------------------------------------------------------------------------------
+def best_goodput_trial(study: optuna.Study):
+    """The feasible completed trial with the most weighted goodput (any objective mode)."""
+    best = None
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if not objectives.is_feasible(t) or "report" not in t.user_attrs:
+            continue
+        if best is None or _goodput(t) > _goodput(best):
+            best = t
+    return best
+
+
+def baseline_trials(study: optuna.Study) -> dict[str, Any]:
+    return {t.user_attrs["baseline"]: t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if "baseline" in t.user_attrs}
+
+
+def gains(study: optuna.Study) -> dict[str, float]:
+    """Best weighted goodput / each baseline's, on the same trace (inf when a baseline has none)."""
+    best = best_goodput_trial(study)
+    if best is None:
+        return {}
+    out = {}
+    for name, t in baseline_trials(study).items():
+        base = _goodput(t)
+        out[name] = _goodput(best) / base if base > 0 else float("inf")
+    return out
+
+
+def _goodput(t) -> float:
+    return float(t.user_attrs["report"].get("weighted_goodput") or 0.0)

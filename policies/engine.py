@@ -1,0 +1,1129 @@
+"""The engine: replay a trace through one replica's iteration-level scheduler.
+
+One ``@njit`` kernel advances from step boundary to step boundary. At each boundary it
+admits arrivals (or rejects them with a reason), ends requests whose client gave up,
+forms the next batch under every budget at once (token budget, ``max_num_seqs``, free KV
+blocks minus the headroom watermark, optional step-time cap), takes the step's length
+from the cost model's tables, and at the step's end advances tokens, KV and states.
+When nothing can run it jumps to the next arrival.
+
+The rules (the plain-Python reference in ``tests/policies/reference.py`` follows them
+one by one, and the kernel must match it exactly):
+
+* Tokens (vLLM V1): a request computes tokens until ``computed == prompt + generated``;
+  the step that catches up samples one token (the first one ends the prefill, and
+  ``first_token_s`` is that step's end). It finishes after ``min(output_tokens, max_out)``
+  tokens (at least one), ``max_out = min(max_tokens, max_len - prompt)``.
+* ``decode_first`` (vLLM V1): running requests in admission order, each catching up by
+  ``min(remaining, long_prefill_token_threshold, budget)`` tokens, allocating blocks and
+  preempting victims until the allocation fits (if the victim is the request itself, it
+  is not scheduled); then, unless this step preempted, waiting requests in queue order
+  while the budget, ``max_num_seqs`` and the admission rule allow (without chunked
+  prefill a prompt that does not fit the remaining budget waits).
+* ``prefill_first`` (SGLang): continuing prefill chunks and new prompts (bounded by the
+  chunk budget and ``max_prefill_tokens``) form a prefill-only step; when there is none,
+  every running request decodes.
+* Admission of a waiting request needs ``free - blocks(prompt + generated) >= headroom``
+  (vLLM's watermark over the whole prompt) and, per mode: ``reservation``, reserved +
+  blocks(prompt + max_out) <= capacity - headroom (``policies.reservation``);
+  ``predicted``, the same with the output length at a quantile of finished requests'
+  output/max_out ratios (max_out until calibrated); ``new_token_ratio``, SGLang's
+  ``extend + min(max_out - generated, 4096) < available - ratio * running future``.
+* Preemption frees the victim's GPU blocks and puts it back in the waiting queue (first
+  in line under FCFS); ``recompute`` resets ``computed`` to 0 (generated tokens are kept
+  and re-prefilled), ``swap`` copies the blocks to host memory while it has room, ``auto``
+  swaps when the copy out and back is cheaper than the re-prefill. Copies add to the
+  step time. Past ``max_preemptions`` the victim is rejected instead.
+* A request whose deadline passes ends TIMED_OUT if its first token came by the
+  deadline, else CANCELLED, at the deadline; everything it held is freed.
+
+Pure-decode stretches (nothing waiting, nobody finishing, no arrival or deadline due,
+blocks enough) are fast-forwarded: one step-time lookup per step, per-request arrays
+touched once at the end. The result is bit-identical to stepping one by one.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+
+import numpy as np
+from numba import njit, prange
+
+from costmodels.costmodel import CostModel, CostModelError
+from costmodels.steptable import step_seconds
+from policies.config import (
+    ADMISSION_MODES,
+    KNOB_INDEX,
+    PREEMPTION_MODES,
+    PREEMPTION_VICTIMS,
+    SCHEDULE_MODES,
+    SCHEDULING_POLICIES,
+    ConfigError,
+    PolicyConfig,
+)
+from policies.kernel_state import (
+    BUDGET,
+    B_DECODES,
+    B_KV_DECODE,
+    B_LOGITS,
+    B_PAIRS,
+    B_PREFILL,
+    B_TOKENS,
+    BUSY,
+    C_CAP,
+    C_ERROR,
+    C_HOST_USED_END,
+    C_N_SAMPLES,
+    C_OUT_OF_RANGE,
+    C_PEAK,
+    C_PREFILL_TOKENS,
+    C_RESERVED_END,
+    C_STEPS,
+    C_SWAP_OUTS,
+    C_USED_END,
+    CALIBRATION_BINS,
+    CAP,
+    COMPUTED,
+    DONE,
+    F_BUSY,
+    F_END,
+    FINISH,
+    FIRST_SCHED,
+    FIRST_TOKEN,
+    FREE,
+    GENERATED,
+    HEADROOM,
+    HELD,
+    HOST,
+    HOST_FREE,
+    MAX_LEN,
+    MAX_OUT,
+    MIN_CALIBRATION,
+    N_BATCH,
+    N_CALIBRATED,
+    N_COUNTS,
+    N_DONE,
+    N_FCOUNTS,
+    N_G,
+    N_GF,
+    N_RF,
+    N_RI,
+    N_RUN,
+    N_SAMPLES,
+    N_WAIT,
+    NEXT_ARRIVAL,
+    NOT_ARRIVED,
+    NTR_CLIP,
+    NTR_DECAY_STEPS,
+    NTR_INIT,
+    NTR_MIN_FACTOR,
+    NTR_REM,
+    NTR_RETRACT_STEPS,
+    OUT_OF_RANGE,
+    PEAK,
+    PRED_BIN,
+    PREEMPTED_NOW,
+    PREEMPTS,
+    PREFILL_TOKENS,
+    QKEY0,
+    QKEY1,
+    QUEUE_SEQ,
+    RATIO,
+    REASON,
+    RESERVED,
+    RESERVED_TOTAL,
+    RNG_COUNTER,
+    RNG_SEED,
+    RUNNING,
+    SAMPLE_K,
+    SCHED,
+    SERIES_CAPACITY,
+    SERIES_EVERY,
+    SERIES_T0,
+    STATE,
+    STATUS,
+    STEPS,
+    SWAP_OUTS,
+    SWAP_S,
+    TARGET,
+    USED,
+    WAIT_SCAN,
+    WAITING,
+)
+from policies.kernel_state import T as CLOCK
+from policies.result import Reject, SimResult, State
+from policies.waitqueue import heap_first_live, heap_pop, heap_push
+
+# Knob positions in the config vector (frozen into the kernel as constants).
+I_MAX_BATCHED = KNOB_INDEX["max_num_batched_tokens"]
+I_MAX_SEQS = KNOB_INDEX["max_num_seqs"]
+I_CHUNKED = KNOB_INDEX["enable_chunked_prefill"]
+I_LONG_PREFILL = KNOB_INDEX["long_prefill_token_threshold"]
+I_BLOCK_SIZE = KNOB_INDEX["block_size"]
+I_POLICY = KNOB_INDEX["scheduling_policy"]
+I_SCHEDULE_MODE = KNOB_INDEX["schedule_mode"]
+I_MAX_PREFILL = KNOB_INDEX["max_prefill_tokens"]
+I_STEP_CAP_MS = KNOB_INDEX["step_time_cap_ms"]
+I_HEADROOM = KNOB_INDEX["kv_headroom"]
+I_ADMISSION = KNOB_INDEX["admission_mode"]
+I_QUANTILE = KNOB_INDEX["admission_quantile"]
+I_CONSERVATIVENESS = KNOB_INDEX["schedule_conservativeness"]
+I_PREEMPTION = KNOB_INDEX["preemption_mode"]
+I_VICTIM = KNOB_INDEX["preemption_victim"]
+I_MAX_PREEMPTIONS = KNOB_INDEX["max_preemptions"]
+I_MAX_QUEUE = KNOB_INDEX["max_queue_len"]
+I_MAX_WAIT = KNOB_INDEX["max_wait_s"]
+I_HIGH_WATER = KNOB_INDEX["kv_high_water"]
+I_UNMEETABLE = KNOB_INDEX["reject_unmeetable_deadline"]
+I_MAX_MODEL_LEN = KNOB_INDEX["max_model_len"]
+
+FCFS = SCHEDULING_POLICIES.index("fcfs")
+PREFILL_FIRST = SCHEDULE_MODES.index("prefill_first")
+ADMIT_NONE = ADMISSION_MODES.index("none")
+ADMIT_RESERVATION = ADMISSION_MODES.index("reservation")
+ADMIT_PREDICTED = ADMISSION_MODES.index("predicted")
+ADMIT_NTR = ADMISSION_MODES.index("new_token_ratio")
+PREEMPT_RECOMPUTE = PREEMPTION_MODES.index("recompute")
+PREEMPT_SWAP = PREEMPTION_MODES.index("swap")
+VICTIM_NEWEST = PREEMPTION_VICTIMS.index("newest")
+VICTIM_LOWEST_PRIORITY = PREEMPTION_VICTIMS.index("lowest_priority")
+
+S_FINISHED = int(State.FINISHED)
+S_REJECTED = int(State.REJECTED)
+S_TIMED_OUT = int(State.TIMED_OUT)
+S_CANCELLED = int(State.CANCELLED)
+R_NONE = int(Reject.NONE)
+R_KV_HIGH_WATER = int(Reject.KV_HIGH_WATER)
+R_QUEUE_FULL = int(Reject.QUEUE_FULL)
+R_MAX_WAIT = int(Reject.MAX_WAIT)
+R_DEADLINE = int(Reject.DEADLINE_UNMEETABLE)
+R_EXCEEDS = int(Reject.EXCEEDS_CAPACITY)
+R_MAX_PREEMPTIONS = int(Reject.MAX_PREEMPTIONS)
+
+#: Kernel error code: a step formed no work although requests were waiting or running.
+ERROR_STALLED = 1
+
+# Per-request output rows (out_i, out_f) copied from the kernel's state.
+O_STATE, O_REASON, O_GENERATED, O_PREEMPTS = 0, 1, 2, 3
+O_FIRST_TOKEN, O_FINISH, O_FIRST_SCHED = 0, 1, 2
+N_OI, N_OF = 4, 3
+
+
+# ======================================================================================
+# small state helpers
+# ======================================================================================
+@njit(cache=True, nogil=True)
+def _blocks(tokens, block_size):
+    return (tokens + block_size - 1) // block_size
+
+
+@njit(cache=True, nogil=True)
+def _is_decode(ri, prompt, r, n):
+    """One token that catches up a request already generating: a decode, not a prefill."""
+    generated = ri[GENERATED, r]
+    return n == 1 and generated >= 1 and ri[COMPUTED, r] == prompt[r] + generated - 1
+
+
+@njit(cache=True, nogil=True)
+def _run_remove(run, g, r):
+    k = g[N_RUN]
+    i = 0
+    while run[i] != r:
+        i += 1
+    for j in range(i, k - 1):
+        run[j] = run[j + 1]
+    g[N_RUN] = k - 1
+
+
+@njit(cache=True, nogil=True)
+def _free_gpu(ri, g, r):
+    held = ri[HELD, r]
+    g[FREE] += held
+    g[USED] -= held
+    ri[HELD, r] = 0
+
+
+@njit(cache=True, nogil=True)
+def _take_gpu(ri, g, r, blocks):
+    g[FREE] -= blocks
+    g[USED] += blocks
+    ri[HELD, r] += blocks
+    if g[USED] > g[PEAK]:
+        g[PEAK] = g[USED]
+
+
+@njit(cache=True, nogil=True)
+def _cover_reservation(ri, g, r):
+    """A running request's reservation never falls below what it holds (predicted mode)."""
+    extra = ri[HELD, r] - ri[RESERVED, r]
+    if extra > 0:
+        ri[RESERVED, r] += extra
+        g[RESERVED_TOTAL] += extra
+
+
+@njit(cache=True, nogil=True)
+def _release_reservation(ri, g, r):
+    g[RESERVED_TOTAL] -= ri[RESERVED, r]
+    ri[RESERVED, r] = 0
+
+
+@njit(cache=True, nogil=True)
+def _end_request(ri, rf, g, run, r, state, reason, t_end):
+    """Final state for r; frees everything it holds. A second call is a no-op."""
+    status = ri[STATUS, r]
+    if status == DONE:
+        return
+    if status == RUNNING:
+        _run_remove(run, g, r)
+        _release_reservation(ri, g, r)
+    elif status == WAITING:
+        g[N_WAIT] -= 1
+    _free_gpu(ri, g, r)
+    g[HOST_FREE] += ri[HOST, r]
+    ri[HOST, r] = 0
+    ri[STATUS, r] = DONE
+    ri[STATE, r] = state
+    ri[REASON, r] = reason
+    rf[FINISH, r] = t_end
+    g[N_DONE] += 1
+
+
+@njit(cache=True, nogil=True)
+def _end_by_deadline(ri, rf, g, run, deadline, r):
+    """The client left at its deadline: TIMED_OUT if it had seen a token by then."""
+    state = S_TIMED_OUT if rf[FIRST_TOKEN, r] <= deadline[r] else S_CANCELLED
+    _end_request(ri, rf, g, run, r, state, R_NONE, deadline[r])
+
+
+@njit(cache=True, nogil=True)
+def _push_waiting(ri, rf, g, wheap, priority, cfg, r, in_front):
+    """Queue r: FCFS keeps push order (preempted requests go first), priority sorts."""
+    if int(cfg[I_POLICY]) == FCFS:
+        g[QUEUE_SEQ] += 1
+        rf[QKEY0, r] = 0.0
+        ri[QKEY1, r] = -g[QUEUE_SEQ] if in_front else g[QUEUE_SEQ]
+    else:
+        rf[QKEY0, r] = -float(priority[r])
+        ri[QKEY1, r] = r
+    ri[STATUS, r] = WAITING
+    g[N_WAIT] += 1
+    heap_push(wheap, rf[QKEY0], ri[QKEY1], r)
+
+
+# ======================================================================================
+# the batch being formed
+# ======================================================================================
+@njit(cache=True, nogil=True)
+def _batch_account(ri, g, prompt, r, n, sign):
+    """Add (sign=1) or remove (sign=-1) n tokens of r from the step-time aggregates."""
+    c = ri[COMPUTED, r]
+    g[B_TOKENS] += sign * n
+    if c + n == prompt[r] + ri[GENERATED, r]:
+        g[B_LOGITS] += sign
+    if _is_decode(ri, prompt, r, n):
+        g[B_DECODES] += sign
+        g[B_KV_DECODE] += sign * (c + 1)
+    else:
+        g[B_PAIRS] += sign * (n * c + n * (n + 1) // 2)
+        g[B_PREFILL] += sign * n
+
+
+@njit(cache=True, nogil=True)
+def _schedule(ri, g, batch, prompt, cfg, r, n):
+    """Put n tokens of r in the batch, allocating their blocks (the caller checked they fit)."""
+    block_size = int(cfg[I_BLOCK_SIZE])
+    _take_gpu(ri, g, r, _blocks(ri[COMPUTED, r] + n, block_size) - ri[HELD, r])
+    _cover_reservation(ri, g, r)
+    _batch_account(ri, g, prompt, r, n, 1)
+    ri[SCHED, r] = n
+    batch[g[N_BATCH]] = r
+    g[N_BATCH] += 1
+    g[BUDGET] -= n
+
+
+@njit(cache=True, nogil=True)
+def _fits_cap(ri, g, gf, tables, prompt, cap_s, r, n):
+    _batch_account(ri, g, prompt, r, n, 1)
+    seconds, _ = step_seconds(tables, g[B_TOKENS], g[B_LOGITS], g[B_DECODES], g[B_KV_DECODE], g[B_PAIRS])
+    _batch_account(ri, g, prompt, r, n, -1)
+    return seconds + gf[SWAP_S] <= cap_s
+
+
+@njit(cache=True, nogil=True)
+def _fit_step_cap(ri, g, gf, tables, prompt, cfg, r, n, may_split):
+    """Tokens of r the step-time cap allows (0 = none); decodes are never held back.
+
+    With splitting, the largest chunk that keeps the step under the cap (binary search);
+    an empty batch always takes at least one token (or the whole prompt), so the engine
+    progresses under any cap.
+    """
+    cap_s = cfg[I_STEP_CAP_MS] * 1e-3
+    if cap_s <= 0.0 or _is_decode(ri, prompt, r, n):
+        return n
+    if may_split:
+        lo = 0
+        hi = n
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if _fits_cap(ri, g, gf, tables, prompt, cap_s, r, mid):
+                lo = mid
+            else:
+                hi = mid - 1
+        allowed = lo
+    else:
+        allowed = n if _fits_cap(ri, g, gf, tables, prompt, cap_s, r, n) else 0
+    if allowed == 0 and g[B_TOKENS] == 0:
+        allowed = 1 if may_split else n
+    return allowed
+
+
+# ======================================================================================
+# preemption
+# ======================================================================================
+@njit(cache=True, nogil=True)
+def _pick_victim(ri, g, run, prompt, priority, cfg):
+    k = g[N_RUN]
+    mode = int(cfg[I_VICTIM])
+    if mode == VICTIM_NEWEST:
+        return run[k - 1]
+    best = run[0]
+    for i in range(1, k):
+        r = run[i]
+        if mode == VICTIM_LOWEST_PRIORITY:
+            # least urgent first, then the latest arrival (vLLM's priority victim)
+            worse = priority[r] < priority[best] or (priority[r] == priority[best] and r > best)
+        else:
+            # fewest outputs, then the longest prompt (SGLang's retract order), then latest
+            gr = ri[GENERATED, r]
+            gb = ri[GENERATED, best]
+            worse = gr < gb or (gr == gb and (prompt[r] > prompt[best] or (prompt[r] == prompt[best] and r > best)))
+        if worse:
+            best = r
+    return best
+
+
+@njit(cache=True, nogil=True)
+def _preempt(ri, rf, g, gf, run, wheap, tables, prompt, priority, cfg, kv_bytes, swap_bw, v):
+    """Take v off the GPU: swap its KV out or drop it for recompute, and requeue it."""
+    block_size = int(cfg[I_BLOCK_SIZE])
+    g[PREEMPTED_NOW] = 1
+    n = ri[SCHED, v]
+    if n > 0:  # already in this step's batch: give its tokens and new blocks back
+        _batch_account(ri, g, prompt, v, n, -1)
+        g[BUDGET] += n
+        ri[SCHED, v] = 0
+        keep = _blocks(ri[COMPUTED, v], block_size)
+        extra = ri[HELD, v] - keep
+        g[FREE] += extra
+        g[USED] -= extra
+        ri[HELD, v] = keep
+    limit = int(cfg[I_MAX_PREEMPTIONS])
+    if limit > 0 and ri[PREEMPTS, v] >= limit:
+        _end_request(ri, rf, g, run, v, S_REJECTED, R_MAX_PREEMPTIONS, gf[CLOCK])
+        return
+    ri[PREEMPTS, v] += 1
+    held = ri[HELD, v]
+    mode = int(cfg[I_PREEMPTION])
+    swap = False
+    if mode != PREEMPT_RECOMPUTE and held > 0 and g[HOST_FREE] >= held:
+        copy_s = held * block_size * kv_bytes / swap_bw
+        if mode == PREEMPT_SWAP:
+            swap = True
+        else:
+            c = ri[COMPUTED, v]
+            recompute_s, _ = step_seconds(tables, c, 1, 0, 0, c * (c + 1) // 2)
+            swap = 2.0 * copy_s < recompute_s
+        if swap:
+            g[HOST_FREE] -= held
+            ri[HOST, v] = held
+            gf[SWAP_S] += copy_s
+            g[SWAP_OUTS] += 1
+    if not swap:
+        ri[COMPUTED, v] = 0
+    _free_gpu(ri, g, v)
+    _run_remove(run, g, v)
+    _release_reservation(ri, g, v)
+    _push_waiting(ri, rf, g, wheap, priority, cfg, v, True)
+
+
+@njit(cache=True, nogil=True)
+def _schedule_running(ri, rf, g, gf, run, wheap, batch, tables, prompt, priority, cfg, kv_bytes, swap_bw, r, n):
+    """Schedule n tokens of running r, preempting victims until its blocks fit."""
+    block_size = int(cfg[I_BLOCK_SIZE])
+    while _blocks(ri[COMPUTED, r] + n, block_size) - ri[HELD, r] > g[FREE]:
+        v = _pick_victim(ri, g, run, prompt, priority, cfg)
+        _preempt(ri, rf, g, gf, run, wheap, tables, prompt, priority, cfg, kv_bytes, swap_bw, v)
+        if v == r:
+            return
+    _schedule(ri, g, batch, prompt, cfg, r, n)
+
+
+# ======================================================================================
+# admission
+# ======================================================================================
+@njit(cache=True, nogil=True)
+def _predicted_out(g, hist_bins, max_out):
+    """predicted mode: output tokens to reserve, from the calibrated ratio quantile."""
+    b = g[PRED_BIN]
+    if b < 0:
+        return max_out
+    return ((b + 1) * max_out + hist_bins - 1) // hist_bins
+
+
+@njit(cache=True, nogil=True)
+def _reservation_blocks(ri, g, prompt, cfg, r):
+    block_size = int(cfg[I_BLOCK_SIZE])
+    max_out = ri[MAX_OUT, r]
+    if int(cfg[I_ADMISSION]) == ADMIT_PREDICTED:
+        out = _predicted_out(g, CALIBRATION_BINS, max_out)
+        return max(_blocks(prompt[r] + out, block_size), _blocks(prompt[r] + ri[GENERATED, r], block_size))
+    return _blocks(prompt[r] + max_out, block_size)
+
+
+@njit(cache=True, nogil=True)
+def _admissible(ri, g, gf, prompt, cfg, r):
+    """Whether waiting r may start now: watermark over its whole prompt, then the mode's rule."""
+    block_size = int(cfg[I_BLOCK_SIZE])
+    generated = ri[GENERATED, r]
+    if g[FREE] - _blocks(prompt[r] + generated, block_size) < g[HEADROOM]:
+        return False
+    mode = int(cfg[I_ADMISSION])
+    if mode == ADMIT_RESERVATION or mode == ADMIT_PREDICTED:
+        return g[RESERVED_TOTAL] + _reservation_blocks(ri, g, prompt, cfg, r) <= g[CAP] - g[HEADROOM]
+    if mode == ADMIT_NTR:
+        total = prompt[r] + generated - ri[COMPUTED, r] + min(ri[MAX_OUT, r] - generated, NTR_CLIP)
+        if total >= gf[NTR_REM]:
+            return False
+        gf[NTR_REM] -= total
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _start(ri, rf, g, gf, run, cfg, prompt, kv_bytes, swap_bw, r):
+    """Move waiting r (just popped) to running: swap its KV back in, take its reservation."""
+    g[N_WAIT] -= 1
+    ri[STATUS, r] = RUNNING
+    run[g[N_RUN]] = r
+    g[N_RUN] += 1
+    if math.isnan(rf[FIRST_SCHED, r]):
+        rf[FIRST_SCHED, r] = gf[CLOCK]
+    host = ri[HOST, r]
+    if host > 0:
+        gf[SWAP_S] += host * int(cfg[I_BLOCK_SIZE]) * kv_bytes / swap_bw
+        g[HOST_FREE] += host
+        ri[HOST, r] = 0
+    mode = int(cfg[I_ADMISSION])
+    if mode == ADMIT_RESERVATION or mode == ADMIT_PREDICTED:
+        ri[RESERVED, r] = _reservation_blocks(ri, g, prompt, cfg, r)
+        g[RESERVED_TOTAL] += ri[RESERVED, r]
+
+
+@njit(cache=True, nogil=True)
+def _running_future(ri, g, run):
+    """new_token_ratio: sum over running requests of their clipped remaining output."""
+    total = 0
+    for i in range(g[N_RUN]):
+        r = run[i]
+        total += min(ri[MAX_OUT, r] - ri[GENERATED, r], NTR_CLIP)
+    return total
+
+
+@njit(cache=True, nogil=True)
+def _admit_waiting(ri, rf, g, gf, run, wheap, batch, tables, prompt, cfg, kv_bytes, swap_bw, prefill_first):
+    """Start waiting requests in queue order until a budget or the admission rule stops."""
+    block_size = int(cfg[I_BLOCK_SIZE])
+    threshold = int(cfg[I_LONG_PREFILL])
+    chunked = cfg[I_CHUNKED] != 0.0
+    max_seqs = int(cfg[I_MAX_SEQS])
+    rem_input = int(cfg[I_MAX_PREFILL]) - g[B_PREFILL]
+    if int(cfg[I_ADMISSION]) == ADMIT_NTR:
+        gf[NTR_REM] = (g[FREE] - g[HEADROOM]) * block_size - gf[RATIO] * _running_future(ri, g, run)
+    while g[N_RUN] < max_seqs and g[BUDGET] > 0:
+        r = heap_first_live(wheap, rf[QKEY0], ri[QKEY1], ri[STATUS], WAITING, WAITING)
+        if r < 0:
+            break
+        n = prompt[r] + ri[GENERATED, r] - ri[COMPUTED, r]
+        if 0 < threshold < n:
+            n = threshold
+        if prefill_first and n > rem_input and g[B_TOKENS] > 0:
+            break
+        if not chunked and n > g[BUDGET]:
+            break
+        n = min(n, g[BUDGET])
+        n = _fit_step_cap(ri, g, gf, tables, prompt, cfg, r, n, chunked)
+        if n == 0 or not _admissible(ri, g, gf, prompt, cfg, r):
+            break
+        heap_pop(wheap, rf[QKEY0], ri[QKEY1])
+        _start(ri, rf, g, gf, run, cfg, prompt, kv_bytes, swap_bw, r)
+        _schedule(ri, g, batch, prompt, cfg, r, n)
+        rem_input -= n
+
+
+# ======================================================================================
+# forming one step
+# ======================================================================================
+@njit(cache=True, nogil=True)
+def _form_batch(ri, rf, g, gf, run, order, wheap, batch, tables, prompt, priority, cfg, kv_bytes, swap_bw):
+    """Fill the batch for the step starting now (see the module docstring for the rules)."""
+    prefill_first = int(cfg[I_SCHEDULE_MODE]) == PREFILL_FIRST
+    threshold = int(cfg[I_LONG_PREFILL])
+    block_size = int(cfg[I_BLOCK_SIZE])
+    g[BUDGET] = int(cfg[I_MAX_BATCHED])
+    k = g[N_RUN]
+    order[:k] = run[:k]  # preemption edits `run` while we walk it
+    for i in range(k):
+        if g[BUDGET] <= 0:
+            break
+        r = order[i]
+        if ri[STATUS, r] != RUNNING:
+            continue
+        n = prompt[r] + ri[GENERATED, r] - ri[COMPUTED, r]
+        if prefill_first and _is_decode(ri, prompt, r, n):
+            continue  # decodes wait for a step without prefill work
+        if 0 < threshold < n:
+            n = threshold
+        n = min(n, g[BUDGET])
+        if cfg[I_STEP_CAP_MS] > 0.0:
+            n = _fit_step_cap(ri, g, gf, tables, prompt, cfg, r, n, True)
+        if n == 0:
+            continue
+        if _blocks(ri[COMPUTED, r] + n, block_size) - ri[HELD, r] <= g[FREE]:
+            _schedule(ri, g, batch, prompt, cfg, r, n)
+        else:
+            _schedule_running(ri, rf, g, gf, run, wheap, batch, tables, prompt, priority, cfg, kv_bytes, swap_bw, r, n)
+    if g[PREEMPTED_NOW] == 0:
+        _admit_waiting(ri, rf, g, gf, run, wheap, batch, tables, prompt, cfg, kv_bytes, swap_bw, prefill_first)
+    if prefill_first and g[B_TOKENS] == 0:
+        k = g[N_RUN]
+        order[:k] = run[:k]
+        for i in range(k):
+            r = order[i]
+            if ri[STATUS, r] == RUNNING:
+                _schedule_running(ri, rf, g, gf, run, wheap, batch, tables, prompt, priority, cfg, kv_bytes, swap_bw, r, 1)
+    if g[PREEMPTED_NOW] != 0 and int(cfg[I_ADMISSION]) == ADMIT_NTR:
+        _retract_ratio(ri, g, gf, run, cfg)
+
+
+@njit(cache=True, nogil=True)
+def _ntr_init(cfg):
+    return min(NTR_INIT * cfg[I_CONSERVATIVENESS], 1.0)
+
+
+@njit(cache=True, nogil=True)
+def _retract_ratio(ri, g, gf, run, cfg):
+    """SGLang after a retraction: ratio from the decoded share of what is left running."""
+    k = g[N_RUN]
+    if k == 0:
+        gf[RATIO] = _ntr_init(cfg)
+        return
+    decoded = 0
+    max_new = 0
+    for i in range(k):
+        r = run[i]
+        decoded += ri[GENERATED, r]
+        max_new += ri[MAX_OUT, r]
+    gf[RATIO] = min(1.0, (decoded + NTR_RETRACT_STEPS * k) / max_new)
+
+
+@njit(cache=True, nogil=True)
+def _decay_ratio(gf, cfg):
+    init = _ntr_init(cfg)
+    low = NTR_MIN_FACTOR * init
+    gf[RATIO] = max(gf[RATIO] - (init - low) / NTR_DECAY_STEPS, low)
+
+
+# ======================================================================================
+# boundary events: arrivals, deadlines, max wait
+# ======================================================================================
+@njit(cache=True, nogil=True)
+def _arrival_reject(ri, g, tables, prompt, deadline, cfg, r, t):
+    """Reason to turn r away on arrival, or R_NONE."""
+    block_size = int(cfg[I_BLOCK_SIZE])
+    p = prompt[r]
+    if p >= g[MAX_LEN]:
+        return R_EXCEEDS
+    max_out = ri[MAX_OUT, r]
+    limit = g[CAP] - g[HEADROOM]
+    mode = int(cfg[I_ADMISSION])
+    # the mode's need when the engine is empty, at the worst point of this request's life
+    if _blocks(p + max_out - 1, block_size) > limit:
+        return R_EXCEEDS
+    if (mode == ADMIT_RESERVATION or mode == ADMIT_PREDICTED) and _blocks(p + max_out, block_size) > limit:
+        return R_EXCEEDS
+    if mode == ADMIT_NTR and p + max_out >= limit * block_size:
+        return R_EXCEEDS
+    if cfg[I_UNMEETABLE] != 0.0 and not math.isnan(deadline[r]):
+        alone_s, _ = step_seconds(tables, p, 1, 0, 0, p * (p + 1) // 2)
+        if t + alone_s > deadline[r]:
+            return R_DEADLINE
+    max_queue = int(cfg[I_MAX_QUEUE])
+    if max_queue > 0 and g[N_WAIT] >= max_queue:
+        return R_QUEUE_FULL
+    high_water = cfg[I_HIGH_WATER]
+    if high_water < 1.0 and g[USED] >= high_water * g[CAP]:
+        return R_KV_HIGH_WATER
+    return R_NONE
+
+
+@njit(cache=True, nogil=True)
+def _arrive(ri, rf, g, run, wheap, dheap, zeros, tables, arrival, prompt, output, max_tokens, priority, deadline, cfg, t):
+    n = arrival.shape[0]
+    while g[NEXT_ARRIVAL] < n and arrival[g[NEXT_ARRIVAL]] <= t:
+        r = g[NEXT_ARRIVAL]
+        g[NEXT_ARRIVAL] += 1
+        max_out = min(max_tokens[r], g[MAX_LEN] - prompt[r])
+        ri[MAX_OUT, r] = max_out
+        ri[TARGET, r] = max(1, min(output[r], max_out))
+        reason = _arrival_reject(ri, g, tables, prompt, deadline, cfg, r, t)
+        if reason != R_NONE:
+            _end_request(ri, rf, g, run, r, S_REJECTED, reason, t)
+            continue
+        _push_waiting(ri, rf, g, wheap, priority, cfg, r, False)
+        if not math.isnan(deadline[r]):
+            heap_push(dheap, deadline, zeros, r)
+
+
+@njit(cache=True, nogil=True)
+def _next_deadline(ri, dheap, zeros, deadline):
+    r = heap_first_live(dheap, deadline, zeros, ri[STATUS], WAITING, RUNNING)
+    return np.inf if r < 0 else deadline[r]
+
+
+@njit(cache=True, nogil=True)
+def _expire(ri, rf, g, run, dheap, zeros, arrival, deadline, cfg, t):
+    """End requests whose deadline has passed, and reject those waiting past max_wait_s."""
+    while _next_deadline(ri, dheap, zeros, deadline) <= t:
+        r = heap_pop(dheap, deadline, zeros)
+        _end_by_deadline(ri, rf, g, run, deadline, r)
+    max_wait = cfg[I_MAX_WAIT]
+    if max_wait > 0.0:
+        p = g[WAIT_SCAN]
+        while p < g[NEXT_ARRIVAL] and t - arrival[p] > max_wait:
+            if ri[STATUS, p] == WAITING and math.isnan(rf[FIRST_SCHED, p]):
+                _end_request(ri, rf, g, run, p, S_REJECTED, R_MAX_WAIT, t)
+            p += 1
+        g[WAIT_SCAN] = p
+
+
+# ======================================================================================
+# end of a step
+# ======================================================================================
+@njit(cache=True, nogil=True)
+def _calibrate(ri, g, hist, cfg, r):
+    """predicted mode: add a finished request's output/max_out ratio, refresh the quantile."""
+    bins = hist.shape[0]
+    max_out = ri[MAX_OUT, r]
+    hist[(ri[GENERATED, r] * bins + max_out - 1) // max_out - 1] += 1
+    g[N_CALIBRATED] += 1
+    if g[N_CALIBRATED] < MIN_CALIBRATION:
+        return
+    need = cfg[I_QUANTILE] * g[N_CALIBRATED]
+    cumulative = 0
+    for b in range(bins):
+        cumulative += hist[b]
+        if cumulative >= need:
+            g[PRED_BIN] = b
+            return
+
+
+@njit(cache=True, nogil=True)
+def _end_step(ri, rf, g, gf, run, batch, hist, prompt, deadline, cfg, t_end):
+    """Advance every scheduled request by its tokens; sample, finish or time out."""
+    for i in range(g[N_BATCH]):
+        r = batch[i]
+        n = ri[SCHED, r]
+        if n == 0:
+            continue  # preempted after being scheduled
+        ri[SCHED, r] = 0
+        ri[COMPUTED, r] += n
+        if ri[COMPUTED, r] != prompt[r] + ri[GENERATED, r]:
+            continue
+        ri[GENERATED, r] += 1
+        if math.isnan(rf[FIRST_TOKEN, r]):
+            rf[FIRST_TOKEN, r] = t_end
+        if ri[GENERATED, r] < ri[TARGET, r]:
+            continue
+        if deadline[r] < t_end:
+            _end_by_deadline(ri, rf, g, run, deadline, r)
+        else:
+            _end_request(ri, rf, g, run, r, S_FINISHED, R_NONE, t_end)
+            if int(cfg[I_ADMISSION]) == ADMIT_PREDICTED:
+                _calibrate(ri, g, hist, cfg, r)
+    g[N_BATCH] = 0
+
+
+@njit(cache=True, nogil=True)
+def _sample_until(g, gf, series, t_stop):
+    """Record the state at every series grid time before t_stop (state is constant until then)."""
+    capacity = series.shape[0]
+    while True:
+        t_k = gf[SERIES_T0] + g[SAMPLE_K] * gf[SERIES_EVERY]
+        if t_k >= t_stop:
+            return
+        m = g[N_SAMPLES]
+        if m == capacity:  # keep every other sample and double the spacing
+            for i in range(capacity // 2):
+                series[i, :] = series[2 * i, :]
+            g[N_SAMPLES] = capacity // 2
+            gf[SERIES_EVERY] *= 2.0
+            g[SAMPLE_K] = (g[SAMPLE_K] + 1) // 2
+            continue
+        series[m, 0] = t_k
+        series[m, 1] = g[USED]
+        series[m, 2] = g[N_RUN]
+        series[m, 3] = g[N_WAIT]
+        g[N_SAMPLES] = m + 1
+        g[SAMPLE_K] += 1
+
+
+@njit(cache=True, nogil=True)
+def _run_step(ri, rf, g, gf, series, tables, prompt, deadline, cfg, batch, run, hist, dt_compute, oor):
+    """Book one formed step of dt_compute (+ copies) seconds and advance to its end."""
+    dt = dt_compute + gf[SWAP_S]
+    if oor:
+        g[OUT_OF_RANGE] += 1
+    t = gf[CLOCK]
+    _sample_until(g, gf, series, t + dt)
+    t_end = t + dt
+    g[STEPS] += 1
+    gf[BUSY] += dt
+    g[PREFILL_TOKENS] += g[B_PREFILL]
+    if g[B_DECODES] > 0 and int(cfg[I_ADMISSION]) == ADMIT_NTR:
+        _decay_ratio(gf, cfg)
+    _end_step(ri, rf, g, gf, run, batch, hist, prompt, deadline, cfg, t_end)
+    gf[CLOCK] = t_end
+
+
+# ======================================================================================
+# fast-forward over pure-decode stretches
+# ======================================================================================
+@njit(cache=True, nogil=True)
+def _fast_forward(ri, g, gf, series, run, residues, tables, arrival, prompt, cfg, next_deadline):
+    """Run consecutive all-decode steps that the step-by-step loop would form identically.
+
+    Applies while nothing waits, every running request is decoding, none finishes, no
+    arrival or deadline is due at a boundary and the new blocks fit. Each step costs one
+    step-time lookup; blocks come from a histogram of positions modulo the block size.
+    Returns the number of steps taken.
+    """
+    k = g[N_RUN]
+    if g[N_WAIT] > 0 or k == 0:
+        return 0
+    prefill_first = int(cfg[I_SCHEDULE_MODE]) == PREFILL_FIRST
+    if not prefill_first and k > int(cfg[I_MAX_BATCHED]):
+        return 0
+    block_size = int(cfg[I_BLOCK_SIZE])
+    residues[:block_size] = 0
+    kv = 0
+    run_len = np.iinfo(np.int64).max
+    for i in range(k):
+        r = run[i]
+        c = ri[COMPUTED, r]
+        if not _is_decode(ri, prompt, r, 1):
+            return 0
+        residues[c % block_size] += 1
+        kv += c + 1
+        run_len = min(run_len, ri[TARGET, r] - ri[GENERATED, r] - 1)  # the finishing step runs normally
+    n = arrival.shape[0]
+    next_arrival = arrival[g[NEXT_ARRIVAL]] if g[NEXT_ARRIVAL] < n else np.inf
+    ntr = int(cfg[I_ADMISSION]) == ADMIT_NTR
+    t = gf[CLOCK]
+    j = 0
+    while j < run_len and next_arrival > t and next_deadline > t:
+        need = residues[(block_size - j % block_size) % block_size]
+        if need > g[FREE]:
+            break
+        g[FREE] -= need
+        g[USED] += need
+        if g[USED] > g[PEAK]:
+            g[PEAK] = g[USED]
+        dt, oor = step_seconds(tables, k, k, k, kv, 0)
+        if oor:
+            g[OUT_OF_RANGE] += 1
+        _sample_until(g, gf, series, t + dt)
+        t = t + dt
+        g[STEPS] += 1
+        gf[BUSY] += dt
+        if ntr:
+            _decay_ratio(gf, cfg)
+        kv += k
+        j += 1
+    gf[CLOCK] = t
+    if j > 0:
+        for i in range(k):
+            r = run[i]
+            ri[COMPUTED, r] += j
+            ri[GENERATED, r] += j
+            ri[HELD, r] = _blocks(ri[COMPUTED, r], block_size)
+            _cover_reservation(ri, g, r)
+    return j
+
+
+# ======================================================================================
+# the kernel
+# ======================================================================================
+@njit(cache=True, nogil=True)
+def simulate_kernel(arrival, prompt, output, max_tokens, priority, deadline, tables, cfg,
+                    cap_blocks, host_blocks, kv_bytes, swap_bw, seed, series_every, fast_forward,
+                    out_i, out_f, out_counts, out_fcounts, series):
+    """One replay of the trace under config vector ``cfg``; fills the ``out_*`` buffers.
+
+    out_i[4, n]: state, reject reason, tokens generated, preemptions; out_f[3, n]: first
+    token, finish, first scheduled; out_counts / out_fcounts: run counters (C_*, F_*);
+    series[SERIES_CAPACITY, 4]: (t, KV blocks used, running, waiting).
+    """
+    n = arrival.shape[0]
+    ri = np.zeros((N_RI, n), dtype=np.int64)
+    rf = np.full((N_RF, n), np.nan)
+    g = np.zeros(N_G, dtype=np.int64)
+    gf = np.zeros(N_GF)
+    run = np.empty(n, dtype=np.int64)
+    order = np.empty(n, dtype=np.int64)
+    batch = np.empty(n, dtype=np.int64)
+    wheap = np.zeros(n + 1, dtype=np.int64)
+    dheap = np.zeros(n + 1, dtype=np.int64)
+    zeros = np.zeros(n, dtype=np.int64)
+    hist = np.zeros(CALIBRATION_BINS, dtype=np.int64)
+    residues = np.zeros(int(cfg[I_BLOCK_SIZE]), dtype=np.int64)
+    ri[STATUS, :] = NOT_ARRIVED
+
+    block_size = int(cfg[I_BLOCK_SIZE])
+    g[CAP] = cap_blocks
+    g[HEADROOM] = int(cfg[I_HEADROOM] * cap_blocks)
+    g[FREE] = cap_blocks
+    g[HOST_FREE] = host_blocks
+    g[PRED_BIN] = -1
+    g[RNG_SEED] = seed
+    g[RNG_COUNTER] = 0
+    max_len = int(cfg[I_MAX_MODEL_LEN])
+    g[MAX_LEN] = max_len if max_len > 0 else cap_blocks * block_size
+    if cfg[I_CHUNKED] == 0.0:
+        g[MAX_LEN] = min(g[MAX_LEN], int(cfg[I_MAX_BATCHED]))
+    gf[RATIO] = _ntr_init(cfg)
+    gf[CLOCK] = arrival[0]
+    gf[SERIES_T0] = arrival[0]
+    gf[SERIES_EVERY] = series_every
+
+    while g[N_DONE] < n:
+        t = gf[CLOCK]
+        _arrive(ri, rf, g, run, wheap, dheap, zeros, tables, arrival, prompt, output, max_tokens, priority, deadline, cfg, t)
+        _expire(ri, rf, g, run, dheap, zeros, arrival, deadline, cfg, t)
+        if g[N_DONE] == n:
+            break
+        if g[N_RUN] == 0 and g[N_WAIT] == 0:  # idle: jump to the next arrival
+            t_next = arrival[g[NEXT_ARRIVAL]]
+            _sample_until(g, gf, series, t_next)
+            gf[RATIO] = _ntr_init(cfg)
+            gf[CLOCK] = t_next
+            continue
+        if fast_forward:
+            if _fast_forward(ri, g, gf, series, run, residues, tables, arrival, prompt, cfg,
+                             _next_deadline(ri, dheap, zeros, deadline)) > 0:
+                continue
+        g[PREEMPTED_NOW] = 0
+        gf[SWAP_S] = 0.0
+        g[B_TOKENS] = 0
+        g[B_LOGITS] = 0
+        g[B_DECODES] = 0
+        g[B_KV_DECODE] = 0
+        g[B_PAIRS] = 0
+        g[B_PREFILL] = 0
+        _form_batch(ri, rf, g, gf, run, order, wheap, batch, tables, prompt, priority, cfg, kv_bytes, swap_bw)
+        if g[B_TOKENS] == 0:
+            g[N_BATCH] = 0
+            if g[PREEMPTED_NOW] != 0:
+                continue  # the step only preempted; admission resumes at once
+            out_counts[C_ERROR] = ERROR_STALLED
+            break
+        dt, oor = step_seconds(tables, g[B_TOKENS], g[B_LOGITS], g[B_DECODES], g[B_KV_DECODE], g[B_PAIRS])
+        _run_step(ri, rf, g, gf, series, tables, prompt, deadline, cfg, batch, run, hist, dt, oor)
+
+    for r in range(n):
+        out_i[O_STATE, r] = ri[STATE, r]
+        out_i[O_REASON, r] = ri[REASON, r]
+        out_i[O_GENERATED, r] = ri[GENERATED, r]
+        out_i[O_PREEMPTS, r] = ri[PREEMPTS, r]
+        out_f[O_FIRST_TOKEN, r] = rf[FIRST_TOKEN, r]
+        out_f[O_FINISH, r] = rf[FINISH, r]
+        out_f[O_FIRST_SCHED, r] = rf[FIRST_SCHED, r]
+    out_counts[C_STEPS] = g[STEPS]
+    out_counts[C_OUT_OF_RANGE] = g[OUT_OF_RANGE]
+    out_counts[C_PREFILL_TOKENS] = g[PREFILL_TOKENS]
+    out_counts[C_CAP] = cap_blocks
+    out_counts[C_PEAK] = g[PEAK]
+    out_counts[C_SWAP_OUTS] = g[SWAP_OUTS]
+    out_counts[C_N_SAMPLES] = g[N_SAMPLES]
+    out_counts[C_USED_END] = g[USED]
+    out_counts[C_RESERVED_END] = g[RESERVED_TOTAL]
+    out_counts[C_HOST_USED_END] = host_blocks - g[HOST_FREE]
+    out_fcounts[F_BUSY] = gf[BUSY]
+    out_fcounts[F_END] = gf[CLOCK]
+
+
+@njit(cache=True, parallel=True)
+def simulate_many_kernel(arrival, prompt, output, max_tokens, priority, deadline, tables, cfgs,
+                         caps, hosts, kv_bytes, swap_bw, seed, series_every, fast_forward,
+                         out_i, out_f, out_counts, out_fcounts, series):
+    """``simulate_kernel`` for every row of ``cfgs``, in parallel; each writes only its slot."""
+    for m in prange(cfgs.shape[0]):
+        simulate_kernel(arrival, prompt, output, max_tokens, priority, deadline, tables, cfgs[m],
+                        caps[m], hosts[m], kv_bytes, swap_bw, seed, series_every[m], fast_forward,
+                        out_i[m], out_f[m], out_counts[m], out_fcounts[m], series[m])
+
+
+# ======================================================================================
+# Python side
+# ======================================================================================
+def validate(trace, cost_model: CostModel, config: PolicyConfig) -> tuple[int, int]:
+    """Check that ``config`` can run on ``cost_model``; return (GPU, host) KV blocks.
+
+    Raises ConfigError naming the knob and the limit; requests that could never fit are
+    not an error here but are rejected one by one as EXCEEDS_CAPACITY.
+    """
+    if trace.n == 0:
+        raise ValueError("the trace has no requests; nothing to simulate")
+    bs = config.block_size
+    try:
+        cap = cost_model.kv_capacity_blocks(config.gpu_memory_utilization, bs)
+    except CostModelError as exc:
+        raise ConfigError(f"gpu_memory_utilization={config.gpu_memory_utilization}: {exc}") from None
+    if cap < 1:
+        raise ConfigError(
+            f"KV capacity of {cost_model.name} at gpu_memory_utilization={config.gpu_memory_utilization} "
+            f"is {cost_model.kv_capacity_tokens(config.gpu_memory_utilization)} tokens, less than one "
+            f"block of block_size={bs}"
+        )
+    if config.max_num_batched_tokens < bs:
+        raise ConfigError(
+            f"max_num_batched_tokens={config.max_num_batched_tokens} is smaller than one KV block "
+            f"(block_size={bs})"
+        )
+    headroom = int(config.kv_headroom * cap)
+    if headroom >= cap:
+        raise ConfigError(f"kv_headroom={config.kv_headroom} keeps {headroom} of {cap} KV blocks free: nothing admits")
+    if config.max_model_len > cap * bs:
+        raise ConfigError(
+            f"max_model_len={config.max_model_len} needs more KV than the {cap * bs} tokens "
+            f"({cap} blocks) available at gpu_memory_utilization={config.gpu_memory_utilization}"
+        )
+    if not config.enable_chunked_prefill and config.max_model_len > config.max_num_batched_tokens:
+        raise ConfigError(
+            f"without chunked prefill max_num_batched_tokens={config.max_num_batched_tokens} must be "
+            f">= max_model_len={config.max_model_len} (as vLLM requires)"
+        )
+    return cap, cost_model.swap_capacity_blocks(bs)
+
+
+def default_series_every(trace) -> float:
+    """About 500 samples over the trace's arrival span."""
+    span = float(trace.arrival_s[-1] - trace.arrival_s[0])
+    return max(span, 1e-3) / 500.0
+
+
+def _trace_arrays(trace):
+    return (trace.arrival_s, trace.prompt_tokens, trace.output_tokens, trace.max_tokens,
+            trace.priority, trace.deadline_s)
+
+
+def _result(trace, out_i, out_f, counts, fcounts, series) -> SimResult:
+    if counts[C_ERROR] != 0:
+        raise RuntimeError(f"engine stalled (internal error {counts[C_ERROR]}); please report this trace and config")
+    state = out_i[O_STATE].astype(np.int8)
+    first_sched = out_f[O_FIRST_SCHED]
+    m = int(counts[C_N_SAMPLES])
+    return SimResult(
+        state=state,
+        reject_reason=out_i[O_REASON].astype(np.int8),
+        first_token_s=out_f[O_FIRST_TOKEN].copy(),
+        finish_s=out_f[O_FINISH].copy(),
+        tokens_generated=out_i[O_GENERATED].copy(),
+        preemptions=out_i[O_PREEMPTS].astype(np.int32),
+        cached_prompt_tokens=np.zeros(trace.n, dtype=np.int64),
+        queue_s=first_sched - trace.arrival_s,
+        replica=np.where(state == S_FINISHED, 0, -1).astype(np.int32),
+        steps=int(counts[C_STEPS]),
+        busy_s=float(fcounts[F_BUSY]),
+        prefill_tokens_computed=int(counts[C_PREFILL_TOKENS]),
+        out_of_range_steps=int(counts[C_OUT_OF_RANGE]),
+        kv_capacity_blocks=int(counts[C_CAP]),
+        kv_peak_blocks=int(counts[C_PEAK]),
+        series_t=series[:m, 0].copy(),
+        series_kv_blocks=series[:m, 1].astype(np.int64),
+        series_running=series[:m, 2].astype(np.int64),
+        series_waiting=series[:m, 3].astype(np.int64),
+        swap_outs=int(counts[C_SWAP_OUTS]),
+        end_s=float(fcounts[F_END]),
+    )
+
+
+def _buffers(m: int, n: int):
+    return (np.zeros((m, N_OI, n), dtype=np.int64), np.zeros((m, N_OF, n)),
+            np.zeros((m, N_COUNTS), dtype=np.int64), np.zeros((m, N_FCOUNTS)),
+            np.zeros((m, SERIES_CAPACITY, 4)))
+
+
+def _fast_forward_enabled() -> bool:
+    # SERVETUNE_ENGINE_FAST_FORWARD=0 steps one by one (benchmarks compare the two).
+    return os.environ.get("SERVETUNE_ENGINE_FAST_FORWARD", "1") != "0"
+
+
+def simulate(trace, cost_model: CostModel, config: PolicyConfig, seed: int = 0, *,
+             series_every_s: float | None = None) -> SimResult:
+    """Replay ``trace`` through one replica running ``config``; deterministic for a seed.
+
+    ``series_every_s`` is the spacing of the sampled KV/running/waiting series (default:
+    about 500 samples over the arrival span); on very long runs it doubles as needed to
+    stay within ``SERIES_CAPACITY`` samples.
+    """
+    cap, host = validate(trace, cost_model, config)
+    every = default_series_every(trace) if series_every_s is None else float(series_every_s)
+    if not every > 0:
+        raise ValueError(f"series_every_s must be > 0, got {series_every_s}")
+    out_i, out_f, counts, fcounts, series = _buffers(1, trace.n)
+    simulate_kernel(*_trace_arrays(trace), cost_model.tables, config.to_vector(), cap, host,
+                    cost_model.kv_bytes_per_token, cost_model.swap_bytes_per_s, seed, every,
+                    _fast_forward_enabled(), out_i[0], out_f[0], counts[0], fcounts[0], series[0])
+    return _result(trace, out_i[0], out_f[0], counts[0], fcounts[0], series[0])
+
+
+def simulate_many(trace, cost_model: CostModel, configs: Sequence[PolicyConfig], seed: int = 0) -> list[SimResult]:
+    """``simulate`` for each config, in parallel across cores; results in config order."""
+    if not configs:
+        return []
+    limits = [validate(trace, cost_model, c) for c in configs]
+    m = len(configs)
+    cfgs = np.stack([c.to_vector() for c in configs])
+    caps = np.array([cap for cap, _ in limits], dtype=np.int64)
+    hosts = np.array([host for _, host in limits], dtype=np.int64)
+    every = np.full(m, default_series_every(trace))
+    out_i, out_f, counts, fcounts, series = _buffers(m, trace.n)
+    simulate_many_kernel(*_trace_arrays(trace), cost_model.tables, cfgs, caps, hosts,
+                         cost_model.kv_bytes_per_token, cost_model.swap_bytes_per_s, seed, every,
+                         _fast_forward_enabled(), out_i, out_f, counts, fcounts, series)
+    return [_result(trace, out_i[k], out_f[k], counts[k], fcounts[k], series[k]) for k in range(m)]
+
+
+def warmup() -> None:
+    """Compile (or load from cache) every kernel on a tiny trace, with every mode exercised."""
+    n = 8
+    arrival = np.linspace(0.0, 0.05, n)
+    prompt = np.array([40, 3, 70, 5, 33, 64, 9, 12], dtype=np.int64)
+    output = np.array([5, 1, 9, 4, 2, 7, 3, 6], dtype=np.int64)
+    deadline = np.full(n, np.nan)
+    trace = _WarmupTrace(arrival, prompt, output, output.copy(), np.zeros(n, dtype=np.int32), deadline)
+    cost = CostModel.synthetic(kv_capacity_tokens=256, swap_capacity_tokens=256)
+    base = PolicyConfig(max_num_batched_tokens=64, max_num_seqs=4, gpu_memory_utilization=1.0)
+    configs = [base, base.replace(schedule_mode="prefill_first", admission_mode="new_token_ratio")]
+    simulate(trace, cost, base)
+    simulate_many(trace, cost, configs)
+
+
+class _WarmupTrace:
+    """The few trace fields the engine reads, for warm-up without importing studies."""
+
+    def __init__(self, arrival, prompt, output, max_tokens, priority, deadline):
+        self.arrival_s, self.prompt_tokens, self.output_tokens = arrival, prompt, output
+        self.max_tokens, self.priority, self.deadline_s = max_tokens, priority, deadline
+        self.n = len(arrival)

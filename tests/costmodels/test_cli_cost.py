@@ -1,0 +1,52 @@
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from optimizer.cli import app
+from tests.costmodels.conftest import SILICON
+
+runner = CliRunner()
+
+
+def test_show_json_reports_capacity_and_step_times(tmp_path):
+    plot = tmp_path / "sps.png"
+    result = runner.invoke(app, ["cost", "show", "--model", "meta-llama/Llama-3.1-8B", "--gpu", "h100",
+                                 "--format", "json", "--plot", str(plot)])
+    assert result.exit_code == 0, result.output
+    info = json.loads(result.output)
+    assert info["kv_bytes_per_token"] == 131_072
+    assert info["kv_capacity_blocks"] == info["kv_capacity_tokens"] // 16
+    steps = [v["step_ms"] for v in info["decode_step"].values()]
+    assert steps == sorted(steps) and plot.stat().st_size > 0
+
+
+def test_show_text_and_sps_export(tmp_path):
+    result = runner.invoke(app, ["cost", "show", "--model", "qwen3-32b", "--gpu", "h200", "--tp", "2"])
+    assert result.exit_code == 0 and "KV capacity" in result.output
+    out = tmp_path / "sps.csv"
+    result = runner.invoke(app, ["cost", "sps", "--model", "qwen3-8b", "--gpu", "a100", "-o", str(out)])
+    assert result.exit_code == 0 and out.read_text().startswith("batch_tokens,")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "nope", "--gpu", "h100"], "unknown model 'nope'"),
+    (["--model", "llama-3.1-8b", "--gpu", "tpu"], "unknown GPU 'tpu'"),
+    (["--model", "llama-3.1-8b", "--gpu", "h100", "--tp", "3"], "tp=3 does not divide"),
+    (["--model", "llama-3.1-8b", "--gpu", "h100", "--gpu-memory-utilization", "0.1"], "leaves no KV memory"),
+])
+def test_errors_are_one_line_with_exit_code_2(args, message):
+    result = runner.invoke(app, ["cost", "show", *args])
+    assert result.exit_code == 2
+    assert message in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_calibrate_writes_a_loadable_file(tmp_path):
+    if not SILICON.is_file():
+        pytest.skip("measured runs not available")
+    out = tmp_path / "c.json"
+    result = runner.invoke(app, ["cost", "calibrate", str(SILICON), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    show = runner.invoke(app, ["cost", "show", "--model", "qwen3-32b", "--gpu", "h100", "--tp", "2",
+                               "--calibration", str(out), "--format", "json"])
+    assert "calibrated:c.json" in json.loads(show.output)["source"]
