@@ -593,7 +593,7 @@ def _form_batch(ri, rf, g, gf, run, order, wheap, batch, tables, prompt, priorit
             _schedule(ri, g, batch, prompt, cfg, r, n)
         else:
             _schedule_running(ri, rf, g, gf, run, wheap, batch, tables, prompt, priority, cfg, kv_bytes, swap_bw, r, n)
-    if g[PREEMPTED_NOW] == 0:
+    if g[PREEMPTED_NOW] == 0 and g[N_WAIT] > 0:
         _admit_waiting(ri, rf, g, gf, run, wheap, batch, tables, prompt, cfg, kv_bytes, swap_bw, prefill_first)
     if prefill_first and g[B_TOKENS] == 0:
         k = g[N_RUN]
@@ -779,7 +779,7 @@ def _sample_until(g, gf, series, t_stop):
 
 
 @njit(cache=True, nogil=True)
-def _run_step(ri, rf, g, gf, series, tables, prompt, deadline, cfg, batch, run, hist, dt_compute, oor):
+def _run_step(ri, rf, g, gf, series, prompt, deadline, cfg, batch, run, hist, dt_compute, oor):
     """Book one formed step of dt_compute (+ copies) seconds and advance to its end."""
     dt = dt_compute + gf[SWAP_S]
     if oor:
@@ -906,10 +906,13 @@ def simulate_kernel(arrival, prompt, output, max_tokens, priority, deadline, tab
     gf[SERIES_T0] = arrival[0]
     gf[SERIES_EVERY] = series_every
 
+    # helpers are called only when they have work: every array argument costs refcounting
     while g[N_DONE] < n:
         t = gf[CLOCK]
-        _arrive(ri, rf, g, run, wheap, dheap, zeros, tables, arrival, prompt, output, max_tokens, priority, deadline, cfg, t)
-        _expire(ri, rf, g, run, dheap, zeros, arrival, deadline, cfg, t)
+        if g[NEXT_ARRIVAL] < n and arrival[g[NEXT_ARRIVAL]] <= t:
+            _arrive(ri, rf, g, run, wheap, dheap, zeros, tables, arrival, prompt, output, max_tokens, priority, deadline, cfg, t)
+        if dheap[0] > 0 or cfg[I_MAX_WAIT] > 0.0:
+            _expire(ri, rf, g, run, dheap, zeros, arrival, deadline, cfg, t)
         if g[N_DONE] == n:
             break
         if g[N_RUN] == 0 and g[N_WAIT] == 0:  # idle: jump to the next arrival
@@ -918,7 +921,7 @@ def simulate_kernel(arrival, prompt, output, max_tokens, priority, deadline, tab
             gf[RATIO] = _ntr_init(cfg)
             gf[CLOCK] = t_next
             continue
-        if fast_forward:
+        if fast_forward and g[N_WAIT] == 0:
             if _fast_forward(ri, g, gf, series, run, residues, tables, arrival, prompt, cfg,
                              _next_deadline(ri, dheap, zeros, deadline)) > 0:
                 continue
@@ -938,7 +941,7 @@ def simulate_kernel(arrival, prompt, output, max_tokens, priority, deadline, tab
             out_counts[C_ERROR] = ERROR_STALLED
             break
         dt, oor = step_seconds(tables, g[B_TOKENS], g[B_LOGITS], g[B_DECODES], g[B_KV_DECODE], g[B_PAIRS])
-        _run_step(ri, rf, g, gf, series, tables, prompt, deadline, cfg, batch, run, hist, dt, oor)
+        _run_step(ri, rf, g, gf, series, prompt, deadline, cfg, batch, run, hist, dt, oor)
 
     for r in range(n):
         out_i[O_STATE, r] = ri[STATE, r]

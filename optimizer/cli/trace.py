@@ -10,7 +10,7 @@ import json
 import warnings
 from collections.abc import Callable
 from contextlib import contextmanager
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -26,31 +26,31 @@ _out = Console()
 _err = Console(stderr=True)
 
 
-class TraceFormat(str, Enum):
+class TraceFormat(StrEnum):
     mooncake = "mooncake"
     azure = "azure"
     burstgpt = "burstgpt"
     native = "native"
 
 
-class Spread(str, Enum):
+class Spread(StrEnum):
     uniform = "uniform"
     poisson = "poisson"
     raw = "raw"
 
 
-class OutputFormat(str, Enum):
+class OutputFormat(StrEnum):
     table = "table"
     json = "json"
 
 
-class WriteFormat(str, Enum):
+class WriteFormat(StrEnum):
     native = "native"
     mooncake = "mooncake"
     azure = "azure"
 
 
-class Arrival(str, Enum):
+class Arrival(StrEnum):
     poisson = "poisson"
     gamma = "gamma"
     onoff = "onoff"

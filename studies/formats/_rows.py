@@ -110,16 +110,17 @@ class Rows:
         self.check(column, [(missing, expected), (bad, expected), (values < minimum, expected + hint)])
         return values.astype(np.int64, copy=False)
 
-    def optional_integers(self, column: str, default: int) -> np.ndarray:
-        """An optional integer column: absent or empty cells take ``default``."""
+    def optional_integers(self, column: str, default: int | np.ndarray) -> np.ndarray:
+        """An optional integer column: absent or empty cells take ``default`` (a value, or
+        one per row)."""
         if column not in self.frame.columns:
-            return np.full(self.n, default, dtype=np.int64)
+            return np.broadcast_to(default, self.n).astype(np.int64)
         values, missing, bad = self._parse(column, pl.Int64)
         self.check(column, [(bad, "an integer or nothing")])
         return np.where(missing, default, values).astype(np.int64)
 
     def times(self, column: str, *, scale: float = 1.0) -> np.ndarray:
-        """A time column (seconds after ``scale``): finite and >= 0."""
+        """A time column, finite and >= 0, times ``scale`` to give seconds."""
         values, missing, bad = self._parse(column, pl.Float64)
         expected = "a finite time >= 0"
         self.check(column, [(missing, expected), (bad, expected), (~np.isfinite(values), expected),

@@ -70,8 +70,8 @@ def read(path: Path, *, strict: bool = False) -> Trace:
     arrival = rows.times("arrival_s")
     prompt = rows.integers("prompt_tokens", minimum=1)
     output = rows.integers("output_tokens", minimum=0)
-    max_tokens = rows.optional_integers("max_tokens", default=0)
-    rows.check("max_tokens", [(max_tokens < 0, "an integer >= 1, or nothing for the default")])
+    max_tokens = rows.optional_integers("max_tokens", default=np.maximum(output, 1))
+    rows.check("max_tokens", [(max_tokens < 1, "an integer >= 1, or nothing for max(output_tokens, 1)")])
     deadline = rows.optional_times("deadline_s")
     rows.check("deadline_s", [(deadline < arrival, "a time >= arrival_s, or nothing for none")])
     tenant, tenant_names = _codes(rows.strings("tenant", "default"), saved.get("tenant_names"))
@@ -80,7 +80,7 @@ def read(path: Path, *, strict: bool = False) -> Trace:
         "arrival_s": arrival,
         "prompt_tokens": prompt,
         "output_tokens": output,
-        "max_tokens": np.where(max_tokens == 0, np.maximum(output, 1), max_tokens),
+        "max_tokens": max_tokens,
         "tenant": tenant,
         "priority": _priorities(rows),
         "slo_class": slo_class,

@@ -181,3 +181,8 @@ def test_bad_options_and_formats(tmp_path):
 def test_constant_max_tokens_option(tmp_path):
     t = load_trace(write(tmp_path, "a.csv", AZURE_2023), max_tokens=64)
     assert t.max_tokens.tolist() == [64, 64] and t.output_tokens.tolist() == [44, 109]
+
+
+def test_native_explicit_zero_max_tokens_is_an_error(tmp_path):
+    with pytest.raises(TraceError, match=r"row 3 \(line 4\), column 'max_tokens': got '0'"):
+        load_trace(write(tmp_path, "n.csv", NATIVE + "2,5,1,0,a,,,,\n"))

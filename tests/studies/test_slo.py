@@ -40,3 +40,30 @@ def test_toml_unknown_key_and_missing_default(tmp_path):
         load_slo_toml(path)
     with pytest.raises(SLOError, match="no 'default' class"):
         SLOSet((SLOClass("chat", ttft_ms=1),)).lookup("batch")
+
+
+def test_weights_names_and_descriptions():
+    slos = parse_slo("tpot:50", name="chat", weight=3)
+    (cls,) = slos.classes
+    assert cls.name == "chat" and cls.weight == 3 and cls.ttft_ms is None
+    assert cls.describe() == "tpot:50" and slos.describe() == "chat: tpot:50 (w=3)"
+    assert not SLOSet().has_bounds
+
+
+def test_toml_top_level_tables_and_bad_toml(tmp_path):
+    path = tmp_path / "slo.toml"
+    path.write_text("[default]\nttft = 2000\n")
+    assert load_slo_toml(path).lookup("anything").ttft_ms == 2000
+    path.write_text("[slo.chat\nttft = 1\n")
+    with pytest.raises(SLOError, match="not valid TOML"):
+        load_slo_toml(path)
+    path.write_text("[slo]\nchat = 5\n")
+    with pytest.raises(SLOError, match="must be a table"):
+        load_slo_toml(path)
+
+
+def test_duplicate_classes_and_bad_weight():
+    with pytest.raises(SLOError, match="duplicate"):
+        SLOSet((SLOClass("a"), SLOClass("a")))
+    with pytest.raises(SLOError, match="weight must be >= 0"):
+        SLOClass("a", weight=-1)
