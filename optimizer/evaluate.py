@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 
 from optimizer.space import infeasibility
-from optimizer.spec import StudySpec
-from policies.config import ConfigError, PolicyConfig
+from optimizer.spec import SpecError, StudySpec
+from policies.config import KNOB_BY_NAME, ConfigError, PolicyConfig
 from policies.presets import PRESETS, preset
 
 
@@ -32,6 +32,9 @@ class Evaluator:
 
     def __init__(self, spec: StudySpec, *, trace=None, cost_model=None, engine: Any = None,
                  scorer: Callable | None = None, keep_results: int = 32) -> None:
+        if spec.replicas > 1 and "replicas" not in KNOB_BY_NAME:
+            raise SpecError(f"replicas = {spec.replicas}: the engine simulates one replica so far; tune one "
+                            f"replica on its share of the traffic instead (--rate-scale {1 / spec.replicas:g})")
         self.spec = spec
         self.slos = spec.slos
         self.trace = trace if trace is not None else load_study_trace(spec)

@@ -131,7 +131,12 @@ class StudySpec:
             raise SpecError(f"capacity_target is an SLO-attainment fraction in (0, 1], got {self.capacity_target!r}")
         set_(self, "search_space", build_space(self.space, vllm_default(self.gpu)))
         if not self.study_name:
-            set_(self, "study_name", default_study_name(self.trace, self.model, self.gpu))
+            name = default_study_name(self.trace, self.model, self.gpu)
+            if self.rate_scale is not None:
+                name += f"-x{self.rate_scale:g}"
+            elif self.target_rps is not None:
+                name += f"-{self.target_rps:g}rps"
+            set_(self, "study_name", name)
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", self.study_name):
             raise SpecError(f"study name {self.study_name!r} may use letters, digits, '.', '_' and '-' only")
         set_(self, "run_dir", Path(self.run_dir) if self.run_dir is not None else Path("runs") / self.study_name)
@@ -189,7 +194,11 @@ def file_sha256(path: Path) -> str:
 
 
 def default_study_name(trace: Path, model: str, gpu: str) -> str:
-    """``<trace stem>-<model short name>-<gpu>``: readable, and the same for the same command."""
+    """``<trace stem>-<model short name>-<gpu>``: readable, and the same for the same command.
+
+    A rate transform appends ``-x<scale>`` or ``-<rps>rps``; other changes to the question
+    under the same name are refused with a message naming what differs.
+    """
     raw = f"{Path(trace).stem}-{model.rstrip('/').split('/')[-1]}-{gpu}".lower()
     return re.sub(r"[^a-z0-9._-]+", "-", raw).strip("-.")
 

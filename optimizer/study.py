@@ -97,7 +97,10 @@ def open_storage(spec: StudySpec):
     if url.startswith("postgresql"):
         kwargs["engine_kwargs"] = {"connect_args": {"connect_timeout": 10}}
     try:
-        return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=3 * HEARTBEAT_S, **kwargs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=3 * HEARTBEAT_S,
+                                              **kwargs)
     except Exception as exc:  # sqlalchemy/driver errors vary by backend
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise StudyError(f"cannot reach storage {redact(url)}: {detail}") from None

@@ -64,13 +64,13 @@ from policies.config import (
     PolicyConfig,
 )
 from policies.kernel_state import (
-    BUDGET,
     B_DECODES,
     B_KV_DECODE,
     B_LOGITS,
     B_PAIRS,
     B_PREFILL,
     B_TOKENS,
+    BUDGET,
     BUSY,
     C_CAP,
     C_ERROR,
@@ -1033,6 +1033,9 @@ def _trace_arrays(trace):
 def _result(trace, out_i, out_f, counts, fcounts, series) -> SimResult:
     if counts[C_ERROR] != 0:
         raise RuntimeError(f"engine stalled (internal error {counts[C_ERROR]}); please report this trace and config")
+    leftover = (int(counts[C_USED_END]), int(counts[C_RESERVED_END]), int(counts[C_HOST_USED_END]))
+    if leftover != (0, 0, 0):
+        raise RuntimeError(f"engine leaked KV at the end (GPU, reserved, host blocks) = {leftover}")
     state = out_i[O_STATE].astype(np.int8)
     first_sched = out_f[O_FIRST_SCHED]
     m = int(counts[C_N_SAMPLES])

@@ -185,6 +185,10 @@ def _print_summary(console: Console, study, spec, stats: RunStats) -> None:
         table.add_row(name, _num(r.get("weighted_goodput"), 3), _pct(r.get("slo_attainment")),
                       _num(r.get("p99_ttft_ms"), 0), _num(r.get("p99_tpot_ms"), 1), _pct(r.get("rejected_fraction")))
     console.print(table)
+    attainments = [t.user_attrs["report"].get("slo_attainment") or 0.0 for t in rows.values()]
+    if min(attainments) >= 0.999:
+        console.print("[yellow]every config here meets the SLOs for (nearly) every request: the trace is light for "
+                      "this deployment; raise the load (--rate-scale) or search capacity (--capacity)[/]")
     for name, ratio in gains(study).items():
         console.print(f"gain over {name}: [bold]{ratio:.2f}x[/] weighted goodput"
                       if math.isfinite(ratio) else f"gain over {name}: {name} has no goodput on this trace")

@@ -22,7 +22,13 @@ from optimizer.study import (
     run,
 )
 from policies.presets import preset
-from tests.optimizer.tuning_helpers import FakeEngine, fake_goodput, fake_score, make_trace, write_csv_trace
+from tests.optimizer.tuning_helpers import (
+    FakeEngine,
+    fake_goodput,
+    fake_score,
+    make_trace,
+    write_csv_trace,
+)
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -107,7 +113,7 @@ def test_infeasible_configs_are_pruned_without_simulating(trace_file, tmp_path):
     spec = make_spec(trace_file, tmp_path, trials=20, space={"kv_headroom": {"low": 0.0, "high": 0.9}})
     engine = FakeEngine()
     evaluator = Evaluator(spec, trace=make_trace(prompt=5000, output=2000),
-                          cost_model=CostModel.synthetic(8_000), engine=engine, scorer=fake_score)
+                          cost_model=CostModel.synthetic(9_000), engine=engine, scorer=fake_score)
     study = create_or_resume(spec)
     enqueue_baselines(study, spec, evaluator.baselines())
     stats = run(study, spec, evaluator)

@@ -58,8 +58,9 @@ def fake_report(goodput: float, **values) -> Report:
             data[f.name] = {}
         else:
             data[f.name] = 0.0
-    data.update(weighted_goodput=goodput, request_goodput=goodput, token_goodput=goodput * 10,
-                slo_attainment=min(1.0, goodput / 100))
+    derived = dict(weighted_goodput=goodput, request_goodput=goodput, token_goodput=goodput * 10,
+                   slo_attainment=min(1.0, goodput / 100))
+    data.update({k: v for k, v in derived.items() if k not in values})
     return Report(**data)
 
 

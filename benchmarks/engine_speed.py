@@ -1,0 +1,98 @@
+"""Engine speed: full replays of the real traces with the vLLM default preset.
+
+Prints, per trace, simulated requests per wall second, steps per second and ms per full
+replay (best of ``--repeats`` after warm-up), with fast-forward on, and the ratio against
+a baseline measured in the same run: the same kernel stepping one by one
+(``SERVETUNE_ENGINE_FAST_FORWARD=0``), whose results must be identical. Also times
+``simulate_many`` over 8 configs. Target: < 50 ms per Azure conv replay on one core.
+
+    python benchmarks/engine_speed.py [--model meta-llama/Llama-3.1-8B] [--gpu h100] [--rate-scale 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from costmodels import build  # noqa: E402
+from policies import engine  # noqa: E402
+from policies.presets import preset  # noqa: E402
+from studies.traces import load_trace  # noqa: E402
+from studies.transforms import scale_rate  # noqa: E402
+
+SHARED = Path(os.environ.get("SERVETUNE_SHARED", ROOT / ".." / "shared"))
+TRACES = {
+    "azure-conv": ("traces/azure2023/AzureLLMInferenceTrace_conv.csv", "azure"),
+    "mooncake-conversation": ("traces/mooncake/conversation_trace.jsonl", "mooncake"),
+}
+
+
+def best_of(fn, repeats: int) -> tuple[float, object]:
+    best, out = np.inf, None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+def timed_replay(trace, cost, config, fast_forward: bool, repeats: int):
+    os.environ["SERVETUNE_ENGINE_FAST_FORWARD"] = "1" if fast_forward else "0"
+    try:
+        return best_of(lambda: engine.simulate(trace, cost, config), repeats)
+    finally:
+        os.environ.pop("SERVETUNE_ENGINE_FAST_FORWARD", None)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="meta-llama/Llama-3.1-8B")
+    parser.add_argument("--gpu", default="h100")
+    parser.add_argument("--rate-scale", type=float, default=1.0, help="arrival-rate multiplier (1 = as recorded)")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    if not SHARED.is_dir():
+        sys.exit(f"shared data not found at {SHARED}; set SERVETUNE_SHARED")
+
+    cost = build(args.model, args.gpu)
+    config = preset("vllm-default", args.gpu)
+    t0 = time.perf_counter()
+    engine.warmup()
+    print(f"cost model: {cost.name} ({cost.source}); preset vllm-default on {args.gpu}; "
+          f"warm-up {time.perf_counter() - t0:.1f} s; rate x{args.rate_scale:g}")
+    for label, (rel, fmt) in TRACES.items():
+        trace = load_trace(SHARED / rel, fmt)
+        if args.rate_scale != 1.0:
+            trace = scale_rate(trace, factor=args.rate_scale)
+        engine.simulate(trace, cost, config)  # compile for this trace's array types
+        fast_s, fast = timed_replay(trace, cost, config, True, args.repeats)
+        slow_s, slow = timed_replay(trace, cost, config, False, max(1, args.repeats // 2))
+        identical = all(np.array_equal(getattr(fast, k), getattr(slow, k), equal_nan=True)
+                        for k in ("state", "first_token_s", "finish_s", "tokens_generated", "preemptions"))
+        print(f"{label}: {trace.n} requests, {fast.steps} steps, {fast.preemptions.sum()} preemptions, "
+              f"{np.mean(fast.state == 0):.1%} finished")
+        print(f"  fast-forward   : {fast_s * 1e3:8.1f} ms/replay  {trace.n / fast_s:12,.0f} req/s  "
+              f"{fast.steps / fast_s:14,.0f} steps/s")
+        print(f"  step-by-step   : {slow_s * 1e3:8.1f} ms/replay  {trace.n / slow_s:12,.0f} req/s  "
+              f"{slow.steps / slow_s:14,.0f} steps/s")
+        print(f"  speed-up {slow_s / fast_s:.1f}x; results identical: {identical}")
+    configs = [config.replace(max_num_batched_tokens=b, max_num_seqs=s)
+               for b in (2048, 4096, 8192, 16384) for s in (256, 1024)]
+    trace = load_trace(SHARED / TRACES["azure-conv"][0], "azure")
+    engine.simulate_many(trace, cost, configs)
+    many_s, _ = best_of(lambda: engine.simulate_many(trace, cost, configs), 3)
+    one_s, _ = best_of(lambda: [engine.simulate(trace, cost, c) for c in configs], 1)
+    print(f"simulate_many, 8 configs on azure-conv: {many_s * 1e3:.1f} ms "
+          f"({one_s * 1e3:.1f} ms one by one, {one_s / many_s:.2f}x on {os.cpu_count()} cores)")
+
+
+if __name__ == "__main__":
+    main()

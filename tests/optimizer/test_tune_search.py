@@ -1,0 +1,31 @@
+"""With the real engine: the search finds a best config known by construction."""
+
+import optuna
+from optuna.trial import TrialState
+
+from optimizer.evaluate import Evaluator
+from optimizer.spec import load_spec
+from optimizer.study import best_goodput_trial, create_or_resume, enqueue_baselines, run
+from tests.optimizer.tuning_helpers import burst_cost_model, burst_trace, write_csv_trace
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+TRIAL_BUDGET = 40
+
+
+def test_search_finds_the_largest_batch_under_the_tpot_bound(tmp_path):
+    # 200 requests at t=0 and a step of 2 + 0.1 * batch ms: with TPOT <= 7.05 ms the best
+    # max_num_seqs is exactly 50 (4 waves); 51+ breaks TPOT, 49- needs a fifth wave.
+    trace = burst_trace()
+    spec = load_spec(trace=write_csv_trace(tmp_path / "burst.csv", trace), model="synthetic", gpu="h100",
+                     slo="ttft:60000,tpot:7.05", trials=TRIAL_BUDGET, batch_size=2, run_dir=tmp_path / "run",
+                     space={"others": "fixed", "max_num_seqs": {"low": 8, "high": 1024, "log": True}})
+    evaluator = Evaluator(spec, trace=trace, cost_model=burst_cost_model())
+    study = create_or_resume(spec)
+    enqueue_baselines(study, spec, evaluator.baselines())
+    run(study, spec, evaluator)
+    best = best_goodput_trial(study)
+    assert best.user_attrs["config"]["max_num_seqs"] == 50
+    assert best.user_attrs["report"]["slo_attainment"] == 1.0
+    baseline = [t for t in study.get_trials(states=(TrialState.COMPLETE,)) if "baseline" in t.user_attrs]
+    assert all(t.user_attrs["report"]["weighted_goodput"] < 0.5 * best.values[0] for t in baseline)

@@ -1,0 +1,43 @@
+"""Shared builders for the engine tests: small traces and cost models made in code."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from costmodels.costmodel import CostModel
+from costmodels.steptable import linear_tables
+from studies.traces import Trace
+
+
+def make_trace(arrival, prompt, output, max_tokens=None, priority=None, deadline=None) -> Trace:
+    n = len(arrival)
+    output = np.asarray(output)
+    return Trace(
+        arrival_s=np.asarray(arrival, dtype=float),
+        prompt_tokens=np.asarray(prompt),
+        output_tokens=output,
+        max_tokens=np.maximum(output, 1) if max_tokens is None else np.asarray(max_tokens),
+        tenant=np.zeros(n),
+        priority=np.zeros(n) if priority is None else np.asarray(priority),
+        slo_class=np.zeros(n),
+        deadline_s=np.full(n, np.nan) if deadline is None else np.asarray(deadline, dtype=float),
+        block_offsets=np.zeros(n + 1),
+        block_hashes=np.zeros(0),
+    )
+
+
+def poisson_trace(n: int, rate: float, seed: int, prompt=(1, 400), output=(1, 200)) -> Trace:
+    rng = np.random.default_rng(seed)
+    arrival = np.cumsum(rng.exponential(1.0 / rate, n))
+    return make_trace(arrival, rng.integers(*prompt, n), rng.integers(*output, n))
+
+
+def cost_model(kv_tokens: int = 4096, host_tokens: int = 0, **table_kw) -> CostModel:
+    return CostModel.synthetic(kv_capacity_tokens=kv_tokens, tables=linear_tables(**table_kw),
+                               swap_capacity_tokens=host_tokens)
+
+
+@pytest.fixture
+def small_trace() -> Trace:
+    return poisson_trace(300, rate=40.0, seed=1)

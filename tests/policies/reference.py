@@ -1,0 +1,481 @@
+"""Plain-Python reference simulator: the engine's rules, written for reading, not speed.
+
+It follows the rules stated in ``policies.engine``'s docstring one step at a time with
+ordinary objects and lists (no fast-forward, no heaps, no packed state), so agreement
+with the kernel on random traces checks the kernel's bookkeeping, not a shared bug in a
+shared helper. Only ``step_seconds`` (the cost model's lookup) is shared.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from costmodels.steptable import step_seconds
+from policies.kernel_state import (
+    CALIBRATION_BINS,
+    MIN_CALIBRATION,
+    NTR_CLIP,
+    NTR_DECAY_STEPS,
+    NTR_INIT,
+    NTR_MIN_FACTOR,
+    NTR_RETRACT_STEPS,
+)
+from policies.result import Reject, State
+
+
+@dataclass
+class Req:
+    id: int
+    arrival: float
+    prompt: int
+    output: int
+    max_tokens: int
+    priority: int
+    deadline: float
+    status: str = "new"  # new, waiting, running, done
+    computed: int = 0
+    generated: int = 0
+    held: int = 0
+    host: int = 0
+    reserved: int = 0
+    target: int = 0
+    max_out: int = 0
+    preempts: int = 0
+    scheduled: int = 0
+    key: tuple = ()
+    first_sched: float = math.nan
+    first_token: float = math.nan
+    finish: float = math.nan
+    state: int = -1
+    reason: int = 0
+
+
+def blocks(tokens: int, bs: int) -> int:
+    return -(-tokens // bs)
+
+
+class Reference:
+    def __init__(self, trace, cost, config, cap_blocks: int, host_blocks: int):
+        self.c = config
+        self.tables = cost.tables
+        self.kv_bytes = cost.kv_bytes_per_token
+        self.swap_bw = cost.swap_bytes_per_s
+        self.bs = config.block_size
+        self.cap = cap_blocks
+        self.headroom = int(config.kv_headroom * cap_blocks)
+        self.free = cap_blocks
+        self.peak = 0
+        self.host_free = host_blocks
+        max_len = config.max_model_len if config.max_model_len > 0 else cap_blocks * self.bs
+        if not config.enable_chunked_prefill:
+            max_len = min(max_len, config.max_num_batched_tokens)
+        self.max_len = max_len
+        self.reqs = [
+            Req(i, float(trace.arrival_s[i]), int(trace.prompt_tokens[i]), int(trace.output_tokens[i]),
+                int(trace.max_tokens[i]), int(trace.priority[i]), float(trace.deadline_s[i]))
+            for i in range(trace.n)
+        ]
+        self.pending = list(self.reqs)  # not yet arrived, in arrival order
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.seq = 0
+        self.reserved_total = 0
+        self.init_ratio = min(NTR_INIT * config.schedule_conservativeness, 1.0)
+        self.ratio = self.init_ratio
+        self.hist = [0] * CALIBRATION_BINS
+        self.n_calibrated = 0
+        self.pred_bin = -1
+        self.t = self.reqs[0].arrival
+        self.steps = 0
+        self.busy = 0.0
+        self.prefill_tokens = 0
+        self.out_of_range = 0
+        self.swap_outs = 0
+
+    # -- bookkeeping -----------------------------------------------------------------
+    @property
+    def used(self) -> int:
+        return self.cap - self.free
+
+    def take(self, r: Req, n_blocks: int) -> None:
+        self.free -= n_blocks
+        r.held += n_blocks
+        assert self.free >= 0, "KV over capacity"
+        self.peak = max(self.peak, self.used)
+        if self.c.admission_mode in ("reservation", "predicted") and r.held > r.reserved:
+            self.reserved_total += r.held - r.reserved
+            r.reserved = r.held
+
+    def end(self, r: Req, state: State, reason: Reject, t_end: float) -> None:
+        if r.status == "done":
+            return
+        if r.status == "running":
+            self.running.remove(r)
+            self.reserved_total -= r.reserved
+            r.reserved = 0
+        elif r.status == "waiting":
+            self.waiting.remove(r)
+        self.free += r.held
+        r.held = 0
+        self.host_free += r.host
+        r.host = 0
+        r.status = "done"
+        r.state, r.reason, r.finish = int(state), int(reason), t_end
+
+    def end_by_deadline(self, r: Req) -> None:
+        state = State.TIMED_OUT if r.first_token <= r.deadline else State.CANCELLED
+        self.end(r, state, Reject.NONE, r.deadline)
+
+    def enqueue(self, r: Req, in_front: bool) -> None:
+        if self.c.scheduling_policy == "fcfs":
+            self.seq += 1
+            r.key = (0.0, -self.seq if in_front else self.seq, r.id)
+        else:
+            r.key = (-float(r.priority), r.id, r.id)
+        r.status = "waiting"
+        self.waiting.append(r)
+
+    def head(self) -> Req | None:
+        return min(self.waiting, key=lambda r: r.key) if self.waiting else None
+
+    # -- boundary events -------------------------------------------------------------
+    def arrival_reason(self, r: Req) -> Reject:
+        c, bs = self.c, self.bs
+        if r.prompt >= self.max_len:
+            return Reject.EXCEEDS_CAPACITY
+        limit = self.cap - self.headroom
+        if blocks(r.prompt + r.max_out - 1, bs) > limit:
+            return Reject.EXCEEDS_CAPACITY
+        if c.admission_mode in ("reservation", "predicted") and blocks(r.prompt + r.max_out, bs) > limit:
+            return Reject.EXCEEDS_CAPACITY
+        if c.admission_mode == "new_token_ratio" and r.prompt + r.max_out >= limit * bs:
+            return Reject.EXCEEDS_CAPACITY
+        if c.reject_unmeetable_deadline and not math.isnan(r.deadline):
+            p = r.prompt
+            alone, _ = step_seconds(self.tables, p, 1, 0, 0, p * (p + 1) // 2)
+            if self.t + alone > r.deadline:
+                return Reject.DEADLINE_UNMEETABLE
+        if c.max_queue_len > 0 and len(self.waiting) >= c.max_queue_len:
+            return Reject.QUEUE_FULL
+        if c.kv_high_water < 1.0 and self.used >= c.kv_high_water * self.cap:
+            return Reject.KV_HIGH_WATER
+        return Reject.NONE
+
+    def arrive(self) -> None:
+        while self.pending and self.pending[0].arrival <= self.t:
+            r = self.pending.pop(0)
+            r.max_out = min(r.max_tokens, self.max_len - r.prompt)
+            r.target = max(1, min(r.output, r.max_out))
+            reason = self.arrival_reason(r)
+            if reason != Reject.NONE:
+                self.end(r, State.REJECTED, reason, self.t)
+            else:
+                self.enqueue(r, False)
+
+    def expire(self) -> None:
+        live = [r for r in self.waiting + self.running if r.deadline <= self.t]
+        for r in sorted(live, key=lambda r: (r.deadline, r.id)):
+            self.end_by_deadline(r)
+        if self.c.max_wait_s > 0:
+            for r in list(self.waiting):
+                if math.isnan(r.first_sched) and self.t - r.arrival > self.c.max_wait_s:
+                    self.end(r, State.REJECTED, Reject.MAX_WAIT, self.t)
+
+    # -- the batch -------------------------------------------------------------------
+    def is_decode(self, r: Req, n: int) -> bool:
+        return n == 1 and r.generated >= 1 and r.computed == r.prompt + r.generated - 1
+
+    def batch_parts(self):
+        """(tokens, logit seqs, decodes, KV read by decodes, prefill pairs, prefill tokens)."""
+        parts = [0, 0, 0, 0, 0, 0]
+        for r in self.batch:
+            n = r.scheduled
+            if n == 0:
+                continue
+            parts[0] += n
+            if r.computed + n == r.prompt + r.generated:
+                parts[1] += 1
+            if self.is_decode(r, n):
+                parts[2] += 1
+                parts[3] += r.computed + 1
+            else:
+                parts[4] += n * r.computed + n * (n + 1) // 2
+                parts[5] += n
+        return parts
+
+    def fits_cap(self, r: Req, n: int, cap_s: float) -> bool:
+        r.scheduled, saved = n, r.scheduled
+        extra = r not in self.batch
+        if extra:
+            self.batch.append(r)
+        p = self.batch_parts()
+        if extra:
+            self.batch.pop()
+        r.scheduled = saved
+        seconds, _ = step_seconds(self.tables, p[0], p[1], p[2], p[3], p[4])
+        return seconds + self.swap_s <= cap_s
+
+    def fit_step_cap(self, r: Req, n: int, may_split: bool) -> int:
+        cap_s = self.c.step_time_cap_ms * 1e-3
+        if cap_s <= 0.0 or self.is_decode(r, n):
+            return n
+        if may_split:
+            lo, hi = 0, n
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if self.fits_cap(r, mid, cap_s):
+                    lo = mid
+                else:
+                    hi = mid - 1
+            allowed = lo
+        else:
+            allowed = n if self.fits_cap(r, n, cap_s) else 0
+        if allowed == 0 and self.batch_parts()[0] == 0:
+            allowed = 1 if may_split else n
+        return allowed
+
+    def schedule(self, r: Req, n: int) -> None:
+        self.take(r, blocks(r.computed + n, self.bs) - r.held)
+        r.scheduled = n
+        self.batch.append(r)
+        self.budget -= n
+
+    def pick_victim(self) -> Req:
+        mode = self.c.preemption_victim
+        if mode == "newest":
+            return self.running[-1]
+        if mode == "lowest_priority":
+            return min(self.running, key=lambda r: (r.priority, -r.id))
+        return min(self.running, key=lambda r: (r.generated, -r.prompt, -r.id))
+
+    def preempt(self, v: Req) -> None:
+        self.preempted_now = True
+        if v.scheduled > 0:
+            self.budget += v.scheduled
+            v.scheduled = 0
+            keep = blocks(v.computed, self.bs)
+            self.free += v.held - keep
+            v.held = keep
+        if self.c.max_preemptions > 0 and v.preempts >= self.c.max_preemptions:
+            self.end(v, State.REJECTED, Reject.MAX_PREEMPTIONS, self.t)
+            return
+        v.preempts += 1
+        swap = False
+        mode = self.c.preemption_mode
+        if mode != "recompute" and v.held > 0 and self.host_free >= v.held:
+            copy_s = v.held * self.bs * self.kv_bytes / self.swap_bw
+            if mode == "swap":
+                swap = True
+            else:
+                c = v.computed
+                recompute_s, _ = step_seconds(self.tables, c, 1, 0, 0, c * (c + 1) // 2)
+                swap = 2.0 * copy_s < recompute_s
+            if swap:
+                self.host_free -= v.held
+                v.host = v.held
+                self.swap_s += copy_s
+                self.swap_outs += 1
+        if not swap:
+            v.computed = 0
+        self.free += v.held
+        v.held = 0
+        self.running.remove(v)
+        self.reserved_total -= v.reserved
+        v.reserved = 0
+        self.enqueue(v, True)
+
+    def schedule_running(self, r: Req, n: int) -> None:
+        while blocks(r.computed + n, self.bs) - r.held > self.free:
+            v = self.pick_victim()
+            self.preempt(v)
+            if v is r:
+                return
+        self.schedule(r, n)
+
+    def reservation_blocks(self, r: Req) -> int:
+        if self.c.admission_mode == "predicted":
+            out = r.max_out
+            if self.pred_bin >= 0:
+                out = ((self.pred_bin + 1) * r.max_out + CALIBRATION_BINS - 1) // CALIBRATION_BINS
+            return max(blocks(r.prompt + out, self.bs), blocks(r.prompt + r.generated, self.bs))
+        return blocks(r.prompt + r.max_out, self.bs)
+
+    def admissible(self, r: Req) -> bool:
+        if self.free - blocks(r.prompt + r.generated, self.bs) < self.headroom:
+            return False
+        mode = self.c.admission_mode
+        if mode in ("reservation", "predicted"):
+            return self.reserved_total + self.reservation_blocks(r) <= self.cap - self.headroom
+        if mode == "new_token_ratio":
+            total = r.prompt + r.generated - r.computed + min(r.max_out - r.generated, NTR_CLIP)
+            if total >= self.ntr_rem:
+                return False
+            self.ntr_rem -= total
+        return True
+
+    def start(self, r: Req) -> None:
+        self.waiting.remove(r)
+        r.status = "running"
+        self.running.append(r)
+        if math.isnan(r.first_sched):
+            r.first_sched = self.t
+        if r.host > 0:
+            self.swap_s += r.host * self.bs * self.kv_bytes / self.swap_bw
+            self.host_free += r.host
+            r.host = 0
+        if self.c.admission_mode in ("reservation", "predicted"):
+            r.reserved = self.reservation_blocks(r)
+            self.reserved_total += r.reserved
+
+    def admit_waiting(self, prefill_first: bool) -> None:
+        c = self.c
+        rem_input = c.max_prefill_tokens - self.batch_parts()[5]
+        if c.admission_mode == "new_token_ratio":
+            future = sum(min(r.max_out - r.generated, NTR_CLIP) for r in self.running)
+            self.ntr_rem = (self.free - self.headroom) * self.bs - self.ratio * future
+        while len(self.running) < c.max_num_seqs and self.budget > 0:
+            r = self.head()
+            if r is None:
+                break
+            n = r.prompt + r.generated - r.computed
+            if 0 < c.long_prefill_token_threshold < n:
+                n = c.long_prefill_token_threshold
+            if prefill_first and n > rem_input and self.batch_parts()[0] > 0:
+                break
+            if not c.enable_chunked_prefill and n > self.budget:
+                break
+            n = min(n, self.budget)
+            n = self.fit_step_cap(r, n, c.enable_chunked_prefill)
+            if n == 0 or not self.admissible(r):
+                break
+            self.start(r)
+            self.schedule(r, n)
+            rem_input -= n
+
+    def form_batch(self) -> None:
+        c = self.c
+        prefill_first = c.schedule_mode == "prefill_first"
+        self.batch: list[Req] = []
+        self.budget = c.max_num_batched_tokens
+        self.preempted_now = False
+        self.swap_s = 0.0
+        for r in list(self.running):
+            if self.budget <= 0:
+                break
+            if r.status != "running":
+                continue
+            n = r.prompt + r.generated - r.computed
+            if prefill_first and self.is_decode(r, n):
+                continue
+            if 0 < c.long_prefill_token_threshold < n:
+                n = c.long_prefill_token_threshold
+            n = min(n, self.budget)
+            n = self.fit_step_cap(r, n, True)
+            if n > 0:
+                self.schedule_running(r, n)
+        if not self.preempted_now:
+            self.admit_waiting(prefill_first)
+        if prefill_first and self.batch_parts()[0] == 0:
+            for r in list(self.running):
+                if r.status == "running":
+                    self.schedule_running(r, 1)
+        if self.preempted_now and c.admission_mode == "new_token_ratio":
+            if self.running:
+                decoded = sum(r.generated for r in self.running)
+                max_new = sum(r.max_out for r in self.running)
+                self.ratio = min(1.0, (decoded + NTR_RETRACT_STEPS * len(self.running)) / max_new)
+            else:
+                self.ratio = self.init_ratio
+
+    # -- end of step -----------------------------------------------------------------
+    def calibrate(self, r: Req) -> None:
+        self.hist[(r.generated * CALIBRATION_BINS + r.max_out - 1) // r.max_out - 1] += 1
+        self.n_calibrated += 1
+        if self.n_calibrated < MIN_CALIBRATION:
+            return
+        need = self.c.admission_quantile * self.n_calibrated
+        cumulative = 0
+        for b, count in enumerate(self.hist):
+            cumulative += count
+            if cumulative >= need:
+                self.pred_bin = b
+                return
+
+    def end_step(self, t_end: float) -> None:
+        for r in self.batch:
+            n = r.scheduled
+            if n == 0:
+                continue
+            r.scheduled = 0
+            r.computed += n
+            if r.computed != r.prompt + r.generated:
+                continue
+            r.generated += 1
+            if math.isnan(r.first_token):
+                r.first_token = t_end
+            if r.generated < r.target:
+                continue
+            if r.deadline < t_end:
+                self.end_by_deadline(r)
+            else:
+                self.end(r, State.FINISHED, Reject.NONE, t_end)
+                if self.c.admission_mode == "predicted":
+                    self.calibrate(r)
+
+    def run(self) -> dict:
+        c = self.c
+        while any(r.status != "done" for r in self.reqs):
+            self.arrive()
+            self.expire()
+            if all(r.status == "done" for r in self.reqs):
+                break
+            if not self.running and not self.waiting:
+                self.ratio = self.init_ratio
+                self.t = self.pending[0].arrival
+                continue
+            self.form_batch()
+            p = self.batch_parts()
+            if p[0] == 0:
+                assert self.preempted_now, "the reference stalled"
+                continue
+            dt, oor = step_seconds(self.tables, p[0], p[1], p[2], p[3], p[4])
+            dt = dt + self.swap_s
+            self.out_of_range += bool(oor)
+            t_end = self.t + dt
+            self.steps += 1
+            self.busy += dt
+            self.prefill_tokens += p[5]
+            if p[2] > 0 and c.admission_mode == "new_token_ratio":
+                low = NTR_MIN_FACTOR * self.init_ratio
+                self.ratio = max(self.ratio - (self.init_ratio - low) / NTR_DECAY_STEPS, low)
+            self.end_step(t_end)
+            self.t = t_end
+        reqs = self.reqs
+        return {
+            "state": np.array([r.state for r in reqs], dtype=np.int8),
+            "reject_reason": np.array([r.reason for r in reqs], dtype=np.int8),
+            "first_token_s": np.array([r.first_token for r in reqs]),
+            "finish_s": np.array([r.finish for r in reqs]),
+            "tokens_generated": np.array([r.generated for r in reqs], dtype=np.int64),
+            "preemptions": np.array([r.preempts for r in reqs], dtype=np.int32),
+            "queue_s": np.array([r.first_sched - r.arrival for r in reqs]),
+            "steps": self.steps,
+            "busy_s": self.busy,
+            "prefill_tokens_computed": self.prefill_tokens,
+            "out_of_range_steps": self.out_of_range,
+            "kv_peak_blocks": self.peak,
+            "swap_outs": self.swap_outs,
+            "end_s": self.t,
+            "leftover": (self.cap - self.free, self.reserved_total),
+        }
+
+
+def reference_simulate(trace, cost, config) -> dict:
+    """Run the reference; capacity as the engine computes it (``policies.engine.validate``)."""
+    from policies.engine import validate
+
+    cap, host = validate(trace, cost, config)
+    return Reference(trace, cost, config, cap, host).run()

@@ -1,0 +1,125 @@
+"""The kernel against the plain-Python reference: equal per-request results, every mode."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, event, given, settings
+from hypothesis import strategies as st
+
+from policies.config import (
+    ADMISSION_MODES,
+    PREEMPTION_MODES,
+    PREEMPTION_VICTIMS,
+    SCHEDULE_MODES,
+    SCHEDULING_POLICIES,
+    ConfigError,
+    PolicyConfig,
+)
+from policies.engine import simulate
+from policies.result import Reject, State
+
+from .conftest import cost_model, make_trace
+from .reference import reference_simulate
+
+PER_REQUEST = ("state", "reject_reason", "first_token_s", "finish_s", "tokens_generated", "preemptions", "queue_s")
+COUNTERS = ("steps", "busy_s", "prefill_tokens_computed", "out_of_range_steps", "kv_peak_blocks", "swap_outs", "end_s")
+
+
+@st.composite
+def traces(draw):
+    n = draw(st.integers(1, 30))
+    gaps = draw(st.lists(st.sampled_from([0.0, 0.0, 0.001, 0.004, 0.02, 0.3]), min_size=n, max_size=n))
+    arrival = np.cumsum(gaps)
+    prompt = draw(st.lists(st.integers(1, 150), min_size=n, max_size=n))
+    output = draw(st.lists(st.integers(0, 80), min_size=n, max_size=n))
+    max_tokens = [max(1, o + draw(st.integers(-10, 30))) for o in output]
+    priority = draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
+    deadline = [a + d if d is not None else np.nan
+                for a, d in zip(arrival, draw(st.lists(st.one_of(st.none(), st.none(), st.floats(0.0, 1.0)),
+                                                       min_size=n, max_size=n)), strict=True)]
+    return make_trace(arrival, prompt, output, max_tokens, priority, deadline)
+
+
+@st.composite
+def configs(draw):
+    return PolicyConfig(
+        max_num_batched_tokens=draw(st.sampled_from([16, 64, 256, 1024])),
+        max_num_seqs=draw(st.sampled_from([1, 4, 16, 64])),
+        enable_chunked_prefill=draw(st.booleans()),
+        long_prefill_token_threshold=draw(st.sampled_from([0, 0, 24, 100])),
+        gpu_memory_utilization=1.0,
+        block_size=draw(st.sampled_from([1, 4, 16])),
+        scheduling_policy=draw(st.sampled_from(SCHEDULING_POLICIES)),
+        schedule_mode=draw(st.sampled_from(SCHEDULE_MODES)),
+        max_prefill_tokens=draw(st.sampled_from([32, 256, 16384])),
+        step_time_cap_ms=draw(st.sampled_from([0.0, 0.0, 4.3, 6.0])),
+        kv_headroom=draw(st.sampled_from([0.0, 0.0, 0.1, 0.3])),
+        admission_mode=draw(st.sampled_from(ADMISSION_MODES)),
+        admission_quantile=draw(st.sampled_from([0.5, 0.9, 1.0])),
+        schedule_conservativeness=draw(st.sampled_from([0.3, 1.0, 2.0])),
+        preemption_mode=draw(st.sampled_from(PREEMPTION_MODES)),
+        preemption_victim=draw(st.sampled_from(PREEMPTION_VICTIMS)),
+        max_preemptions=draw(st.sampled_from([0, 0, 1, 3])),
+        max_queue_len=draw(st.sampled_from([0, 0, 3])),
+        max_wait_s=draw(st.sampled_from([0.0, 0.0, 0.05])),
+        kv_high_water=draw(st.sampled_from([1.0, 1.0, 0.6])),
+        reject_unmeetable_deadline=draw(st.sampled_from([False, False, True])),
+        max_model_len=draw(st.sampled_from([0, 0, 0, 200])),
+    )
+
+
+def assert_matches_reference(trace, cost, config):
+    try:
+        expected = reference_simulate(trace, cost, config)
+    except ConfigError:
+        assume(False)
+    got = simulate(trace, cost, config)
+    for name in PER_REQUEST:
+        np.testing.assert_array_equal(getattr(got, name), expected[name], err_msg=name)
+    for name in COUNTERS:
+        assert getattr(got, name) == expected[name], name
+    assert expected["leftover"] == (0, 0), "reference leaked KV or reservations"
+    return got
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(traces(), configs(), st.sampled_from([250, 400, 800, 3000]), st.sampled_from([0, 64, 4096]))
+def test_kernel_equals_reference(trace, config, kv_tokens, host_tokens):
+    got = assert_matches_reference(trace, cost_model(kv_tokens, host_tokens), config)
+    for state in np.unique(got.state):
+        event(f"state {State(state).name}")
+    for reason in np.unique(got.reject_reason):
+        event(f"reject {Reject(reason).name}")
+    event(f"preempted: {got.preemptions.sum() > 0}, swapped: {got.swap_outs > 0}")
+
+
+@pytest.mark.parametrize("schedule_mode", SCHEDULE_MODES)
+@pytest.mark.parametrize("preemption_mode", PREEMPTION_MODES)
+@pytest.mark.parametrize("victim", PREEMPTION_VICTIMS)
+def test_preemption_heavy_runs_match(schedule_mode, preemption_mode, victim):
+    """Overcommitted KV: every preemption mode and victim order, against the reference."""
+    rng = np.random.default_rng(3)
+    n = 40
+    trace = make_trace(np.cumsum(rng.exponential(0.005, n)), rng.integers(10, 120, n), rng.integers(20, 150, n),
+                       priority=rng.integers(0, 3, n))
+    config = PolicyConfig(gpu_memory_utilization=1.0, block_size=4, schedule_mode=schedule_mode,
+                          preemption_mode=preemption_mode, preemption_victim=victim, max_num_batched_tokens=256)
+    got = assert_matches_reference(trace, cost_model(600, host_tokens=300, per_pair_s=1e-7), config)
+    assert got.preemptions.sum() > 0
+    assert (got.swap_outs > 0) == (preemption_mode != "recompute")
+
+
+@pytest.mark.parametrize("fast_forward", ["0", "1"])
+def test_fast_forward_is_bit_identical(monkeypatch, fast_forward):
+    """Long decode stretches (fast-forwarded by default) match the step-by-step reference."""
+    monkeypatch.setenv("SERVETUNE_ENGINE_FAST_FORWARD", fast_forward)
+    rng = np.random.default_rng(7)
+    n = 60
+    arrival = np.cumsum(rng.exponential(0.3, n))
+    trace = make_trace(arrival, rng.integers(1, 200, n), rng.integers(1, 300, n))
+    for config in (PolicyConfig(gpu_memory_utilization=1.0, block_size=4),
+                   PolicyConfig(gpu_memory_utilization=1.0, schedule_mode="prefill_first",
+                                admission_mode="new_token_ratio", block_size=1)):
+        got = assert_matches_reference(trace, cost_model(2000), config)
+        assert got.steps > 1000
