@@ -49,8 +49,12 @@ COLUMNS = {
 OPTIONAL = {"gemm_dtype"}
 
 
-def load_runs(path: str | Path) -> pl.DataFrame:
-    """Measured runs with canonical columns; CostModelError naming file, row and column on bad data."""
+def load_runs(path: str | Path, *, builtin_only: bool = True) -> pl.DataFrame:
+    """Measured runs with canonical columns; CostModelError naming file, row and column on bad data.
+
+    Built-in model names become canonical; others are an error unless ``builtin_only`` is
+    False (validation against a model given by its config.json), when they stay as written.
+    """
     path = Path(path)
     if not path.is_file():
         raise CostModelError(f"runs file {path} does not exist")
@@ -79,9 +83,9 @@ def load_runs(path: str | Path) -> pl.DataFrame:
             raise CostModelError(f"{path}: row {bad[0] + 2}, column {name!r}: {values[bad[0]]!r} "
                                  "is not a positive number")
     unknown = sorted({m for m in runs["model"].to_list() if m.lower() not in ALIASES})
-    if unknown:
+    if unknown and builtin_only:
         raise CostModelError(f"{path}: unknown models {unknown}; calibrate built-in models only")
-    return runs.with_columns(pl.col("model").str.to_lowercase().replace_strict(ALIASES),
+    return runs.with_columns(pl.col("model").str.to_lowercase().replace_strict(ALIASES, default=pl.col("model")),
                              pl.col("tp").cast(pl.Int64), pl.col("batch_size").cast(pl.Int64),
                              pl.col("isl").cast(pl.Int64), pl.col("osl").cast(pl.Int64))
 

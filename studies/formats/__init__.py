@@ -23,12 +23,13 @@ def detect(path: Path) -> str:
     """The format of a trace file, from its first bytes."""
     with open(path, "rb") as handle:
         head = handle.read(65536)
-    if not head.strip():
-        raise TraceError(f"{path}: the file is empty; expected a trace ({', '.join(FORMATS)})")
     if head.startswith(b"PAR1"):
         return "native"
-    number, first = next((i, line) for i, line in enumerate(head.decode("utf-8", "replace").splitlines(), 1)
-                         if line.strip())
+    # Decode before testing for emptiness: str.strip also removes Unicode blanks.
+    lines = [(i, line) for i, line in enumerate(head.decode("utf-8", "replace").splitlines(), 1) if line.strip()]
+    if not lines:
+        raise TraceError(f"{path}: the file is empty; expected a trace ({', '.join(FORMATS)})")
+    number, first = lines[0]
     if first.lstrip().startswith("{"):
         try:
             keys = set(json.loads(first))
