@@ -100,12 +100,12 @@ def compose(arch: ModelArch, ops, tp: int, kv_dtype: str, hbm_bytes_per_s: float
     shape = attention_shape(arch, tp, kv_dtype)
     batch, kv_axis, decode, measured = decode_grid(arch, ops, shape)
     pairs, prefill = prefill_curve(arch, ops, shape)
-    return StepTables(
+    return StepTables.from_grids(
         linear_tokens=tokens, linear_s=linear,
         head_seqs=seqs, head_s=head,
         decode_batch=batch, decode_kv=kv_axis, decode_s=decode, decode_kv_measured=measured,
         prefill_pairs=pairs, prefill_s=prefill,
-        overhead_s=float(overhead_s), scale=float(scale),
+        overhead_s=overhead_s, scale=scale,
     )
 
 

@@ -75,7 +75,7 @@ def read_step_csv(path: str | Path) -> StepTables:
                              f"to {seconds[falling[0] + 1] * 1e3:g} ms as the batch grows; a step with more "
                              "tokens cannot be faster")
     zero = np.zeros(2)
-    return StepTables(
+    return StepTables.from_grids(
         linear_tokens=tokens, linear_s=seconds,
         head_seqs=_FLAT_AXIS, head_s=zero,
         decode_batch=_FLAT_AXIS, decode_kv=_FLAT_AXIS, decode_s=np.zeros((2, 2)), decode_kv_measured=np.full(2, _FLAT_AXIS[1]),

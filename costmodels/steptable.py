@@ -21,122 +21,276 @@ Separable grids keep each axis dense where the profiles are measured, which a si
 A lookup past the last grid point (or past ``decode_kv_measured``) extrapolates linearly
 and reports it, so the caller can flag the run; nothing extrapolates silently. Builders
 make every grid non-decreasing along each axis.
+
+The engine looks a step up hundreds of thousands of times per replay, so the lookup is
+built for speed (``benchmarks/steptime_lookup.py``):
+
+- no search: each axis carries a bucket index (``axis_index``) that maps a value to its
+  grid segment in O(1), and each curve its segment slopes, so grid points come back
+  exactly as stored;
+- one array: ``StepTables.from_grids`` packs every grid, slope and index into
+  ``StepTables.data``, because Numba reference-counts every array of a tuple it passes
+  around, and 18 arrays cost more than all the arithmetic. The grids read back as
+  properties of the same names as before.
 """
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
 from numba import njit
 
+MAX_BUCKET_BITS = 8  # at most 2**8 buckets per octave ...
+MAX_BUCKETS = 4096  # ... and per axis, so an index stays a few KiB
+
+# StepTables.data opens with the offset of each block:
+LINEAR, HEAD, BATCH, KV, PREFILL, DECODE = range(6)
+_HEADER = 6
+# An axis block holds [points n, buckets, bucket bits, first bucket key], the n axis
+# points, the inverse widths of their segments (n, last 0) and the bucket index; a curve's
+# block (every axis but KV; BATCH's curve is decode_kv_measured) then holds its n values
+# and n slopes (the last repeats the last segment's, for extrapolation). DECODE is
+# decode_s, row-major.
+_N, _BUCKETS, _BITS, _FIRST, _AXIS = range(5)
+_CURVES = {LINEAR: ("linear_tokens", "linear_s"), HEAD: ("head_seqs", "head_s"),
+           BATCH: ("decode_batch", "decode_kv_measured"), KV: ("decode_kv", None),
+           PREFILL: ("prefill_pairs", "prefill_s")}
+GRIDS = ("linear_tokens", "linear_s", "head_seqs", "head_s", "decode_batch", "decode_kv", "decode_s",
+         "decode_kv_measured", "prefill_pairs", "prefill_s")
+
 
 class StepTables(NamedTuple):
-    """Dense grids for one (model, GPU, TP, framework); all times in seconds."""
+    """Dense grids for one (model, GPU, TP, framework), packed; all times in seconds.
 
-    linear_tokens: np.ndarray  # f8[a], ascending
-    linear_s: np.ndarray  # f8[a]
-    head_seqs: np.ndarray  # f8[b], ascending
-    head_s: np.ndarray  # f8[b]
-    decode_batch: np.ndarray  # f8[c], ascending
-    decode_kv: np.ndarray  # f8[d], ascending, total KV tokens read by all decode sequences
-    decode_s: np.ndarray  # f8[c, d]
-    decode_kv_measured: np.ndarray  # f8[c], largest profiled total KV per batch row
-    prefill_pairs: np.ndarray  # f8[e], ascending
-    prefill_s: np.ndarray  # f8[e]
+    Build with ``StepTables.from_grids``; read the grids through the properties
+    (``linear_tokens``, ``decode_s``, ...). ``_replace(overhead_s=..., scale=...)`` is
+    safe; ``data`` is read-only.
+    """
+
+    data: np.ndarray  # f8, every grid with its lookup index (layout above)
     overhead_s: float
     scale: float
 
+    @classmethod
+    def from_grids(cls, *, linear_tokens, linear_s, head_seqs, head_s, decode_batch, decode_kv, decode_s,
+                   decode_kv_measured, prefill_pairs, prefill_s, overhead_s, scale) -> StepTables:
+        """Pack the grids (axes ascending, grids finite and >= 0) with their lookup indexes.
+
+        ValueError naming the grid if one breaks the rules.
+        """
+        g = {name: np.ascontiguousarray(value, dtype=np.float64) for name, value in zip(GRIDS, (
+            linear_tokens, linear_s, head_seqs, head_s, decode_batch, decode_kv, decode_s, decode_kv_measured,
+            prefill_pairs, prefill_s), strict=True)}
+        _check_grids(g, overhead_s, scale)
+        blocks = [_block(g[axis], None if values is None else g[values]) for axis, values in _CURVES.values()]
+        blocks.append(g["decode_s"].ravel())
+        starts = _HEADER + np.cumsum([0] + [len(b) for b in blocks[:-1]])
+        data = np.concatenate([starts.astype(np.float64), *blocks])
+        data.setflags(write=False)
+        return cls(data, float(overhead_s), float(scale))
+
+    def grids(self) -> dict[str, np.ndarray]:
+        """The grids by name, as read-only views of ``data``."""
+        return {name: getattr(self, name) for name in GRIDS}
+
+    def _points(self, block: int) -> tuple[int, int, int]:
+        at = int(self.data[block])
+        return at, int(self.data[at + _N]), int(self.data[at + _BUCKETS])
+
+    def _axis(self, block: int) -> np.ndarray:
+        at, n, _ = self._points(block)
+        return self.data[at + _AXIS:at + _AXIS + n]
+
+    def _values(self, block: int) -> np.ndarray:
+        at, n, buckets = self._points(block)
+        values = at + _AXIS + 2 * n + buckets
+        return self.data[values:values + n]
+
+    linear_tokens = property(lambda self: self._axis(LINEAR), doc="f8[a], ascending: new tokens in the step")
+    linear_s = property(lambda self: self._values(LINEAR), doc="f8[a]: token-linear seconds")
+    head_seqs = property(lambda self: self._axis(HEAD), doc="f8[b], ascending: sequences sampling a token")
+    head_s = property(lambda self: self._values(HEAD), doc="f8[b]: lm-head seconds")
+    decode_batch = property(lambda self: self._axis(BATCH), doc="f8[c], ascending: decode sequences")
+    decode_kv = property(lambda self: self._axis(KV), doc="f8[d], ascending: total KV tokens decode reads")
+    decode_kv_measured = property(lambda self: self._values(BATCH), doc="f8[c]: largest profiled KV per row")
+    prefill_pairs = property(lambda self: self._axis(PREFILL), doc="f8[e], ascending: attention pairs")
+    prefill_s = property(lambda self: self._values(PREFILL), doc="f8[e]: prefill attention seconds")
+
+    @property
+    def decode_s(self) -> np.ndarray:
+        """f8[c, d]: decode attention seconds over (decode_batch, decode_kv)."""
+        at, rows, cols = int(self.data[DECODE]), len(self.decode_batch), len(self.decode_kv)
+        return self.data[at:at + rows * cols].reshape(rows, cols)
+
 
 def validate_tables(t: StepTables) -> None:
-    """Raise ValueError unless every axis is ascending and every grid is finite and >= 0."""
-    axes = {
-        "linear_tokens": (t.linear_tokens, t.linear_s),
-        "head_seqs": (t.head_seqs, t.head_s),
-        "prefill_pairs": (t.prefill_pairs, t.prefill_s),
-    }
-    for name, (axis, values) in axes.items():
-        _check_axis(name, axis)
-        if values.shape != axis.shape:
-            raise ValueError(f"{name}: grid has shape {values.shape}, axis {axis.shape}")
-    _check_axis("decode_batch", t.decode_batch)
-    _check_axis("decode_kv", t.decode_kv)
-    if t.decode_s.shape != (len(t.decode_batch), len(t.decode_kv)):
-        raise ValueError(f"decode_s has shape {t.decode_s.shape}; expected (batch, kv)")
-    if t.decode_kv_measured.shape != t.decode_batch.shape:
-        raise ValueError("decode_kv_measured must have one entry per decode_batch row")
+    """Raise ValueError unless ``t.data`` is exactly what ``from_grids`` packs from its grids."""
+    if not (isinstance(t.data, np.ndarray) and t.data.dtype == np.float64 and t.data.ndim == 1):
+        raise ValueError("StepTables.data must be a 1-D float64 array; build tables with StepTables.from_grids")
+    try:
+        grids = t.grids()
+    except (IndexError, ValueError, OverflowError) as exc:
+        raise ValueError(f"StepTables.data is not a packed table ({exc}); build tables with "
+                         "StepTables.from_grids") from exc
+    if not np.array_equal(StepTables.from_grids(**grids, overhead_s=t.overhead_s, scale=t.scale).data, t.data):
+        raise ValueError("StepTables.data does not match its own grids; build tables with StepTables.from_grids")
+
+
+def _check_grids(g: dict, overhead_s: float, scale: float) -> None:
+    for axis, values in _CURVES.values():
+        _check_axis(axis, g[axis])
+        if values is not None and g[values].shape != g[axis].shape:
+            raise ValueError(f"{values} has shape {g[values].shape}; its axis {axis} has {g[axis].shape}")
+    if g["decode_s"].shape != (len(g["decode_batch"]), len(g["decode_kv"])):
+        raise ValueError(f"decode_s has shape {g['decode_s'].shape}; expected (batch, kv)")
     for name in ("linear_s", "head_s", "decode_s", "prefill_s"):
-        grid = getattr(t, name)
+        grid = g[name]
         if not np.all(np.isfinite(grid)) or np.any(grid < 0):
             raise ValueError(f"{name} must be finite and non-negative")
-    if not (t.overhead_s >= 0 and t.scale > 0):
+    if not (overhead_s >= 0 and scale > 0):
         raise ValueError("overhead_s must be >= 0 and scale > 0")
 
 
 def _check_axis(name: str, axis: np.ndarray) -> None:
     if axis.ndim != 1 or len(axis) < 2 or np.any(np.diff(axis) <= 0):
         raise ValueError(f"{name} must be a strictly ascending axis of at least 2 points")
+    if not (axis[0] >= 0 and np.isfinite(axis[-1])):
+        raise ValueError(f"{name} counts work: its points must be finite and >= 0, got {axis[0]!r} .. {axis[-1]!r}")
+
+
+def _block(axis: np.ndarray, values: np.ndarray | None) -> np.ndarray:
+    bits, first, starts = axis_index(axis)
+    parts = [np.array([len(axis), len(starts), bits, first], dtype=np.float64), axis,
+             np.append(1.0 / np.diff(axis), 0.0), starts.astype(np.float64)]
+    if values is not None:
+        slopes = np.diff(values) / np.diff(axis)
+        parts += [values, np.append(slopes, slopes[-1])]
+    return np.concatenate(parts)
 
 
 @njit(cache=True, nogil=True)
-def interp1(axis, values, x):
-    """Piecewise-linear value at x and whether x lay past the last point (extrapolated).
+def bucket_key(x, bits):
+    """Bucket of x: 2**bits equal-width buckets per octave, all of x < 1 in the first.
 
-    Below the first point the first value holds: every part costs at least its
-    smallest measured launch.
+    Nondecreasing in x, so a bucket is a range; exact (frexp splits the float), and the
+    octaves align with the powers of two that profiled grids favour.
     """
-    n = axis.shape[0]
-    if x <= axis[0]:
-        return values[0], False
-    if x > axis[n - 1]:
-        slope = (values[n - 1] - values[n - 2]) / (axis[n - 1] - axis[n - 2])
-        return values[n - 1] + slope * (x - axis[n - 1]), True
-    hi = np.searchsorted(axis, x)
-    lo = hi - 1
-    w = (x - axis[lo]) / (axis[hi] - axis[lo])
-    return values[lo] + w * (values[hi] - values[lo]), False
+    mantissa, exponent = math.frexp(max(x, 1.0))
+    return (exponent << bits) + int(mantissa * (2 << bits))
 
 
-@njit(cache=True, nogil=True)
-def interp2(ax0, ax1, grid, x0, x1):
-    """Bilinear value on grid[ax0, ax1] at (x0, x1), extrapolating linearly past the end."""
-    n0 = ax0.shape[0]
-    n1 = ax1.shape[0]
-    i = min(max(np.searchsorted(ax0, x0), 1), n0 - 1)
-    j = min(max(np.searchsorted(ax1, x1), 1), n1 - 1)
-    out = x0 > ax0[n0 - 1] or x1 > ax1[n1 - 1]
-    u = (max(x0, ax0[0]) - ax0[i - 1]) / (ax0[i] - ax0[i - 1])
-    v = (max(x1, ax1[0]) - ax1[j - 1]) / (ax1[j] - ax1[j - 1])
-    top = grid[i - 1, j - 1] + v * (grid[i - 1, j] - grid[i - 1, j - 1])
-    bottom = grid[i, j - 1] + v * (grid[i, j] - grid[i, j - 1])
-    return top + u * (bottom - top), out
+@njit(cache=True)
+def _bucket_keys(axis, bits):
+    keys = np.empty(axis.shape[0], dtype=np.int64)
+    for k in range(axis.shape[0]):
+        keys[k] = bucket_key(axis[k], bits)
+    return keys
 
 
-@njit(cache=True, nogil=True)
+def axis_index(axis: np.ndarray) -> tuple[int, int, np.ndarray]:
+    """Bucket index of an ascending axis: ``(bits, first_key, starts)``.
+
+    ``starts[k]`` is the last grid segment that begins below every value of bucket
+    ``first_key + k``; values below the first bucket use bucket 0. A lookup starts there
+    and steps over the grid points inside the bucket, so the resolution is the smallest
+    that leaves at most one point per bucket (within ``MAX_BUCKET_BITS`` and
+    ``MAX_BUCKETS``; any axis still works, a dense one with a few more steps).
+    """
+    n = len(axis)
+    best = None
+    for bits in range(MAX_BUCKET_BITS + 1):
+        keys = _bucket_keys(axis, bits)
+        # one octave below the second point: the only point it leaves out is axis[0]
+        first = int(max(keys[0], keys[1] - (1 << bits)))
+        buckets = np.arange(first, keys[-1] + 1)
+        if len(buckets) > MAX_BUCKETS and best is not None:
+            break
+        best = bits, first, np.clip(np.searchsorted(keys, buckets, side="left") - 1, 0, n - 2)
+        if np.all(np.diff(keys[1:]) > 0):  # at most one point past axis[0] per bucket
+            break
+    return best
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _locate(d, block, x):
+    """(i, x, past) for x on a block's axis: axis[i] <= x < axis[i+1] (n-1 from the last
+    point on), x raised to the first point, and whether x lies past the last point."""
+    at = int(d[block])
+    n = int(d[at + _N])
+    axis = at + _AXIS
+    last = d[axis + n - 1]
+    x = max(x, d[axis])
+    inside = min(x, last)
+    key = bucket_key(inside, int(d[at + _BITS])) - int(d[at + _FIRST])
+    i = int(d[axis + 2 * n + max(key, 0)])
+    while i < n - 1 and inside >= d[axis + i + 1]:
+        i += 1
+    return i, x, x > last
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _curve_at(d, block, i, x):
+    """A block's curve at x in segment i (past the last point: the last slope continues)."""
+    at = int(d[block])
+    n = int(d[at + _N])
+    values = at + _AXIS + 2 * n + int(d[at + _BUCKETS])
+    return d[values + i] + d[values + n + i] * (x - d[at + _AXIS + i])
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _curve(d, block, x):
+    """A block's curve at x (below the first point: the first value) and whether x lay past the end."""
+    i, x, past = _locate(d, block, x)
+    return _curve_at(d, block, i, x), past
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _cell(d, block, i, x):
+    """Grid cell of segment i (the last cell from the last point on) and x's weight in it."""
+    at = int(d[block])
+    n = int(d[at + _N])
+    i = min(i, n - 2)
+    return i, (x - d[at + _AXIS + i]) * d[at + _AXIS + n + i]
+
+
+@njit(cache=True, nogil=True, inline="always")
 def step_seconds(t, n_tokens, n_logit_seqs, n_decode, kv_decode_tokens, prefill_pairs):
     """Seconds for one engine step, and whether any part left the profiled range.
 
     n_tokens: new tokens computed in the step (all kinds); n_logit_seqs: sequences that
     sample a token; n_decode and kv_decode_tokens: decode sequences and the KV tokens
     their attention reads in total; prefill_pairs: prefill attention work (see module).
+
+    Every part is looked up, then masked rather than skipped behind a branch: no
+    mispredictions, and nothing stops Numba pruning the reference counting of ``t``.
     """
-    if n_tokens <= 0:
-        return 0.0, False
-    total, out = interp1(t.linear_tokens, t.linear_s, n_tokens)
-    if n_logit_seqs > 0:
-        part, o = interp1(t.head_seqs, t.head_s, n_logit_seqs)
-        total += part
-        out = out or o
-    if n_decode > 0:
-        part, o = interp2(t.decode_batch, t.decode_kv, t.decode_s, n_decode, kv_decode_tokens)
-        limit, _ = interp1(t.decode_batch, t.decode_kv_measured, n_decode)
-        total += part
-        out = out or o or kv_decode_tokens > limit
-    if prefill_pairs > 0:
-        part, o = interp1(t.prefill_pairs, t.prefill_s, prefill_pairs)
-        total += part
-        out = out or o
-    return t.scale * (total + t.overhead_s), out
+    d = t.data
+    linear, out = _curve(d, LINEAR, n_tokens)
+    head, head_out = _curve(d, HEAD, n_logit_seqs)
+    prefill, prefill_out = _curve(d, PREFILL, prefill_pairs)
+    i, batch, batch_out = _locate(d, BATCH, n_decode)
+    measured_kv = _curve_at(d, BATCH, i, batch)
+    i, u = _cell(d, BATCH, i, batch)
+    j, kv, kv_out = _locate(d, KV, kv_decode_tokens)
+    j, v = _cell(d, KV, j, kv)
+    row = int(d[DECODE]) + i * int(d[int(d[KV]) + _N]) + j
+    top = d[row] + v * (d[row + 1] - d[row])
+    row += int(d[int(d[KV]) + _N])
+    bottom = d[row] + v * (d[row + 1] - d[row])
+    decode = top + u * (bottom - top)
+
+    # conditional expressions compile to selects, not branches
+    has_head = n_logit_seqs > 0
+    has_decode = n_decode > 0
+    has_prefill = prefill_pairs > 0
+    total = (linear + (head if has_head else 0.0) + (decode if has_decode else 0.0)
+             + (prefill if has_prefill else 0.0))
+    out |= (has_head & head_out) | (has_prefill & prefill_out)
+    out |= has_decode & (batch_out | kv_out | (kv_decode_tokens > measured_kv))
+    stepped = n_tokens > 0
+    return (t.scale * (total + t.overhead_s) if stepped else 0.0), stepped & out
 
 
 def linear_tables(
@@ -162,7 +316,7 @@ def linear_tables(
     kv = np.array([0.0, max_kv], dtype=f)
     decode = np.outer(np.ones_like(batch), kv) * per_kv_token_s
     pairs = np.array([0.0, max_pairs], dtype=f)
-    return StepTables(
+    return StepTables.from_grids(
         linear_tokens=tok,
         linear_s=tok * per_token_s,
         head_seqs=seqs,
@@ -173,6 +327,6 @@ def linear_tables(
         decode_kv_measured=np.full(2, max_kv),
         prefill_pairs=pairs,
         prefill_s=pairs * per_pair_s,
-        overhead_s=float(overhead_s),
+        overhead_s=overhead_s,
         scale=1.0,
     )

@@ -68,8 +68,12 @@ def _search(target: float, tolerance: float, max_scale: float, min_scale: float
 
 
 def capacity_many(evaluator, configs: Sequence[PolicyConfig], target: float = 0.9, *, tolerance: float = 0.05,
-                  max_scale: float = 1024.0, min_scale: float = 1.0 / 1024) -> list[CapacityResult]:
-    """Capacity of each config on the evaluator's trace, probes batched across configs."""
+                  max_scale: float = 1024.0, min_scale: float = 1.0 / 1024,
+                  fleets: Sequence | None = None) -> list[CapacityResult]:
+    """Capacity of each config on the evaluator's trace, probes batched across configs.
+
+    ``fleets`` (one per config) runs each config on its own fleet; default, the evaluator's.
+    """
     if not 0 < target <= 1:
         raise ValueError(f"target is an attainment fraction in (0, 1], got {target}")
     if not 0 < tolerance < 1:
@@ -85,7 +89,11 @@ def capacity_many(evaluator, configs: Sequence[PolicyConfig], target: float = 0.
         for i, scale in pending.items():
             by_scale.setdefault(scale, []).append(i)
         for scale, members in by_scale.items():
-            reports = evaluator.reports([configs[i] for i in members], rate_scale=scale)
+            batch = [configs[i] for i in members]
+            if fleets is None:
+                reports = evaluator.reports(batch, rate_scale=scale)
+            else:
+                reports = evaluator.reports(batch, rate_scale=scale, fleets=[fleets[i] for i in members])
             for i, report in zip(members, reports, strict=True):
                 attainment = 0.0 if math.isnan(report.slo_attainment) else report.slo_attainment
                 probes[i].append((scale, attainment, report.weighted_goodput))

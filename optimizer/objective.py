@@ -3,7 +3,8 @@
 Objective modes (``StudySpec.objective``):
 
 - ``goodput``: maximise weighted goodput (sum of SLO-class weights of good requests per s);
-- ``goodput-gpus``: that, and minimise GPUs (replicas x TP);
+- ``goodput-gpus``: that, and minimise GPUs (replicas x TP, both searched: see
+  ``optimizer.space``);
 - ``goodput-ttft``: that, and minimise p99 TTFT;
 - ``goodput-cost``: that, and minimise $ per million good output tokens
   (GPUs x $/GPU-hour / good output tokens per hour);
@@ -15,8 +16,9 @@ away from infeasible regions and ``study.best_trials`` returns feasible trials o
 rejected fraction (by default capped at the least-rejecting baseline's plus a small
 slack, see ``Constraints``), optional p99 TTFT/TPOT/E2E bounds and preemption rate.
 
-Every trial stores ``config`` (the full PolicyConfig), ``report`` (``Report.to_dict()``)
-and ``gpus`` in its user_attrs; baselines also carry ``baseline`` (the preset name).
+Every trial stores ``config`` (the full PolicyConfig), ``report`` (``Report.to_dict()``),
+its fleet (``tp``, ``replicas``) and ``gpus`` in its user_attrs; baselines also carry
+``baseline`` (the preset name).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from optimizer.space import Fleet
 from optimizer.spec import Constraints, StudySpec
 from policies.config import PolicyConfig
 
@@ -94,11 +97,18 @@ def constraint_values(report, constraints: Constraints, cap: float) -> dict[str,
 
 
 def record(trial, spec: StudySpec, config: PolicyConfig, report, cap: float, *,
-           gpus: int, capacity=None) -> list[float]:
-    """Store the trial's evidence and constraints; return its objective values."""
+           fleet: Fleet | None = None, capacity=None) -> list[float]:
+    """Store the trial's evidence and constraints; return its objective values.
+
+    ``fleet`` is where the trial ran (the spec's when None).
+    """
     objective = objective_for(spec)
+    fleet = fleet or spec.fleet
+    gpus = fleet.gpus
     trial.set_user_attr("config", config.to_dict())
     trial.set_user_attr("report", report.to_dict())
+    trial.set_user_attr("tp", fleet.tp)
+    trial.set_user_attr("replicas", fleet.replicas)
     trial.set_user_attr("gpus", gpus)
     capacity_rps = None
     if capacity is not None:

@@ -13,6 +13,7 @@ be tested and reused without a study.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import platform
@@ -34,20 +35,22 @@ from optuna.trial import FrozenTrial, TrialState
 from optimizer import plots
 from optimizer.capacity import capacity_many
 from optimizer.exports import Deployment, TrafficShape, goodput_bounds, write_exports
+from optimizer.replicas import ROUTING_LABEL
 from optimizer.review import (
     Capacity,
     ConfigFigures,
     Diagnosis,
+    FleetPoint,
     LoadSignals,
     ReviewInputs,
     diagnose,
     gain_ratio,
-    simulated_replicas,
     write_review,
 )
+from optimizer.space import Fleet
 from policies.config import PolicyConfig
 from policies.result import State
-from studies.metrics import request_latencies
+from studies.metrics import json_safe, request_latencies
 
 #: Report fields compared between the recommendation and each baseline, and their direction.
 GAIN_METRICS = {"weighted_goodput": "maximize", "request_goodput": "maximize", "token_goodput": "maximize",
@@ -96,11 +99,15 @@ def trial_report(trial: FrozenTrial) -> dict[str, Any] | None:
     return report if isinstance(report, dict) else None
 
 
-def select_best(trials: Sequence[FrozenTrial], dirs: Sequence[str]) -> FrozenTrial:
+def select_best(trials: Sequence[FrozenTrial], dirs: Sequence[str], *,
+                fewest_gpus_at: float | None = None) -> FrozenTrial:
     """The recommendation: the best first objective among feasible completed trials.
 
     With several objectives, the Pareto-optimal feasible trial with the best first
     objective (goodput in every mode). When no trial is feasible, the best of all.
+    ``fewest_gpus_at`` (an SLO-attainment target, for studies that search the fleet)
+    picks instead the Pareto-optimal trial with the fewest GPUs that meets the target,
+    the most goodput among equals; when none meets it, the rule above applies.
     """
     complete = [t for t in trials if t.state == TrialState.COMPLETE and t.values is not None]
     if not complete:
@@ -111,7 +118,17 @@ def select_best(trials: Sequence[FrozenTrial], dirs: Sequence[str]) -> FrozenTri
         front = plots.pareto_mask(xy, (dirs[0], dirs[1]))
         pool = [t for t, keep in zip(pool, front, strict=True) if keep] or pool
     sign = 1.0 if dirs[0] == "maximize" else -1.0
+    if fewest_gpus_at is not None:
+        meeting = [t for t in pool if _num((trial_report(t) or {}).get("slo_attainment")) >= fewest_gpus_at]
+        if meeting:
+            return min(meeting, key=lambda t: (t.user_attrs.get("gpus", 0), -sign * t.values[0], t.number))
     return max(pool, key=lambda t: (sign * t.values[0], -t.number))
+
+
+def recommend(trials: Sequence[FrozenTrial], spec, dirs: Sequence[str]) -> FrozenTrial:
+    """The study's recommended trial: ``select_best``, fewest GPUs at the target for goodput-gpus."""
+    target = spec.capacity_target if spec.objective == "goodput-gpus" else None
+    return select_best(trials, dirs, fewest_gpus_at=target)
 
 
 def baseline_trials(trials: Sequence[FrozenTrial]) -> dict[str, FrozenTrial]:
@@ -135,6 +152,46 @@ def trial_config(trial: FrozenTrial, spec, baselines: Mapping[str, PolicyConfig]
             raise OutputError(f"trial {trial.number} is baseline {name!r}, which this study does not define")
         return baselines[name]
     return spec.search_space.suggest(optuna.trial.FixedTrial(trial.params, trial.number))
+
+
+def trial_fleet(trial: FrozenTrial, spec) -> Fleet:
+    """The fleet a trial ran on: stored on it, else its searched params, else the spec's."""
+    values = {"tp": spec.fleet.tp, "replicas": spec.fleet.replicas}
+    for name in values:
+        stored = trial.user_attrs.get(name, trial.params.get(name))
+        if stored is not None:
+            values[name] = int(stored)
+    return Fleet(**values)
+
+
+def fleet_front(trials: Sequence[FrozenTrial]) -> list[FleetPoint]:
+    """The feasible trial with the most goodput at each GPU count, fewest GPUs first.
+
+    Empty unless the feasible trials span more than one GPU count (a fleet search).
+    """
+    best: dict[int, FrozenTrial] = {}
+    for t in trials:
+        report = trial_report(t)
+        if t.state != TrialState.COMPLETE or report is None or not is_feasible(t) or "gpus" not in t.user_attrs:
+            continue
+        gpus = int(t.user_attrs["gpus"])
+        if gpus not in best or _goodput(t) > _goodput(best[gpus]):
+            best[gpus] = t
+    if len(best) < 2:
+        return []
+    points, top = [], -math.inf
+    for gpus in sorted(best):
+        t = best[gpus]
+        report = trial_report(t)
+        points.append(FleetPoint(gpus, int(t.user_attrs.get("tp", 1)), int(t.user_attrs.get("replicas", 1)),
+                                 _goodput(t), _num(report.get("slo_attainment")), t.number,
+                                 pareto=_goodput(t) > top))
+        top = max(top, _goodput(t))
+    return points
+
+
+def _goodput(t: FrozenTrial) -> float:
+    return _num((trial_report(t) or {}).get("weighted_goodput"))
 
 
 def find_trial(trials: Sequence[FrozenTrial], number: int) -> FrozenTrial:
@@ -186,7 +243,7 @@ def trials_frame(trials: Sequence[FrozenTrial], names: Sequence[str]) -> pl.Data
 def _cell(value: Any) -> Any:
     """A parquet-friendly scalar: nested values as JSON text."""
     if isinstance(value, dict | list | tuple):
-        return json.dumps(_json_safe(value), sort_keys=True)
+        return json.dumps(json_safe(value), sort_keys=True)
     return value
 
 
@@ -251,12 +308,13 @@ def sweep_scales(capacities: Sequence[float], per_doubling: int = 2) -> np.ndarr
 
 
 def rate_curves(evaluator, configs: Mapping[str, PolicyConfig], scales: np.ndarray,
-                trace_rps: float) -> dict[str, plots.RateCurve]:
-    """SLO attainment and weighted goodput of each config at each rate scale (one batch per scale)."""
+                trace_rps: float, fleets: Sequence[Fleet] | None = None) -> dict[str, plots.RateCurve]:
+    """SLO attainment and weighted goodput of each config (on its fleet) at each rate scale."""
     attainment = {name: [] for name in configs}
     goodput = {name: [] for name in configs}
     for scale in scales:
-        for name, report in zip(configs, evaluator.reports(list(configs.values()), float(scale)), strict=True):
+        reports = evaluator.reports(list(configs.values()), float(scale), fleets=fleets)
+        for name, report in zip(configs, reports, strict=True):
             attainment[name].append(_num(report.slo_attainment))
             goodput[name].append(_num(report.weighted_goodput))
     return {name: plots.RateCurve(np.asarray(scales) * trace_rps, np.array(attainment[name]), np.array(goodput[name]))
@@ -279,6 +337,7 @@ class Evaluated:
 
     name: str
     config: PolicyConfig
+    fleet: Fleet
     trial: FrozenTrial | None
     result: Any  # SimResult
     report: dict[str, Any]
@@ -293,30 +352,32 @@ def write_run_outputs(run_dir, study, spec, evaluator) -> RunOutputs:
     run_dir = Path(run_dir)
     trials = study.get_trials(deepcopy=False)
     dirs, names = directions(study), metric_names(study)
-    best = select_best(trials, dirs)
+    best = recommend(trials, spec, dirs)
     presets = evaluator.baselines()
     found = baseline_trials(trials)
     label = f"best (trial {best.number}" + (f", {baseline_name(best)})" if baseline_name(best) else ")")
     configs = {label: trial_config(best, spec, presets), **presets}
+    fleets = [trial_fleet(best, spec), *[spec.fleet] * len(presets)]  # baselines: the deployment's fleet
     trial_of = {label: best, **{name: found.get(name) for name in presets}}
 
     traffic = TrafficShape.of(evaluator.trace)
-    found_capacity = capacity_many(evaluator, list(configs.values()), spec.capacity_target)
-    curves = rate_curves(evaluator, configs, sweep_scales([c.rate_scale for c in found_capacity]), traffic.rate_rps)
+    found_capacity = capacity_many(evaluator, list(configs.values()), spec.capacity_target, fleets=fleets)
+    curves = rate_curves(evaluator, configs, sweep_scales([c.rate_scale for c in found_capacity]), traffic.rate_rps,
+                         fleets)
     evaluated = []
-    runs = evaluator.simulate_batch(list(configs.values()))
-    for (name, config), (result, report), cap in zip(configs.items(), runs, found_capacity, strict=True):
-        capacity = Capacity(cap.rate_scale, traffic.rate_rps, simulated_replicas(result), spec.tp,
-                            capped=not cap.bracketed)
+    runs = evaluator.simulate_batch(list(configs.values()), fleets=fleets)
+    for (name, config), fleet, (result, report), cap in zip(configs.items(), fleets, runs, found_capacity,
+                                                            strict=True):
+        capacity = Capacity(cap.rate_scale, traffic.rate_rps, fleet.replicas, fleet.tp, capped=not cap.bracketed)
         # What limits a config shows where it saturates: at its capacity, not at a light trace rate.
         limit_scale = cap.rate_scale if cap.rate_scale > 0 else 1.0
-        at_limit, limit_report = evaluator.simulate(config, rate_scale=limit_scale)
+        at_limit, limit_report = evaluator.simulate(config, rate_scale=limit_scale, fleet=fleet)
         diagnosis = diagnose(LoadSignals.of(at_limit, limit_report.to_dict()))
-        evaluated.append(Evaluated(name, config, trial_of[name], result, report.to_dict(), curves[name], capacity,
-                                   diagnosis, limit_scale * traffic.rate_rps))
+        evaluated.append(Evaluated(name, config, fleet, trial_of[name], result, report.to_dict(), curves[name],
+                                   capacity, diagnosis, limit_scale * traffic.rate_rps))
     recommended, baselines = evaluated[0], evaluated[1:]
 
-    deployment = deployment_of(spec, evaluator)
+    deployment = deployment_of(spec, evaluator, recommended.fleet)
     files: dict[str, Path] = {}
     expected = {k: recommended.report[k] for k in ("request_goodput", "slo_attainment", "p99_ttft_ms", "p99_tpot_ms")
                 if recommended.report.get(k) is not None}
@@ -335,22 +396,25 @@ def write_run_outputs(run_dir, study, spec, evaluator) -> RunOutputs:
         objectives=tuple(zip(names, best.values, dirs, strict=True)),
         plots={caption: str(path.relative_to(run_dir)) for caption, path in plot_files.items()
                if path.suffix == ".png"},
-        notes=_notes(best, recommended, spec),
+        notes=_notes(best, recommended, evaluated, spec),
+        fleet_front=fleet_front(trials),
     )
     files["capacity-review.md"], files["capacity-review.html"] = write_review(run_dir, review)
 
     summary = _summary(study, spec, evaluator, best, names, dirs, recommended, baselines, traffic)
     files["summary.json"] = run_dir / "summary.json"
-    files["summary.json"].write_text(json.dumps(_json_safe(summary), indent=2) + "\n")
+    files["summary.json"].write_text(json.dumps(json_safe(summary), indent=2) + "\n")
     files["trials.parquet"] = run_dir / "trials.parquet"
     trials_frame(trials, names).write_parquet(files["trials.parquet"])
     return RunOutputs(files, summary)
 
 
-def deployment_of(spec, evaluator) -> Deployment:
-    cost_model = evaluator.cost_model
+def deployment_of(spec, evaluator, fleet: Fleet | None = None) -> Deployment:
+    """Where a config runs: the spec's model and GPU on ``fleet`` (default: the spec's)."""
+    fleet = fleet or spec.fleet
+    cost_model = evaluator.cost_model_at(fleet.tp)
     reserved = cost_model.reserved_bytes / cost_model.gpu_memory_bytes if cost_model.gpu_memory_bytes else 0.0
-    return Deployment(spec.model, tp=spec.tp, replicas=spec.replicas, gpu=spec.gpu, reserved_fraction=reserved)
+    return Deployment(spec.model, tp=fleet.tp, replicas=fleet.replicas, gpu=spec.gpu, reserved_fraction=reserved)
 
 
 def _figures(e: Evaluated) -> ConfigFigures:
@@ -381,8 +445,15 @@ def _write_plots(plot_dir: Path, study, trials, dirs, names, evaluated: Sequence
 
 
 def _pareto_points(trials, dirs, names) -> tuple[list[plots.TrialPoint], tuple[str, str], tuple[str, str]]:
-    """Two objectives when the study has them; else goodput against p99 TTFT from the reports."""
+    """Two objectives when the study has them; else goodput against p99 TTFT from the reports.
+
+    GPUs go on the x axis (goodput vs GPUs reads as a capacity curve).
+    """
     complete = [t for t in trials if t.state == TrialState.COMPLETE and t.values is not None]
+    if len(dirs) > 1 and names[1] == "gpus":
+        points = [plots.TrialPoint(t.number, t.values[1], t.values[0], is_feasible(t), baseline_name(t))
+                  for t in complete]
+        return points, (names[1], names[0]), (dirs[1], dirs[0])
     if len(dirs) > 1:
         points = [plots.TrialPoint(t.number, t.values[0], t.values[1], is_feasible(t), baseline_name(t))
                   for t in complete]
@@ -392,19 +463,30 @@ def _pareto_points(trials, dirs, names) -> tuple[list[plots.TrialPoint], tuple[s
     return points, (names[0], "p99 TTFT (ms)"), (dirs[0], "minimize")
 
 
-def _notes(best: FrozenTrial, recommended: Evaluated, spec) -> list[str]:
+def _notes(best: FrozenTrial, recommended: Evaluated, evaluated: Sequence[Evaluated], spec) -> list[str]:
     notes = []
     if not is_feasible(best):
         violated = ", ".join(k for k, v in best.constraints.items() if v > 0)
         notes.append(f"No trial met every constraint; trial {best.number} is the best of all and violates {violated}.")
-    if recommended.capacity.replicas != spec.replicas:
-        notes.append(f"The engine simulated {recommended.capacity.replicas} replica(s) carrying the whole trace; "
-                     f"GPU counts here scale from that, not from the study's {spec.replicas} replica(s).")
+    if spec.objective == "goodput-gpus":
+        notes.append(f"Goodput vs GPUs: the recommendation is the fewest GPUs on the Pareto front that keep SLO "
+                     f"attainment >= {spec.capacity_target:.0%} (the most goodput if none does).")
+    if recommended.fleet != spec.fleet:
+        notes.append(f"The recommendation runs on {recommended.fleet.describe()}; the baselines on the "
+                     f"deployment's {spec.fleet.describe()}.")
+    if any(e.fleet.replicas > 1 for e in evaluated):
+        notes.append(f"Several replicas are simulated as {ROUTING_LABEL}: request i (in arrival order) goes to "
+                     "replica i mod R, and each replica schedules its share alone. Smarter routers "
+                     "(least-loaded, prefix-aware) are not modelled. KV high-water sums the replicas' peaks.")
     out_of_range = recommended.report.get("out_of_range_steps")
     if out_of_range:
         notes.append(f"{out_of_range} simulated steps fell outside the profiled step-time tables; "
                      "their timing is extrapolated and less certain.")
     return notes
+
+
+def _fleet_dict(fleet: Fleet) -> dict[str, int]:
+    return {"tp": fleet.tp, "replicas": fleet.replicas, "gpus": fleet.gpus}
 
 
 def _capacity_dict(c: Capacity) -> dict[str, Any]:
@@ -417,7 +499,7 @@ def _summary(study, spec, evaluator, best: FrozenTrial, names, dirs, recommended
     entries = {}
     for b in baselines:
         entry: dict[str, Any] = {"trial": b.trial.number if b.trial else None, "config": b.config.to_dict(),
-                                 "report": b.report, "capacity": _capacity_dict(b.capacity),
+                                 "fleet": _fleet_dict(b.fleet), "report": b.report, "capacity": _capacity_dict(b.capacity),
                                  "gains": gains(recommended.report, b.report)}
         if b.trial is not None:
             entry["values"] = dict(zip(names, b.trial.values, strict=True))
@@ -435,11 +517,13 @@ def _summary(study, spec, evaluator, best: FrozenTrial, names, dirs, recommended
         "trials": {state: states.count(state) for state in sorted(set(states))},
         "best": {"trial": best.number, "baseline": baseline_name(best), "feasible": is_feasible(best),
                  "values": dict(zip(names, best.values, strict=True)), "constraints": dict(best.constraints),
-                 "params": dict(best.params), "config": recommended.config.to_dict(), "report": recommended.report,
+                 "params": dict(best.params), "config": recommended.config.to_dict(),
+                 "fleet": _fleet_dict(recommended.fleet), "report": recommended.report,
                  "capacity": _capacity_dict(recommended.capacity)},
         "baselines": entries,
         "deployment": {"model": spec.model, "gpu": spec.gpu, "tp": spec.tp, "replicas": spec.replicas,
-                       "framework": spec.framework},
+                       "framework": spec.framework, "routing": ROUTING_LABEL},
+        "fleet_front": [dataclasses.asdict(p) for p in fleet_front(study.get_trials(deepcopy=False))],
         "slo": spec.slos.describe(),
         "capacity_target": spec.capacity_target,
         "traffic": {"requests": traffic.n_requests, "rate_rps": traffic.rate_rps, "burstiness": traffic.burstiness},
@@ -456,20 +540,6 @@ def _num(value: Any) -> float:
 
 def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, Path):
-        return str(value)
-    return value
 
 
 # -- reading a run folder back ------------------------------------------------------------------

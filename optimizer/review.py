@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from optimizer.exports import Deployment
+from optimizer.replicas import ROUTING_LABEL
 from policies.config import KNOBS, PolicyConfig
 from policies.result import SimResult
 from studies.slo import SLOSet
@@ -160,6 +161,19 @@ class ConfigFigures:
 
 
 @dataclass(frozen=True)
+class FleetPoint:
+    """The best feasible trial at one GPU count of a fleet search."""
+
+    gpus: int
+    tp: int
+    replicas: int
+    weighted_goodput: float
+    slo_attainment: float
+    trial: int
+    pareto: bool  # more goodput than every smaller GPU count
+
+
+@dataclass(frozen=True)
 class ReviewInputs:
     title: str
     deployment: Deployment
@@ -171,6 +185,7 @@ class ReviewInputs:
     objectives: Sequence[tuple[str, float, str]] = ()  # (name, value, direction) of the best trial
     plots: Mapping[str, str] = field(default_factory=dict)  # caption -> relative PNG path
     notes: Sequence[str] = ()
+    fleet_front: Sequence[FleetPoint] = ()  # best trial per GPU count, when the study searched the fleet
 
 
 Block = tuple[str, Any]  # ("h1" | "h2" | "p" | "ul" | "table" | "img", payload)
@@ -188,13 +203,19 @@ def build_review(r: ReviewInputs) -> list[Block]:
     blocks: list[Block] = [
         ("h1", r.title),
         ("p", f"Traffic: {r.trace_description}. Model {d.model} on {d.gpu.upper()}, "
-              f"{d.replicas} replica(s) x TP {d.tp} = {d.gpus} GPU(s). SLOs: {r.slos.describe()}. "
-              f"Target: SLO attainment >= {r.target_attainment:.0%}."),
+              f"{d.replicas} replica(s) x TP {d.tp} = {d.gpus} GPU(s)"
+              + (f" ({ROUTING_LABEL})" if d.replicas > 1 else "")
+              + f". SLOs: {r.slos.describe()}. Target: SLO attainment >= {r.target_attainment:.0%}."),
         ("h2", "How many GPUs"),
         ("table", _capacity_table([best, *r.baselines])),
     ]
     if best.capacity is not None:
         blocks.append(("p", _capacity_sentence(best.name, best.capacity, r.target_attainment)))
+    if r.fleet_front:
+        blocks += [("h2", "Goodput vs GPUs"),
+                   ("p", "The best feasible config the search found at each GPU count (replicas x TP, "
+                         f"{ROUTING_LABEL}); Pareto-optimal counts buy more goodput than every smaller one."),
+                   ("table", _front_table(r.fleet_front))]
     blocks.append(("h2", "What limits the best config"))
     if best.diagnosis is not None:
         where = "" if best.diagnosed_at_rps is None else f"At {_fmt(best.diagnosed_at_rps, 3)} req/s (its capacity): "
@@ -235,6 +256,14 @@ def _capacity_table(rows: Sequence[ConfigFigures]) -> list[list[str]]:
     return table
 
 
+def _front_table(points: Sequence[FleetPoint]) -> list[list[str]]:
+    table = [["GPUs", "replicas x TP", "weighted goodput (/s)", "SLO attainment", "trial", "Pareto-optimal"]]
+    for p in points:
+        table.append([str(p.gpus), f"{p.replicas} x TP {p.tp}", _fmt(p.weighted_goodput, 3), _pct(p.slo_attainment),
+                      str(p.trial), "yes" if p.pareto else "no"])
+    return table
+
+
 def _capacity_sentence(name: str, c: Capacity, target: float) -> str:
     gpus = c.gpus_needed
     if gpus is None:
@@ -252,6 +281,9 @@ def _capacity_sentence(name: str, c: Capacity, target: float) -> str:
 
 def _comparison_table(best: ConfigFigures, baselines: Sequence[ConfigFigures]) -> list[list[str]]:
     table = [["metric", best.name, *[b.name for b in baselines]]]
+    table.append(["GPUs (replicas x TP)", *[
+        "n/a" if f.capacity is None else f"{f.capacity.gpus} ({f.capacity.replicas} x TP {f.capacity.tp})"
+        for f in (best, *baselines)]])
     for key, label, digits in _COMPARED:
         fmt = _pct if digits is None else (lambda v, k=digits: _fmt(v, k))
         table.append([label, *[fmt(_num(f.report.get(key))) for f in (best, *baselines)]])
@@ -264,10 +296,13 @@ def _gain_sentences(best: ConfigFigures, baselines: Sequence[ConfigFigures]) -> 
     for b in baselines:
         theirs = _num(b.report.get("weighted_goodput"))
         gain = gain_ratio(mine, theirs)
+        gpus = ""
+        if best.capacity is not None and b.capacity is not None and best.capacity.gpus != b.capacity.gpus:
+            gpus = f" on {best.capacity.gpus} vs {b.capacity.gpus} GPUs"
         if gain is None:
-            lines.append(f"{b.name} has no goodput on this trace; {best.name} delivers {_fmt(mine, 3)}/s.")
+            lines.append(f"{b.name} has no goodput on this trace; {best.name} delivers {_fmt(mine, 3)}/s{gpus}.")
         else:
-            lines.append(f"Weighted goodput {gain:+.1%} over {b.name} ({_fmt(mine, 3)} vs {_fmt(theirs, 3)}/s).")
+            lines.append(f"Weighted goodput {gain:+.1%} over {b.name} ({_fmt(mine, 3)} vs {_fmt(theirs, 3)}/s{gpus}).")
     return lines
 
 

@@ -17,6 +17,14 @@ study's ``[space.KNOB]`` table:
 A top-level ``others = "fixed"`` in ``[space]`` fixes every knob the table does not name,
 so a study can search a few knobs only (``others = "default"`` is the default).
 
+Besides the knobs, the space holds the trial's ``Fleet``: TP degree and replicas (GPUs =
+replicas x TP). They stay at the deployment's values unless searched: by default when
+the objective is ``goodput-gpus`` (TP over the degrees valid for the model, replicas
+from 1 to ``DEFAULT_MAX_REPLICAS``), or when ``[space]`` names them: ``tp = [1, 2, 4]`` (a list is
+short for ``choices``), ``tp = {low = 1, high = 4}`` (the valid degrees in that range),
+``replicas = {low = 1, high = 8}``; ``value`` and ``search = false`` fix them as for
+knobs. ``others`` does not touch them.
+
 ``infeasibility`` prunes configs that cannot serve the trace by construction before any
 simulation runs.
 """
@@ -24,8 +32,9 @@ simulation runs.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -64,6 +73,35 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 _OVERRIDE_KEYS = {"low", "high", "log", "choices", "value", "search", "off", "when"}
+
+#: TP degrees a fleet may use (a node of 8 GPUs), and the fleet's default search ranges.
+TP_DEGREES = (1, 2, 4, 8)
+MAX_REPLICAS = 1024
+#: Replicas searched by default: 1 to this many (or the deployment's replicas, if more).
+DEFAULT_MAX_REPLICAS = 8
+_FLEET_KEYS = {"low", "high", "log", "choices", "value", "search"}
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """The GPUs a config runs on: ``replicas`` engines of TP degree ``tp`` each."""
+
+    tp: int = 1
+    replicas: int = 1
+
+    def __post_init__(self) -> None:
+        for name, high in (("tp", max(TP_DEGREES)), ("replicas", MAX_REPLICAS)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | np.integer) or not 1 <= value <= high:
+                raise SpaceError(f"{name} must be an integer in [1, {high}], got {value!r}")
+            object.__setattr__(self, name, int(value))
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.replicas
+
+    def describe(self) -> str:
+        return f"{self.replicas} x TP {self.tp} = {self.gpus} GPU(s)"
 
 
 @dataclass(frozen=True)
@@ -118,10 +156,16 @@ class Param:
 
 @dataclass(frozen=True)
 class SearchSpace:
-    """Searched params (parents before children) and the base config the rest keep."""
+    """Searched params (parents before children) and the base config the rest keep.
+
+    ``fleet_params`` are the searched fleet dimensions (``tp``, ``replicas``); the others
+    keep ``base_fleet``'s value.
+    """
 
     params: tuple[Param, ...]
     base: PolicyConfig
+    fleet_params: tuple[Param, ...] = ()
+    base_fleet: Fleet = Fleet()
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -140,41 +184,62 @@ class SearchSpace:
                 values[p.name] = p.suggest(trial)
         return PolicyConfig(**values)
 
-    def params_for(self, config: PolicyConfig) -> dict[str, Any]:
-        """The params a trial of ``config`` records: the active ones the space can express.
+    def suggest_fleet(self, trial) -> Fleet:
+        """Ask the trial for the searched fleet dimensions; the rest keep the base fleet."""
+        values = {"tp": self.base_fleet.tp, "replicas": self.base_fleet.replicas}
+        values.update({p.name: int(p.suggest(trial)) for p in self.fleet_params})
+        return Fleet(**values)
+
+    @property
+    def tp_choices(self) -> tuple[int, ...]:
+        """Every TP degree a trial of this space may run at."""
+        tp = next((p for p in self.fleet_params if p.name == "tp"), None)
+        return tp.choices if tp is not None else (self.base_fleet.tp,)
+
+    def params_for(self, config: PolicyConfig, fleet: Fleet | None = None) -> dict[str, Any]:
+        """The params a trial of ``config`` (on ``fleet``) records: the ones the space can express.
 
         Used for baselines: enqueued with these params, the sampler learns from them
         where the space holds their values, and records nothing false where it does not.
         """
-        values = config.to_dict()
-        params: dict[str, Any] = {}
-        for p in self.params:
-            if p.active(values):
-                params.update(p.params_for(values[p.name]))
-        return params
+        return {k: v for p, value in self._expressible(config, fleet) for k, v in p.params_for(value).items()}
 
-    def record(self, trial, config: PolicyConfig) -> None:
+    def record(self, trial, config: PolicyConfig, fleet: Fleet | None = None) -> None:
         """Store ``config``'s expressible params on a trial enqueued with ``params_for``."""
+        for p, _ in self._expressible(config, fleet):
+            p.suggest(trial)  # returns the enqueued value
+
+    def _expressible(self, config: PolicyConfig, fleet: Fleet | None) -> list[tuple[Param, Any]]:
         values = config.to_dict()
-        for p in self.params:
-            if p.active(values) and p.params_for(values[p.name]):
-                p.suggest(trial)  # returns the enqueued value
+        pairs = [(p, values[p.name]) for p in self.params if p.active(values)]
+        fleet = fleet or self.base_fleet
+        pairs += [(p, getattr(fleet, p.name)) for p in self.fleet_params]
+        return [(p, value) for p, value in pairs if p.params_for(value)]
 
     def describe(self) -> list[tuple[str, str]]:
         """(knob, what the search does with it) for every knob, in KNOBS order."""
-        by_name = {p.name: p for p in self.params}
-        fixed = self.fixed
-        return [(k.name, by_name[k.name].describe() if k.name in by_name else f"fixed = {fixed[k.name]!r}")
-                for k in KNOBS]
+        by_name = {p.name: p for p in (*self.params, *self.fleet_params)}
+        fixed = {**self.fixed, "tp": self.base_fleet.tp, "replicas": self.base_fleet.replicas}
+        return [(name, by_name[name].describe() if name in by_name else f"fixed = {fixed[name]!r}")
+                for name in (*(k.name for k in KNOBS), "tp", "replicas")]
 
 
-def build_space(overrides: Mapping[str, Mapping[str, Any]] | None = None,
-                base: PolicyConfig | None = None) -> SearchSpace:
-    """The default space with a study's per-knob overrides; raises SpaceError on bad ones."""
+def build_space(overrides: Mapping[str, Any] | None = None, base: PolicyConfig | None = None,
+                fleet: Fleet | None = None, *, search_fleet: bool = False,
+                tp_degrees: Callable[[], Sequence[int]] | None = None) -> SearchSpace:
+    """The default space with a study's per-knob overrides; raises SpaceError on bad ones.
+
+    ``fleet`` is the deployment's TP and replicas; ``search_fleet`` searches both by
+    default (the goodput-gpus objective). ``tp_degrees`` lists the TP degrees valid for
+    the model; it is called only when TP is searched without explicit choices.
+    """
     overrides = dict(overrides or {})
     others = overrides.pop("others", "default")
     if others not in ("default", "fixed"):
         raise SpaceError(f'[space] others must be "default" or "fixed", got {others!r}')
+    fleet = fleet or Fleet()
+    fleet_params, fleet = _fleet_params({k: overrides.pop(k) for k in ("tp", "replicas") if k in overrides},
+                                        fleet, search_fleet, tp_degrees)
     unknown = sorted(set(overrides) - set(KNOB_BY_NAME))
     if unknown:
         raise SpaceError(f"[space] has unknown knob(s) {unknown}; known: {sorted(KNOB_BY_NAME)}")
@@ -206,9 +271,88 @@ def build_space(overrides: Mapping[str, Mapping[str, Any]] | None = None,
     except ValueError as exc:
         raise SpaceError(f"[space] fixed values do not form a valid config: {exc}") from None
     ordered = _parents_first(params)
-    if not ordered:
+    if not ordered and not fleet_params:
         raise SpaceError("the search space is empty: every knob is fixed; give at least one knob a range or choices")
-    return SearchSpace(tuple(ordered), base_config)
+    return SearchSpace(tuple(ordered), base_config, fleet_params, fleet)
+
+
+def _fleet_params(overrides: dict[str, Any], fleet: Fleet, search: bool,
+                  tp_degrees: Callable[[], Sequence[int]] | None) -> tuple[tuple[Param, ...], Fleet]:
+    """The searched fleet dimensions, and the fleet the unsearched ones keep."""
+    params = []
+    values = {"tp": fleet.tp, "replicas": fleet.replicas}
+    for name in ("tp", "replicas"):
+        where = f"[space.{name}]"
+        override = overrides.get(name, {})
+        if isinstance(override, list | tuple):
+            override = {"choices": list(override)}
+        if not isinstance(override, Mapping):
+            raise SpaceError(f"{where} must be a list of values or a table such as {{low = 1, high = 8}}, "
+                             f"got {override!r}")
+        bad_keys = sorted(set(override) - _FLEET_KEYS)
+        if bad_keys:
+            raise SpaceError(f"{where} has unknown key(s) {bad_keys}; valid: {sorted(_FLEET_KEYS)}")
+        if "value" in override:
+            values[name] = _fleet_value(name, override["value"], where)
+            continue
+        if override.get("search", bool(override) or search) is False:
+            continue
+        defaults = {"low": 1, "high": max(DEFAULT_MAX_REPLICAS, fleet.replicas)} if name == "replicas" else {}
+        settings = {**defaults, **override}
+        if "low" in override or "high" in override:
+            if "low" not in override or "high" not in override:
+                raise SpaceError(f"{where}: give both low and high")
+            low, high = (_fleet_value(name, override[k], where) for k in ("low", "high"))
+            if low > high:
+                raise SpaceError(f"{where}: low {low} is above high {high}")
+        if "choices" in settings:
+            choices = tuple(_fleet_value(name, c, where) for c in settings["choices"])
+            if not choices or len(set(choices)) != len(choices):
+                raise SpaceError(f"{where}: choices {list(choices)} must be non-empty and without duplicates")
+            params.append(Param(name, "categorical", choices=tuple(sorted(choices))))
+        elif name == "tp":
+            if tp_degrees is None:
+                raise SpaceError(f"{where}: give the TP degrees to search, e.g. tp = [1, 2, 4]")
+            low, high = settings.get("low", 1), settings.get("high", max(TP_DEGREES))
+            degrees = tuple(d for d in tp_degrees() if low <= d <= high)
+            if not degrees:
+                raise SpaceError(f"{where}: no TP degree valid for the model lies in [{low}, {high}]; "
+                                 f"valid: {list(tp_degrees())}")
+            params.append(Param(name, "categorical", choices=degrees))
+        else:
+            params.append(Param(name, "int", settings["low"], settings["high"], bool(settings.get("log", False))))
+    return tuple(params), Fleet(**values)
+
+
+def _fleet_value(name: str, value: Any, where: str) -> int:
+    try:
+        return getattr(Fleet(**{name: value}), name)
+    except SpaceError as exc:
+        raise SpaceError(f"{where}: {exc}") from None
+
+
+@lru_cache(maxsize=32)
+def tp_degrees(model: str, gpu: str, framework: str = "vllm") -> tuple[int, ...]:
+    """TP degrees in ``TP_DEGREES`` that split the model's heads evenly and fit its weights on ``gpu``."""
+    from costmodels import build
+    from costmodels.architecture import load_model
+    from costmodels.costmodel import CostModelError
+
+    try:
+        load_model(model)
+    except CostModelError as exc:
+        raise SpaceError(f"[space.tp]: cannot list the TP degrees of {model!r} ({exc}); "
+                         "give them, e.g. tp = [1, 2, 4]") from None
+    valid = []
+    for tp in TP_DEGREES:
+        try:
+            build(model, gpu, tp=tp, framework=framework)
+        except CostModelError:
+            continue
+        valid.append(tp)
+    if not valid:
+        raise SpaceError(f"[space.tp]: {model} fits {gpu} at none of TP {list(TP_DEGREES)}")
+    return tuple(valid)
 
 
 def _param(knob, settings: dict[str, Any]) -> Param | None:

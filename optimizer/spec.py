@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from optimizer.space import SearchSpace, build_space
+from optimizer.space import Fleet, SearchSpace, build_space, tp_degrees
 from policies.presets import vllm_default
 from studies.slo import SLOSet, parse_slo, slo_from_mapping
 
@@ -129,7 +129,10 @@ class StudySpec:
                 raise SpecError(f"{name} must be a number > 0, got {value!r}")
         if not 0 < self.capacity_target <= 1:
             raise SpecError(f"capacity_target is an SLO-attainment fraction in (0, 1], got {self.capacity_target!r}")
-        set_(self, "search_space", build_space(self.space, vllm_default(self.gpu)))
+        set_(self, "search_space", build_space(
+            self.space, vllm_default(self.gpu), Fleet(self.tp, self.replicas),
+            search_fleet=self.objective == "goodput-gpus",
+            tp_degrees=lambda: tp_degrees(self.model, self.gpu, self.framework)))
         if not self.study_name:
             name = default_study_name(self.trace, self.model, self.gpu)
             if self.rate_scale is not None:
@@ -145,7 +148,12 @@ class StudySpec:
 
     @property
     def gpus(self) -> int:
-        return self.tp * self.replicas
+        return self.fleet.gpus
+
+    @property
+    def fleet(self) -> Fleet:
+        """The deployment's TP and replicas: the baselines' fleet, and every trial's unless searched."""
+        return self.search_space.base_fleet
 
     @property
     def usd_per_gpu_hour(self) -> float:

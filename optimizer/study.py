@@ -227,7 +227,7 @@ def enqueue_baselines(study: optuna.Study, spec: StudySpec, baselines: dict) -> 
     present = {t.user_attrs.get("baseline") for t in study.get_trials(deepcopy=False) if t.state != TrialState.FAIL}
     for name, config in baselines.items():
         if name not in present:
-            study.enqueue_trial(spec.search_space.params_for(config), user_attrs={"baseline": name})
+            study.enqueue_trial(spec.search_space.params_for(config, spec.fleet), user_attrs={"baseline": name})
 
 
 def rejected_cap(study: optuna.Study, spec: StudySpec, evaluator) -> float:
@@ -299,7 +299,7 @@ def run(study: optuna.Study, spec: StudySpec, evaluator, *, on_trial: Callable |
         try:
             _evaluate_and_tell(study, spec, evaluator, batch, cap, stats, on_trial)
         except BaseException:
-            for trial, _ in batch:  # told trials are skipped; nothing completed is undone
+            for trial, *_ in batch:  # told trials are skipped; nothing completed is undone
                 study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
             raise
     stats.engine_s = evaluator.engine_seconds - engine_before
@@ -307,7 +307,8 @@ def run(study: optuna.Study, spec: StudySpec, evaluator, *, on_trial: Callable |
     return stats
 
 
-def _ask(study, spec, baselines, k, me) -> list[tuple[Any, Any]]:
+def _ask(study, spec, baselines, k, me) -> list[tuple[Any, Any, Any]]:
+    """Up to ``k`` (trial, config, fleet); baselines run on the spec's fleet."""
     batch = []
     for _ in range(k):
         trial = study.ask()
@@ -320,23 +321,25 @@ def _ask(study, spec, baselines, k, me) -> list[tuple[Any, Any]]:
             break
         name = trial.user_attrs.get("baseline")
         if name in baselines:
-            config = baselines[name]
-            spec.search_space.record(trial, config)
+            config, fleet = baselines[name], spec.fleet
+            spec.search_space.record(trial, config, fleet)
         else:
-            config = spec.search_space.suggest(trial)
-        batch.append((trial, config))
+            config, fleet = spec.search_space.suggest(trial), spec.search_space.suggest_fleet(trial)
+        batch.append((trial, config, fleet))
     return batch
 
 
 def _evaluate_and_tell(study, spec, evaluator, batch, cap, stats: RunStats, on_trial) -> None:
     runnable = []
-    for trial, config in batch:
-        reason = evaluator.infeasibility(config)
+    for trial, config, fleet in batch:
+        reason = evaluator.infeasibility(config, fleet)
         if reason is None:
-            runnable.append((trial, config))
+            runnable.append((trial, config, fleet))
             continue
         t0 = time.perf_counter()
         trial.set_user_attr("config", config.to_dict())
+        trial.set_user_attr("tp", fleet.tp)
+        trial.set_user_attr("replicas", fleet.replicas)
         trial.set_user_attr("pruned", reason)
         frozen = study.tell(trial, state=TrialState.PRUNED)
         stats.optuna_s += time.perf_counter() - t0
@@ -346,13 +349,13 @@ def _evaluate_and_tell(study, spec, evaluator, batch, cap, stats: RunStats, on_t
             on_trial(frozen, stats)
     if not runnable:
         return
-    configs = [c for _, c in runnable]
-    reports = evaluator.reports(configs)
-    capacities = capacity_many(evaluator, configs, spec.capacity_target) if spec.objective == "capacity" \
-        else [None] * len(configs)
-    for (trial, config), report, capacity in zip(runnable, reports, capacities, strict=True):
+    configs, fleets = [c for _, c, _ in runnable], [f for _, _, f in runnable]
+    reports = evaluator.reports(configs, fleets=fleets)
+    capacities = capacity_many(evaluator, configs, spec.capacity_target, fleets=fleets) \
+        if spec.objective == "capacity" else [None] * len(configs)
+    for (trial, config, fleet), report, capacity in zip(runnable, reports, capacities, strict=True):
         t0 = time.perf_counter()
-        values = objectives.record(trial, spec, config, report, cap, gpus=spec.gpus, capacity=capacity)
+        values = objectives.record(trial, spec, config, report, cap, fleet=fleet, capacity=capacity)
         frozen = study.tell(trial, values)
         stats.optuna_s += time.perf_counter() - t0
         stats.told += 1
@@ -367,11 +370,16 @@ def _fail_stale(study: optuna.Study) -> None:
 
 
 # -- results -------------------------------------------------------------------------------
-def best_goodput_trial(study: optuna.Study):
-    """The feasible completed trial with the most weighted goodput (any objective mode)."""
+def best_goodput_trial(study: optuna.Study, max_gpus: int | None = None):
+    """The feasible completed trial with the most weighted goodput (any objective mode).
+
+    ``max_gpus`` restricts it to trials whose fleet uses at most that many GPUs.
+    """
     best = None
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         if not objectives.is_feasible(t) or "report" not in t.user_attrs:
+            continue
+        if max_gpus is not None and t.user_attrs.get("gpus", 0) > max_gpus:
             continue
         if best is None or _goodput(t) > _goodput(best):
             best = t
@@ -384,12 +392,16 @@ def baseline_trials(study: optuna.Study) -> dict[str, Any]:
 
 
 def gains(study: optuna.Study) -> dict[str, float]:
-    """Best weighted goodput / each baseline's, on the same trace (inf when a baseline has none)."""
-    best = best_goodput_trial(study)
-    if best is None:
-        return {}
+    """Best weighted goodput / each baseline's, on the same trace and at most the baseline's GPUs.
+
+    inf when a baseline has no goodput. Capping the GPUs keeps a study that searches the
+    fleet from crediting a bigger fleet's goodput to the scheduler knobs.
+    """
     out = {}
     for name, t in baseline_trials(study).items():
+        best = best_goodput_trial(study, max_gpus=t.user_attrs.get("gpus"))
+        if best is None:
+            continue
         base = _goodput(t)
         out[name] = _goodput(best) / base if base > 0 else float("inf")
     return out

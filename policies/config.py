@@ -39,11 +39,13 @@ class Knob:
         return KNOB_INDEX[self.name]
 
 
-SCHEDULING_POLICIES = ("fcfs", "priority")
+SCHEDULING_POLICIES = ("fcfs", "priority", "edf", "sjf", "lpm", "vtc")
 SCHEDULE_MODES = ("decode_first", "prefill_first")
 ADMISSION_MODES = ("none", "reservation", "predicted", "new_token_ratio")
 PREEMPTION_MODES = ("recompute", "swap", "auto")
 PREEMPTION_VICTIMS = ("newest", "lowest_priority", "fewest_output")
+FAIRNESS_COST_UNITS = ("tokens", "gpu_time", "kv_byte_seconds")
+MAX_WAIT_ACTIONS = ("reject", "admit_first")
 
 KNOBS: tuple[Knob, ...] = (
     Knob("max_num_batched_tokens", int, 1, 1 << 20, vllm="max-num-batched-tokens", sglang="chunked-prefill-size",
@@ -86,6 +88,24 @@ KNOBS: tuple[Knob, ...] = (
          help="reject an arrival whose deadline passes before its prompt could finish alone"),
     Knob("max_model_len", int, 0, 1 << 24, vllm="max-model-len", sglang="context-length",
          help="longest prompt + output accepted (0 = whatever the KV pool holds)"),
+    Knob("enable_prefix_caching", bool, vllm="enable-prefix-caching",
+         help="reuse the KV of shared prompt prefixes (the trace's prefix hashes); "
+              "SGLang's disable-radix-cache is the inverse"),
+    Knob("fairness_cost_unit", str, choices=FAIRNESS_COST_UNITS,
+         help="service charged per tenant (vtc order, audit): tokens = w_in * prompt tokens computed "
+              "+ w_out * output tokens; gpu_time = step time split by tokens; kv_byte_seconds"),
+    Knob("vtc_input_weight", float, 0.0, 100.0, help="tokens unit: service per prompt token computed (VTC w_p)"),
+    Knob("vtc_output_weight", float, 0.0, 100.0, help="tokens unit: service per output token (VTC w_q)"),
+    Knob("aging_rate", float, 0.0, 1e6,
+         help="priority: levels gained per second waited; sjf: predicted seconds forgiven per second waited"),
+    Knob("max_wait_action", str, choices=MAX_WAIT_ACTIONS,
+         help="past max_wait_s a never-scheduled request is rejected (MAX_WAIT) or admitted first"),
+    Knob("deadline_margin_ms", float, 0.0, 1e6,
+         help="edf: reject a request at the head if now + its lone prefill + margin passes its deadline"),
+    Knob("tenant_kv_quota", float, 0.01, 1.0,
+         help="largest share of KV blocks one tenant's running requests may hold when admitting (1 = off)"),
+    Knob("tenant_token_quota", float, 0.01, 1.0,
+         help="largest share of a step's token budget one tenant's prefills may use (1 = off)"),
 )
 
 KNOB_INDEX = {k.name: i for i, k in enumerate(KNOBS)}
@@ -119,6 +139,15 @@ class PolicyConfig:
     kv_high_water: float = 1.0
     reject_unmeetable_deadline: bool = False
     max_model_len: int = 0
+    enable_prefix_caching: bool = False
+    fairness_cost_unit: str = "tokens"
+    vtc_input_weight: float = 1.0
+    vtc_output_weight: float = 2.0
+    aging_rate: float = 0.0
+    max_wait_action: str = "reject"
+    deadline_margin_ms: float = 50.0
+    tenant_kv_quota: float = 1.0
+    tenant_token_quota: float = 1.0
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -47,6 +47,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit, prange
@@ -154,6 +155,10 @@ from policies.kernel_state import (
 )
 from policies.kernel_state import T as CLOCK
 from policies.result import Reject, SimResult, State
+from policies import fairness as fm
+from policies import prefix_cache as pcm
+from policies import queues as qm
+from policies.config import FAIRNESS_COST_UNITS, MAX_WAIT_ACTIONS
 from policies.waitqueue import heap_first_live, heap_pop, heap_push
 
 # Knob positions in the config vector (frozen into the kernel as constants).
@@ -178,8 +183,18 @@ I_MAX_WAIT = KNOB_INDEX["max_wait_s"]
 I_HIGH_WATER = KNOB_INDEX["kv_high_water"]
 I_UNMEETABLE = KNOB_INDEX["reject_unmeetable_deadline"]
 I_MAX_MODEL_LEN = KNOB_INDEX["max_model_len"]
+I_PREFIX_CACHING = KNOB_INDEX["enable_prefix_caching"]
+I_COST_UNIT = KNOB_INDEX["fairness_cost_unit"]
+I_W_IN = KNOB_INDEX["vtc_input_weight"]
+I_W_OUT = KNOB_INDEX["vtc_output_weight"]
+I_AGING = KNOB_INDEX["aging_rate"]
+I_WAIT_ACTION = KNOB_INDEX["max_wait_action"]
+I_DEADLINE_MARGIN = KNOB_INDEX["deadline_margin_ms"]
 
-FCFS = SCHEDULING_POLICIES.index("fcfs")
+assert SCHEDULING_POLICIES == qm.QUEUE_ORDERS and FAIRNESS_COST_UNITS == fm.FAIRNESS_COST_UNITS
+EDF = SCHEDULING_POLICIES.index("edf")
+VTC = SCHEDULING_POLICIES.index("vtc")
+ADMIT_FIRST = MAX_WAIT_ACTIONS.index("admit_first")
 PREFILL_FIRST = SCHEDULE_MODES.index("prefill_first")
 ADMIT_NONE = ADMISSION_MODES.index("none")
 ADMIT_RESERVATION = ADMISSION_MODES.index("reservation")
@@ -209,6 +224,30 @@ ERROR_STALLED = 1
 O_STATE, O_REASON, O_GENERATED, O_PREEMPTS = 0, 1, 2, 3
 O_FIRST_TOKEN, O_FINISH, O_FIRST_SCHED = 0, 1, 2
 N_OI, N_OF = 4, 3
+# Prefix-cache run figures (out_prefix): lookups' hit and query tokens, prefill time saved.
+P_HIT_TOKENS, P_QUERY_TOKENS, P_SAVED_S, P_EVICTIONS = 0, 1, 2, 3
+N_PREFIX = 4
+
+
+class Sharing(NamedTuple):
+    """Per-run state of the sharing policies (prefix cache, queue lanes, tenant ledger)
+    and the per-request trace columns they read; one value so helpers take one argument."""
+
+    pc: pcm.PrefixCache
+    wq: qm.WaitQueue
+    sh: fm.Shares
+    tenant: np.ndarray  # i8[n]
+    klass: np.ndarray  # i8[n], SLO class
+    offsets: np.ndarray  # i8[n + 1], CSR prefix blocks
+    arrival: np.ndarray
+    priority: np.ndarray
+    deadline: np.ndarray
+    min_service_s: np.ndarray  # f8[n], lower bound on completion time (edf rejection)
+    job_s: np.ndarray  # f8[n], predicted job length (sjf)
+    lane_blocked: np.ndarray  # b1[lanes], lanes at a quota or budget in this admission round
+    cached_first: np.ndarray  # i8[n], prompt tokens from the cache at first schedule
+    prefix: np.ndarray  # f8[N_PREFIX]
+    caching: bool
 
 
 # ======================================================================================
@@ -238,18 +277,30 @@ def _run_remove(run, g, r):
 
 
 @njit(cache=True, nogil=True)
-def _free_gpu(ri, g, r):
+def _free_gpu(ri, g, sx, r, drop_refs):
+    """Free r's own blocks; with drop_refs also its prefix-cache references (idle entries
+    stay cached but count as free: evictable on demand, as vLLM's free queue)."""
     held = ri[HELD, r]
     g[FREE] += held
     g[USED] -= held
     ri[HELD, r] = 0
+    fm.hold_kv(sx.sh, sx.tenant[r], sx.klass[r], -held)
+    if drop_refs and sx.pc.held[r] > 0:
+        idle = pcm.release(sx.pc, sx.offsets, r)
+        g[FREE] += idle
+        g[USED] -= idle
 
 
 @njit(cache=True, nogil=True)
-def _take_gpu(ri, g, r, blocks):
+def _take_gpu(ri, g, sx, r, blocks):
+    """Give r ``blocks`` more blocks, evicting idle cached prefixes first if needed."""
+    short = blocks - (g[FREE] - sx.pc.stats[pcm.S_EVICTABLE] * sx.pc.entry_blocks)
+    if short > 0:
+        pcm.evict(sx.pc, short)
     g[FREE] -= blocks
     g[USED] += blocks
     ri[HELD, r] += blocks
+    fm.hold_kv(sx.sh, sx.tenant[r], sx.klass[r], blocks)
     if g[USED] > g[PEAK]:
         g[PEAK] = g[USED]
 
@@ -270,7 +321,7 @@ def _release_reservation(ri, g, r):
 
 
 @njit(cache=True, nogil=True)
-def _end_request(ri, rf, g, run, r, state, reason, t_end):
+def _end_request(ri, rf, g, sx, run, r, state, reason, t_end):
     """Final state for r; frees everything it holds. A second call is a no-op."""
     status = ri[STATUS, r]
     if status == DONE:
@@ -280,7 +331,9 @@ def _end_request(ri, rf, g, run, r, state, reason, t_end):
         _release_reservation(ri, g, r)
     elif status == WAITING:
         g[N_WAIT] -= 1
-    _free_gpu(ri, g, r)
+        qm.remove(sx.wq, r)
+        fm.dequeue(sx.sh, sx.tenant[r])
+    _free_gpu(ri, g, sx, r, True)
     g[HOST_FREE] += ri[HOST, r]
     ri[HOST, r] = 0
     ri[STATUS, r] = DONE
@@ -291,25 +344,24 @@ def _end_request(ri, rf, g, run, r, state, reason, t_end):
 
 
 @njit(cache=True, nogil=True)
-def _end_by_deadline(ri, rf, g, run, deadline, r):
+def _end_by_deadline(ri, rf, g, sx, run, deadline, r):
     """The client left at its deadline: TIMED_OUT if it had seen a token by then."""
     state = S_TIMED_OUT if rf[FIRST_TOKEN, r] <= deadline[r] else S_CANCELLED
-    _end_request(ri, rf, g, run, r, state, R_NONE, deadline[r])
+    _end_request(ri, rf, g, sx, run, r, state, R_NONE, deadline[r])
 
 
 @njit(cache=True, nogil=True)
-def _push_waiting(ri, rf, g, wheap, priority, cfg, r, in_front):
-    """Queue r: FCFS keeps push order (preempted requests go first), priority sorts."""
-    if int(cfg[I_POLICY]) == FCFS:
-        g[QUEUE_SEQ] += 1
-        rf[QKEY0, r] = 0.0
-        ri[QKEY1, r] = -g[QUEUE_SEQ] if in_front else g[QUEUE_SEQ]
-    else:
-        rf[QKEY0, r] = -float(priority[r])
-        ri[QKEY1, r] = r
+def _push_waiting(ri, g, sx, cfg, r, in_front):
+    """Queue r under the configured order (``policies.queues``); FCFS-like orders keep
+    push order with preempted requests first; its tenant may become backlogged (VTC)."""
+    g[QUEUE_SEQ] += 1
+    seq = -g[QUEUE_SEQ] if in_front else g[QUEUE_SEQ]
+    k1, k2 = qm.order_keys(int(cfg[I_POLICY]), seq, sx.arrival[r], sx.priority[r], sx.deadline[r],
+                           sx.job_s[r], cfg[I_AGING])
     ri[STATUS, r] = WAITING
     g[N_WAIT] += 1
-    heap_push(wheap, rf[QKEY0], ri[QKEY1], r)
+    qm.push(sx.wq, r, k1, k2)
+    fm.enqueue(sx.sh, sx.tenant[r])
 
 
 # ======================================================================================
@@ -331,11 +383,31 @@ def _batch_account(ri, g, prompt, r, n, sign):
 
 
 @njit(cache=True, nogil=True)
-def _schedule(ri, g, batch, prompt, cfg, r, n):
+def _need_blocks(ri, sx, r, ctx, block_size):
+    """Blocks r must add to hold ``ctx`` computed tokens. Full prompt hash blocks it
+    completes count whole (``policies.prefix_cache``); without caching (n_full 0) this is
+    ``ceil(ctx / block_size) - held``."""
+    pc = sx.pc
+    h = pc.held[r]
+    h_after = max(h, min(pc.n_full[r], ctx // pc.block_tokens))
+    return (pcm.private_blocks(ctx, h_after, pc.block_tokens, block_size)
+            + pc.entry_blocks * (h_after - h) - ri[HELD, r])
+
+
+@njit(cache=True, nogil=True)
+def _charge_prefill(ri, sx, prompt, cfg, r, n, sign):
+    """Tokens unit: charge (sign=1) or refund (-1) the prompt tokens of a scheduled chunk."""
+    if int(cfg[I_COST_UNIT]) == fm.TOKENS and not _is_decode(ri, prompt, r, n):
+        fm.charge(sx.sh, sx.tenant[r], sign * cfg[I_W_IN] * n)
+
+
+@njit(cache=True, nogil=True)
+def _schedule(ri, g, sx, batch, prompt, cfg, r, n):
     """Put n tokens of r in the batch, allocating their blocks (the caller checked they fit)."""
-    block_size = int(cfg[I_BLOCK_SIZE])
-    _take_gpu(ri, g, r, _blocks(ri[COMPUTED, r] + n, block_size) - ri[HELD, r])
+    _take_gpu(ri, g, sx, r, _need_blocks(ri, sx, r, ri[COMPUTED, r] + n, int(cfg[I_BLOCK_SIZE])))
     _cover_reservation(ri, g, r)
+    _charge_prefill(ri, sx, prompt, cfg, r, n, 1)
+    fm.use_tokens(sx.sh, sx.tenant[r], sx.klass[r], n)
     _batch_account(ri, g, prompt, r, n, 1)
     ri[SCHED, r] = n
     batch[g[N_BATCH]] = r
@@ -405,23 +477,30 @@ def _pick_victim(ri, g, run, prompt, priority, cfg):
 
 
 @njit(cache=True, nogil=True)
-def _preempt(ri, rf, g, gf, run, wheap, tables, prompt, priority, cfg, kv_bytes, swap_bw, v):
-    """Take v off the GPU: swap its KV out or drop it for recompute, and requeue it."""
+def _preempt(ri, rf, g, gf, sx, run, tables, prompt, cfg, kv_bytes, swap_bw, v):
+    """Take v off the GPU: swap its KV out or drop it for recompute, and requeue it.
+
+    A swapped request keeps its prefix-cache references (its shared prefix stays on the
+    GPU); a recomputed one drops them and looks the cache up again when readmitted.
+    """
     block_size = int(cfg[I_BLOCK_SIZE])
     g[PREEMPTED_NOW] = 1
     n = ri[SCHED, v]
     if n > 0:  # already in this step's batch: give its tokens and new blocks back
         _batch_account(ri, g, prompt, v, n, -1)
+        _charge_prefill(ri, sx, prompt, cfg, v, n, -1)
+        fm.use_tokens(sx.sh, sx.tenant[v], sx.klass[v], -n)
         g[BUDGET] += n
         ri[SCHED, v] = 0
-        keep = _blocks(ri[COMPUTED, v], block_size)
+        keep = pcm.private_blocks(ri[COMPUTED, v], sx.pc.held[v], sx.pc.block_tokens, block_size)
         extra = ri[HELD, v] - keep
         g[FREE] += extra
         g[USED] -= extra
         ri[HELD, v] = keep
+        fm.hold_kv(sx.sh, sx.tenant[v], sx.klass[v], -extra)
     limit = int(cfg[I_MAX_PREEMPTIONS])
     if limit > 0 and ri[PREEMPTS, v] >= limit:
-        _end_request(ri, rf, g, run, v, S_REJECTED, R_MAX_PREEMPTIONS, gf[CLOCK])
+        _end_request(ri, rf, g, sx, run, v, S_REJECTED, R_MAX_PREEMPTIONS, gf[CLOCK])
         return
     ri[PREEMPTS, v] += 1
     held = ri[HELD, v]
@@ -442,22 +521,22 @@ def _preempt(ri, rf, g, gf, run, wheap, tables, prompt, priority, cfg, kv_bytes,
             g[SWAP_OUTS] += 1
     if not swap:
         ri[COMPUTED, v] = 0
-    _free_gpu(ri, g, v)
+    _free_gpu(ri, g, sx, v, not swap)
     _run_remove(run, g, v)
     _release_reservation(ri, g, v)
-    _push_waiting(ri, rf, g, wheap, priority, cfg, v, True)
+    _push_waiting(ri, g, sx, cfg, v, True)
 
 
 @njit(cache=True, nogil=True)
-def _schedule_running(ri, rf, g, gf, run, wheap, batch, tables, prompt, priority, cfg, kv_bytes, swap_bw, r, n):
+def _schedule_running(ri, rf, g, gf, sx, run, batch, tables, prompt, priority, cfg, kv_bytes, swap_bw, r, n):
     """Schedule n tokens of running r, preempting victims until its blocks fit."""
     block_size = int(cfg[I_BLOCK_SIZE])
-    while _blocks(ri[COMPUTED, r] + n, block_size) - ri[HELD, r] > g[FREE]:
+    while _need_blocks(ri, sx, r, ri[COMPUTED, r] + n, block_size) > g[FREE]:
         v = _pick_victim(ri, g, run, prompt, priority, cfg)
-        _preempt(ri, rf, g, gf, run, wheap, tables, prompt, priority, cfg, kv_bytes, swap_bw, v)
+        _preempt(ri, rf, g, gf, sx, run, tables, prompt, cfg, kv_bytes, swap_bw, v)
         if v == r:
             return
-    _schedule(ri, g, batch, prompt, cfg, r, n)
+    _schedule(ri, g, sx, batch, prompt, cfg, r, n)
 
 
 # ======================================================================================

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from pathlib import PurePath
 from typing import Any
 
 import numpy as np
@@ -80,7 +81,7 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-serialisable values; NaN becomes ``None``."""
-        return _json_safe(asdict(self))
+        return json_safe(asdict(self))
 
     def summary_rows(self) -> list[tuple[str, str, str]]:
         """(section, label, formatted value) rows of the key figures, for a console table."""
@@ -325,15 +326,18 @@ def _classes(trace: Trace, slos: SLOSet, lat: dict[str, np.ndarray], finished: n
     return out
 
 
-def _json_safe(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
+    """Strict-JSON form of nested reports: NumPy scalars as Python, NaN/inf as None, paths as text."""
     if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
+        return [json_safe(v) for v in value]
     if isinstance(value, np.generic):
         value = value.item()
     if isinstance(value, float) and not math.isfinite(value):
         return None
+    if isinstance(value, PurePath):
+        return str(value)
     return value
 
 

@@ -45,21 +45,29 @@ def export_command(
 
 def _export(run_dir: Path, backend: str, number: int | None, storage: str | None) -> str:
     from optimizer.exports import Deployment, engine_yaml
-    from optimizer.outputs import directions, find_trial, open_run, select_best, trial_config
+    from optimizer.outputs import (
+        directions,
+        find_trial,
+        open_run,
+        recommend,
+        trial_config,
+        trial_fleet,
+    )
     from policies.presets import PRESETS, preset
 
     spec, study = open_run(run_dir, storage)
     trials = study.get_trials(deepcopy=False)
-    chosen = select_best(trials, directions(study)) if number is None else find_trial(trials, number)
+    chosen = recommend(trials, spec, directions(study)) if number is None else find_trial(trials, number)
     config = trial_config(chosen, spec, {name: preset(name, spec.gpu) for name in PRESETS})
-    deployment = Deployment(spec.model, tp=spec.tp, replicas=spec.replicas, gpu=spec.gpu,
-                            reserved_fraction=_reserved_fraction(spec) if backend == "sglang" else 0.0)
+    fleet = trial_fleet(chosen, spec)
+    deployment = Deployment(spec.model, tp=fleet.tp, replicas=fleet.replicas, gpu=spec.gpu,
+                            reserved_fraction=_reserved_fraction(spec, fleet.tp) if backend == "sglang" else 0.0)
     return engine_yaml(config, deployment, backend, note=f"servetune study {spec.study_name}, trial {chosen.number}")
 
 
-def _reserved_fraction(spec) -> float:
+def _reserved_fraction(spec, tp: int) -> float:
     """Activation reserve / GPU memory from the study's cost model (SGLang counts weights + KV only)."""
-    from costmodels import build
+    from optimizer.evaluate import build_cost_model
 
-    cost_model = build(spec.model, spec.gpu, tp=spec.tp, framework=spec.framework)
+    cost_model = build_cost_model(spec, tp)
     return cost_model.reserved_bytes / cost_model.gpu_memory_bytes

@@ -100,7 +100,7 @@ def _tune(spec, console: Console, *, resume: bool, outputs: bool, quiet: bool) -
                          "continue it, or pass another --study-name")
     evaluator = Evaluator(spec)
     console.print(f"study [bold]{spec.study_name}[/]: {evaluator.trace.n} requests, {spec.model} on "
-                  f"{spec.gpu} (TP {spec.tp}), cost model {evaluator.cost_model.source}; "
+                  f"{spec.gpu} ({spec.fleet.describe()}), cost model {evaluator.cost_model.source}; "
                   f"{spec.trials} trials{f', {done} done' if done else ''}; run folder {spec.run_dir}")
     enqueue_baselines(study, spec, evaluator.baselines())
     stats = _run(study, spec, evaluator, quiet, done)
@@ -165,6 +165,8 @@ def _run(study, spec, evaluator, quiet: bool, done: int) -> RunStats:
 
 
 def _print_summary(console: Console, study, spec, stats: RunStats) -> None:
+    from optimizer.outputs import fleet_front
+    from optimizer.replicas import ROUTING_LABEL
     from optimizer.study import baseline_trials, best_goodput_trial, gains
 
     best = best_goodput_trial(study)
@@ -177,21 +179,27 @@ def _print_summary(console: Console, study, spec, stats: RunStats) -> None:
         return
     rows = {f"best (trial {best.number})": best, **baseline_trials(study)}
     table = Table(title=f"{spec.study_name}: SLO {spec.slos.describe()}")
-    for column in ("config", "weighted goodput (/s)", "SLO attainment", "p99 TTFT (ms)", "p99 TPOT (ms)",
+    for column in ("config", "GPUs", "weighted goodput (/s)", "SLO attainment", "p99 TTFT (ms)", "p99 TPOT (ms)",
                    "rejected"):
         table.add_column(column, justify="left" if column == "config" else "right")
     for name, t in rows.items():
         r = t.user_attrs["report"]
-        table.add_row(name, _num(r.get("weighted_goodput"), 3), _pct(r.get("slo_attainment")),
-                      _num(r.get("p99_ttft_ms"), 0), _num(r.get("p99_tpot_ms"), 1), _pct(r.get("rejected_fraction")))
+        table.add_row(name, str(t.user_attrs.get("gpus", "-")), _num(r.get("weighted_goodput"), 3),
+                      _pct(r.get("slo_attainment")), _num(r.get("p99_ttft_ms"), 0), _num(r.get("p99_tpot_ms"), 1),
+                      _pct(r.get("rejected_fraction")))
     console.print(table)
     attainments = [t.user_attrs["report"].get("slo_attainment") or 0.0 for t in rows.values()]
     if min(attainments) >= 0.999:
         console.print("[yellow]every config here meets the SLOs for (nearly) every request: the trace is light for "
                       "this deployment; raise the load (--rate-scale) or search capacity (--capacity)[/]")
     for name, ratio in gains(study).items():
-        console.print(f"gain over {name}: [bold]{ratio:.2f}x[/] weighted goodput"
+        console.print(f"gain over {name}: [bold]{ratio:.2f}x[/] weighted goodput (on no more GPUs)"
                       if math.isfinite(ratio) else f"gain over {name}: {name} has no goodput on this trace")
+    front = fleet_front(study.get_trials(deepcopy=False))
+    if front:
+        console.print("goodput vs GPUs (" + ROUTING_LABEL + "): " + "; ".join(
+            f"{p.gpus} ({p.replicas} x TP {p.tp}): {p.weighted_goodput:.3f}/s, {100 * p.slo_attainment:.1f}% SLO"
+            + ("" if p.pareto else " (no gain)") for p in front))
 
 
 def _share(part: float, whole: float) -> str:

@@ -180,7 +180,7 @@ def _run(tmp_path, objective: str):
         name = trial.user_attrs.get("baseline")
         config = baselines[name] if name else spec.search_space.suggest(trial)
         (report,) = evaluator.reports([config])
-        return record(trial, spec, config, report, cap=0.01, gpus=spec.gpus)
+        return record(trial, spec, config, report, cap=0.01)
 
     study.optimize(objective_fn, n_trials=14)
     return write_run_outputs(spec.run_dir, study, spec, evaluator), study, spec

@@ -25,7 +25,8 @@ def sampled(space, n=60, seed=0):
 def test_every_knob_is_searched_or_fixed():
     space = build_space()
     described = dict(space.describe())
-    assert list(described) == [k.name for k in KNOBS]
+    assert list(described) == [*(k.name for k in KNOBS), "tp", "replicas"]
+    assert described["tp"] == "fixed = 1" and described["replicas"] == "fixed = 1"
     for name in ("max_num_batched_tokens", "max_num_seqs", "long_prefill_token_threshold", "kv_headroom",
                  "admission_mode", "admission_quantile", "preemption_mode", "scheduling_policy"):
         assert name in space.names

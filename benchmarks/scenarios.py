@@ -1,0 +1,176 @@
+"""The scenario matrix: every scenario of ``studies.scenarios`` under the same policies.
+
+Each scenario's seeded trace is replayed under FIFO without batching (vLLM defaults with
+``max_num_seqs = 1``), vLLM defaults, SGLang defaults, the scenario's own extra policies
+and a tuned policy (``servetune``'s Optuna study, with baselines enqueued first, over the
+default search space with a small trial budget, on the same trace). Prints a markdown
+table per scenario and writes ``scenarios.md`` and ``scenarios.json`` to ``--out``.
+Scenarios whose knobs the engine lacks, or that need features it lacks, are listed as
+pending, never approximated. Deterministic for a seed.
+
+    python benchmarks/scenarios.py [--quick] [--trials 40] [--only steady,bursty] [--scenarios FILE.toml]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import optuna  # noqa: E402
+
+from costmodels import build  # noqa: E402
+from optimizer.evaluate import Evaluator  # noqa: E402
+from optimizer.objective import objective_for  # noqa: E402
+from optimizer.spec import StudySpec  # noqa: E402
+from optimizer.study import best_goodput_trial, enqueue_baselines, make_sampler, run  # noqa: E402
+from policies.config import KNOB_BY_NAME, ConfigError, PolicyConfig  # noqa: E402
+from policies.engine import simulate_many  # noqa: E402
+from policies.presets import preset  # noqa: E402
+from studies.metrics import score  # noqa: E402
+from studies.scenarios import SCENARIOS, build_trace, load_scenarios, scenario_slos  # noqa: E402
+
+MODEL, GPU = "meta-llama/Llama-3.1-8B", "h100"
+STANDARD = {"fifo-no-batching": {"base": "vllm-default", "set": {"max_num_seqs": 1}},
+            "vllm-default": {"base": "vllm-default", "set": {}},
+            "sglang-default": {"base": "sglang-default", "set": {}}}
+COLUMNS = (  # (header, Report field or derived key, format)
+    ("policy", "policy", "{}"), ("offered/s", "offered_rps", "{:.1f}"), ("accepted/s", "accepted_rps", "{:.1f}"),
+    ("rejected", "rejected_fraction", "{:.1%}"), ("goodput/s", "request_goodput", "{:.2f}"),
+    ("weighted/s", "weighted_goodput", "{:.2f}"), ("SLO met", "slo_attainment", "{:.1%}"),
+    ("TTFT p50/p99 ms", ("p50_ttft_ms", "p99_ttft_ms"), "{:.0f} / {:.0f}"),
+    ("TPOT p50/p99 ms", ("p50_tpot_ms", "p99_tpot_ms"), "{:.1f} / {:.1f}"),
+    ("E2E p50/p99 s", ("p50_e2el_ms", "p99_e2el_ms"), "{:.1f} / {:.1f}"),
+    ("queue p50/p99 s", ("p50_queue_ms", "p99_queue_ms"), "{:.2f} / {:.2f}"),
+    ("KV peak", "kv_peak_fraction", "{:.0%}"), ("preempt", "preemptions", "{:,}"),
+    ("cache saved tok", "prefix_tokens_saved", "{:,}"), ("tenant shares", "tenant_shares", "{}"),
+)
+SECONDS = {"p50_e2el_ms", "p99_e2el_ms", "p50_queue_ms", "p99_queue_ms"}
+
+
+def policies_for(data: dict[str, Any]) -> tuple[dict[str, PolicyConfig], dict[str, str]]:
+    """(name -> config) for the standard and the scenario's policies, and (name -> why pending)."""
+    configs, pending = {}, {}
+    for name, body in {**STANDARD, **data.get("policies", {})}.items():
+        missing = sorted(set(body.get("set", {})) - set(KNOB_BY_NAME))
+        if missing:
+            pending[name] = f"needs knob(s) {missing}, not in this engine yet"
+            continue
+        try:
+            configs[name] = preset(body.get("base", "vllm-default"), GPU).replace(**body.get("set", {}))
+        except ConfigError as exc:  # e.g. a queue order this engine does not have yet
+            pending[name] = f"not runnable on this engine yet ({exc})"
+    return configs, pending
+
+
+def tune(name: str, trace, cost, slos, trials: int, seed: int) -> tuple[PolicyConfig, dict[str, Any]]:
+    """The best feasible config of a ``trials``-trial study on this trace (baselines included)."""
+    spec = StudySpec(trace=Path(f"scenario-{name}"), model=MODEL, gpu=GPU, slos=slos, trials=trials, seed=seed,
+                     batch_size=2)
+    evaluator = Evaluator(spec, trace=trace, cost_model=cost)
+    study = optuna.create_study(directions=list(objective_for(spec).directions), sampler=make_sampler(spec, seed))
+    enqueue_baselines(study, spec, evaluator.baselines())
+    stats = run(study, spec, evaluator)
+    best = best_goodput_trial(study)
+    config = PolicyConfig.from_mapping(best.user_attrs["config"])
+    base = preset("vllm-default", GPU).to_dict()
+    changed = {k: v for k, v in config.to_dict().items() if v != base[k]}
+    return config, {"trials": stats.told, "best_trial": best.number, "baseline": best.user_attrs.get("baseline"),
+                    "changed_vs_vllm_default": changed}
+
+
+def run_scenario(name: str, data: dict[str, Any], cost, *, trials: int, seed: int = 0) -> dict[str, Any]:
+    """Every policy on the scenario's trace: a JSON-ready dict of per-policy reports."""
+    out: dict[str, Any] = {"scenario": name, "about": data.get("about", ""), "policies": {}, "pending": {}}
+    if "pending" in data:
+        out["pending"]["*"] = data["pending"]
+        return out
+    missing = sorted(set(data.get("requires", [])) - set(KNOB_BY_NAME))
+    if missing:
+        out["pending"]["*"] = f"needs knob(s) {missing}, not in this engine yet"
+        return out
+    trace, slos = build_trace(name, data), scenario_slos(name, data)
+    configs, out["pending"] = policies_for(data)
+    if trials > 0:
+        configs["tuned"], out["tuning"] = tune(name, trace, cost, slos, trials, seed)
+    out["requests"] = trace.n
+    results = simulate_many(trace, cost, list(configs.values()), seed=seed)
+    for policy, result in zip(configs, results, strict=True):
+        report = score(result, trace, slos).to_dict()
+        report["tenant_shares"] = ", ".join(f"{t} {v['share']:.0%}" for t, v in report["per_tenant"].items()
+                                            if v["share"] is not None) if len(report["per_tenant"]) > 1 else "-"
+        out["policies"][policy] = report
+    return out
+
+
+def _cell(report: dict[str, Any], key, fmt: str) -> str:
+    keys = key if isinstance(key, tuple) else (key,)
+    values = [report.get(k) for k in keys]
+    if any(v is None for v in values):
+        return "-"
+    values = [v / 1e3 if k in SECONDS else v for k, v in zip(keys, values, strict=True)]
+    return fmt.format(*values)
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [f"### {result['scenario']}", "", result["about"], ""]
+    if "*" in result["pending"]:
+        return "\n".join(lines + [f"*Pending: {result['pending']['*']}.*", ""])
+    lines.append(f"{result['requests']:,} requests.")
+    if "tuning" in result:
+        t = result["tuning"]
+        changed = ", ".join(f"{k}={v}" for k, v in t["changed_vs_vllm_default"].items()) or "none"
+        lines.append(f"Tuned: best of {t['trials']} trials (trial {t['best_trial']}"
+                     f"{', a baseline: ' + t['baseline'] if t['baseline'] else ''}); vs vLLM defaults: {changed}.")
+    lines += ["", "| " + " | ".join(h for h, _, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for policy, report in result["policies"].items():
+        cells = [policy] + [_cell(report, key, fmt) for _, key, fmt in COLUMNS[1:]]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += [f"\n*Pending policy {p}: {why}.*" for p, why in result["pending"].items()]
+    return "\n".join(lines + [""])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=40, help="tuner budget per scenario (0 = no tuned policy)")
+    parser.add_argument("--quick", action="store_true", help="12 trials per scenario")
+    parser.add_argument("--only", default="", help="comma-separated scenario names")
+    parser.add_argument("--scenarios", type=Path, default=None, help="TOML file of scenarios instead of the built-in ones")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    args = parser.parse_args()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    scenarios = load_scenarios(args.scenarios) if args.scenarios else SCENARIOS
+    if args.only:
+        unknown = sorted(set(args.only.split(",")) - set(scenarios))
+        if unknown:
+            sys.exit(f"unknown scenario(s) {unknown}; known: {sorted(scenarios)}")
+        scenarios = {k: v for k, v in scenarios.items() if k in args.only.split(",")}
+    trials = 12 if args.quick else args.trials
+    cost = build(MODEL, GPU)
+    header = (f"# Scenario matrix\n\n{cost.name} ({cost.source}); seed {args.seed}; tuned = best of "
+              f"{trials} trials per scenario. Command: `python benchmarks/scenarios.py"
+              f"{' --quick' if args.quick else ''}`\n")
+    print(header)
+    sections, results = [header], []
+    for name, data in scenarios.items():
+        t0 = time.perf_counter()
+        result = run_scenario(name, data, cost, trials=trials, seed=args.seed)
+        results.append(result)
+        sections.append(markdown(result))
+        print(sections[-1])
+        print(f"({time.perf_counter() - t0:.1f} s)\n", flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "scenarios.md").write_text("\n".join(sections))
+    (args.out / "scenarios.json").write_text(json.dumps(results, indent=1) + "\n")
+    print(f"wrote {args.out / 'scenarios.md'} and {args.out / 'scenarios.json'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""Scenario definitions build seeded traces; the matrix runner is deterministic for a seed."""
+
+import json
+
+import numpy as np
+import optuna
+import pytest
+
+from benchmarks.scenarios import run_scenario
+from costmodels import build
+from studies.scenarios import SCENARIOS, ScenarioError, build_trace, check_scenario, load_scenarios
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def small(name: str, duration_s: float = 10.0) -> dict:
+    data = json.loads(json.dumps(SCENARIOS[name]))
+    data["workload"]["duration_s"] = duration_s
+    return data
+
+
+def test_every_builtin_scenario_is_well_formed_and_seeded():
+    for name, data in SCENARIOS.items():
+        check_scenario(name, data)
+    a, b = build_trace("bursty", SCENARIOS["bursty"]), build_trace("bursty", SCENARIOS["bursty"])
+    for column in ("arrival_s", "prompt_tokens", "output_tokens", "max_tokens", "block_hashes"):
+        np.testing.assert_array_equal(getattr(a, column), getattr(b, column))
+    other = build_trace("bursty", {**SCENARIOS["bursty"], "seed": 99})
+    assert not np.array_equal(a.arrival_s[:50], other.arrival_s[:50])
+
+
+def test_phases_run_back_to_back_as_tenants():
+    trace = build_trace("recovery", SCENARIOS["recovery"])
+    assert set(trace.tenant_names) == {"after", "overload"}
+    after = trace.tenant == trace.tenant_names.index("after")
+    assert trace.arrival_s[after].min() >= 60.0 and trace.arrival_s[~after].max() < 60.0
+    # 45 req/s for 60 s, then 8 req/s for 120 s
+    assert (~after).sum() / 60 == pytest.approx(45, rel=0.1) and after.sum() / 120 == pytest.approx(8, rel=0.15)
+
+
+def test_misestimated_lengths_set_max_tokens():
+    under = build_trace("under-estimate", small("under-estimate", 30))
+    over = build_trace("over-estimate", small("over-estimate", 30))
+    assert np.median(under.max_tokens / under.output_tokens) < 0.6
+    assert np.median(over.max_tokens / over.output_tokens) > 3.0
+
+
+def test_bad_scenarios_name_the_scenario_and_key(tmp_path):
+    with pytest.raises(ScenarioError, match="'x'.*unknown key"):
+        check_scenario("x", {**SCENARIOS["steady"], "colour": "red"})
+    with pytest.raises(ScenarioError, match="either arrivals"):
+        check_scenario("x", {"workload": {"tenants": []}})
+    with pytest.raises(ScenarioError, match="'x': workload"):
+        build_trace("x", {"workload": {"duration_s": 10, "arrivals": {"kind": "zipf"}, "tenants": [{}]}})
+    path = tmp_path / "s.toml"
+    path.write_text('[mine]\nseed = 3\nslo = {default = {ttft = 500}}\n[mine.workload]\nduration_s = 5\n'
+                    'arrivals = {kind = "poisson", rate = 4}\ntenants = [{name = "a", prompt = {mean = 64}}]\n')
+    trace = build_trace("mine", load_scenarios(path)["mine"])
+    assert trace.tenant_names == ("a",) and 5 <= trace.n <= 40
+
+
+def test_runner_is_deterministic_for_a_seed():
+    cost = build("meta-llama/Llama-3.1-8B", "h100")
+    data = small("short-short")
+    first = run_scenario("short-short", data, cost, trials=4, seed=0)
+    second = run_scenario("short-short", data, cost, trials=4, seed=0)
+    assert json.dumps(first, sort_keys=True) == json.dumps(second, sort_keys=True)
+    assert set(first["policies"]) == {"fifo-no-batching", "vllm-default", "sglang-default", "tuned"}
+    # one request at a time cannot keep up with 120 req/s: continuous batching must win
+    assert first["policies"]["vllm-default"]["request_goodput"] > 10 * first["policies"]["fifo-no-batching"][
+        "request_goodput"]
+
+
+def test_missing_features_are_pending_not_faked():
+    cost = build("meta-llama/Llama-3.1-8B", "h100")
+    failure = run_scenario("worker-failure", SCENARIOS["worker-failure"], cost, trials=0)
+    assert failure["policies"] == {} and "fleet" in failure["pending"]["*"]
+    data = {**small("steady", 5), "policies": {"future": {"base": "vllm-default", "set": {"warp_drive": True}}}}
+    result = run_scenario("steady", data, cost, trials=0)
+    assert "warp_drive" in result["pending"]["future"] and "vllm-default" in result["policies"]
