@@ -20,18 +20,16 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import optuna  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from scenarios import tune  # noqa: E402
 
 from costmodels import build  # noqa: E402
 from policies.engine import simulate_many  # noqa: E402
 from policies.presets import preset  # noqa: E402
-from scenarios import tune  # noqa: E402
 from studies.metrics import score  # noqa: E402
 from studies.slo import parse_slo  # noqa: E402
 from studies.traces import load_trace  # noqa: E402
@@ -41,7 +39,7 @@ SHARED = Path(os.environ.get("SERVETUNE_SHARED", ROOT / ".." / "shared"))
 MODEL, GPU = "meta-llama/Llama-3.1-8B", "h100"
 TRACES = {  # label: (file, format, SLO, rate scales)
     "azure-conv": ("traces/azure2023/AzureLLMInferenceTrace_conv.csv", "azure", "ttft:1000,tpot:50",
-                   (0.5, 1, 2, 3, 4, 5, 6, 8)),
+                   (0.5, 1, 2, 3, 4, 4.5, 5, 6, 8)),
     "mooncake-conversation": ("traces/mooncake/conversation_trace.jsonl", "mooncake", "ttft:5000,tpot:100",
                               (0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0, 1.5)),
 }

@@ -8,7 +8,8 @@ table per scenario and writes ``scenarios.md`` and ``scenarios.json`` to ``--out
 Scenarios whose knobs the engine lacks, or that need features it lacks, are listed as
 pending, never approximated. Deterministic for a seed.
 
-    python benchmarks/scenarios.py [--quick] [--trials 40] [--only steady,bursty] [--scenarios FILE.toml]
+    python benchmarks/scenarios.py [--quick] [--trials 30] [--only steady,bursty] [--scenarios FILE.toml]
+    python benchmarks/scenarios.py --summarize benchmarks/results/scenarios.json
 """
 
 from __future__ import annotations
@@ -136,15 +137,40 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines + [""])
 
 
+def summary(results: list[dict[str, Any]]) -> str:
+    """One row per scenario: each standard policy's goodput (SLO attainment), the tuned one's
+    gain over the best default, and the best extra policy."""
+    names = [*STANDARD, "tuned"]
+    lines = ["| scenario | " + " | ".join(names) + " | tuned / best default | best other policy |",
+             "|---|" + "---|" * (len(names) + 2)]
+    for r in results:
+        if "*" in r["pending"]:
+            lines.append(f"| {r['scenario']} | " + " | ".join("-" for _ in names) + f" | - | pending: {r['pending']['*']} |")
+            continue
+        p = r["policies"]
+        cells = [f"{p[n]['weighted_goodput']:.2f} ({p[n]['slo_attainment']:.0%})" if n in p else "-" for n in names]
+        best_default = max(p[n]["weighted_goodput"] for n in STANDARD)
+        gain = f"{p['tuned']['weighted_goodput'] / best_default:.2f}x" if "tuned" in p and best_default > 0 else "-"
+        extras = {n: v for n, v in p.items() if n not in names}
+        other = max(extras, key=lambda n: extras[n]["weighted_goodput"], default=None)
+        best = f"{other} {extras[other]['weighted_goodput']:.2f} ({extras[other]['slo_attainment']:.0%})" if other else "-"
+        lines.append(f"| {r['scenario']} | " + " | ".join(cells) + f" | {gain} | {best} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=40, help="tuner budget per scenario (0 = no tuned policy)")
+    parser.add_argument("--trials", type=int, default=30, help="tuner budget per scenario (0 = no tuned policy)")
     parser.add_argument("--quick", action="store_true", help="12 trials per scenario")
     parser.add_argument("--only", default="", help="comma-separated scenario names")
     parser.add_argument("--scenarios", type=Path, default=None, help="TOML file of scenarios instead of the built-in ones")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--summarize", type=Path, default=None, help="print the summary of a saved scenarios.json")
     args = parser.parse_args()
+    if args.summarize:
+        print(summary(json.loads(args.summarize.read_text())))
+        return
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     scenarios = load_scenarios(args.scenarios) if args.scenarios else SCENARIOS
     if args.only:
@@ -166,6 +192,9 @@ def main() -> None:
         sections.append(markdown(result))
         print(sections[-1])
         print(f"({time.perf_counter() - t0:.1f} s)\n", flush=True)
+    sections.insert(1, "Weighted goodput per second (SLO attainment); details per scenario below.\n\n"
+                    + summary(results) + "\n")
+    print(sections[1])
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "scenarios.md").write_text("\n".join(sections))
     (args.out / "scenarios.json").write_text(json.dumps(results, indent=1) + "\n")

@@ -1,8 +1,8 @@
 """Cost of one step-time lookup in ns: the bucket-indexed lookup against the binary-search one.
 
-The baseline is the lookup servetune used before the bucket indexes (binary search per
-axis, division per segment), kept below verbatim and measured in the same run on the
-same inputs. Two input streams: independent random steps (every branch and every cache
+The baseline is the lookup servetune used before (a NamedTuple of 10 grid arrays, a
+binary search per axis, a division per segment, branches around the optional parts),
+kept below verbatim and measured in the same run on the same grids and inputs. Two input streams: independent random steps (every branch and every cache
 line unpredictable) and a random walk that changes the batch a little each step, as
 consecutive engine steps do.
 
@@ -10,6 +10,7 @@ consecutive engine steps do.
 """
 
 import time
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit
@@ -18,6 +19,21 @@ from costmodels import build, step_seconds
 
 N = 1_000_000
 REPEATS = 5
+
+
+class OldStepTables(NamedTuple):
+    linear_tokens: np.ndarray
+    linear_s: np.ndarray
+    head_seqs: np.ndarray
+    head_s: np.ndarray
+    decode_batch: np.ndarray
+    decode_kv: np.ndarray
+    decode_s: np.ndarray
+    decode_kv_measured: np.ndarray
+    prefill_pairs: np.ndarray
+    prefill_s: np.ndarray
+    overhead_s: float
+    scale: float
 
 
 @njit(cache=True, nogil=True)
@@ -131,14 +147,17 @@ def ns_per_call(loop, t, inputs) -> tuple[float, int]:
 
 def main() -> None:
     t = build("meta-llama/Llama-3.1-8B", "h100").tables
+    old_tables = OldStepTables(**{k: v.copy() for k, v in t.grids().items()}, overhead_s=t.overhead_s,
+                               scale=t.scale)
     rng = np.random.default_rng(0)
     print(f"Llama-3.1-8B on H100, {N:,} lookups, best of {REPEATS}; ns per call inside a jitted loop")
     print(f"{'input stream':<16}{'loop only':>10}{'old':>10}{'new':>10}{'old/new':>9}   flagged old/new")
     for name, inputs in (("random steps", random_steps(rng)), ("walking steps", walking_steps(rng))):
         empty, _ = ns_per_call(_empty_loop, t, inputs)
-        old, old_flagged = ns_per_call(_old_loop, t, inputs)
+        old, old_flagged = ns_per_call(_old_loop, old_tables, inputs)
         new, new_flagged = ns_per_call(_new_loop, t, inputs)
         print(f"{name:<16}{empty:>10.1f}{old:>10.1f}{new:>10.1f}{old / new:>9.2f}   {old_flagged}/{new_flagged}")
+    step_seconds(t, 100, 64, 64, 64_000, 0)  # compile for Python's int arguments
     start = time.perf_counter()
     for i in range(10_000):
         step_seconds(t, 100 + i, 64, 64, 64_000 + i, 0)

@@ -36,11 +36,11 @@ built for speed (``benchmarks/steptime_lookup.py``):
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import intrinsic, overload
 
 MAX_BUCKET_BITS = 8  # at most 2**8 buckets per octave ...
 MAX_BUCKETS = 4096  # ... and per axis, so an index stays a few KiB
@@ -130,11 +130,11 @@ def validate_tables(t: StepTables) -> None:
     if not (isinstance(t.data, np.ndarray) and t.data.dtype == np.float64 and t.data.ndim == 1):
         raise ValueError("StepTables.data must be a 1-D float64 array; build tables with StepTables.from_grids")
     try:
-        grids = t.grids()
+        repacked = StepTables.from_grids(**t.grids(), overhead_s=t.overhead_s, scale=t.scale)
     except (IndexError, ValueError, OverflowError) as exc:
         raise ValueError(f"StepTables.data is not a packed table ({exc}); build tables with "
                          "StepTables.from_grids") from exc
-    if not np.array_equal(StepTables.from_grids(**grids, overhead_s=t.overhead_s, scale=t.scale).data, t.data):
+    if not np.array_equal(repacked.data, t.data):
         raise ValueError("StepTables.data does not match its own grids; build tables with StepTables.from_grids")
 
 
@@ -158,6 +158,10 @@ def _check_axis(name: str, axis: np.ndarray) -> None:
         raise ValueError(f"{name} must be a strictly ascending axis of at least 2 points")
     if not (axis[0] >= 0 and np.isfinite(axis[-1])):
         raise ValueError(f"{name} counts work: its points must be finite and >= 0, got {axis[0]!r} .. {axis[-1]!r}")
+    with np.errstate(over="ignore", divide="ignore"):
+        tight = np.flatnonzero(~np.isfinite(1.0 / np.diff(axis)))
+    if len(tight):
+        raise ValueError(f"{name}: points {axis[tight[0]]!r} and {axis[tight[0] + 1]!r} are too close to interpolate")
 
 
 def _block(axis: np.ndarray, values: np.ndarray | None) -> np.ndarray:
@@ -170,15 +174,33 @@ def _block(axis: np.ndarray, values: np.ndarray | None) -> np.ndarray:
     return np.concatenate(parts)
 
 
+def float_bits(x: float) -> int:
+    """The IEEE-754 bits of float64 x as an int64 (in Python; jitted code bit-casts)."""
+    return int(np.float64(x).view(np.int64))
+
+
+@intrinsic
+def _bitcast_to_int64(typingctx, x):
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.int64))
+
+    return types.int64(types.float64), codegen
+
+
+@overload(float_bits)
+def _float_bits_jit(x):
+    return lambda x: _bitcast_to_int64(float(x))
+
+
 @njit(cache=True, nogil=True)
 def bucket_key(x, bits):
     """Bucket of x: 2**bits equal-width buckets per octave, all of x < 1 in the first.
 
-    Nondecreasing in x, so a bucket is a range; exact (frexp splits the float), and the
-    octaves align with the powers of two that profiled grids favour.
+    The float's exponent and top mantissa bits, so nondecreasing in x (a bucket is a
+    range), exact, a shift to compute, and aligned with the powers of two that profiled
+    grids favour.
     """
-    mantissa, exponent = math.frexp(max(x, 1.0))
-    return (exponent << bits) + int(mantissa * (2 << bits))
+    return float_bits(max(float(x), 1.0)) >> (52 - bits)
 
 
 @njit(cache=True)
@@ -192,11 +214,11 @@ def _bucket_keys(axis, bits):
 def axis_index(axis: np.ndarray) -> tuple[int, int, np.ndarray]:
     """Bucket index of an ascending axis: ``(bits, first_key, starts)``.
 
-    ``starts[k]`` is the last grid segment that begins below every value of bucket
-    ``first_key + k``; values below the first bucket use bucket 0. A lookup starts there
-    and steps over the grid points inside the bucket, so the resolution is the smallest
-    that leaves at most one point per bucket (within ``MAX_BUCKET_BITS`` and
-    ``MAX_BUCKETS``; any axis still works, a dense one with a few more steps).
+    ``starts[k]`` is the segment holding the lowest value of bucket ``first_key + k``
+    (values below the first bucket use bucket 0). A lookup starts there and steps over
+    the grid points inside the bucket, so the resolution is the smallest that leaves at
+    most one point inside any bucket (within ``MAX_BUCKET_BITS`` and ``MAX_BUCKETS``;
+    any axis still works, a dense one with a few more steps).
     """
     n = len(axis)
     best = None
@@ -204,11 +226,15 @@ def axis_index(axis: np.ndarray) -> tuple[int, int, np.ndarray]:
         keys = _bucket_keys(axis, bits)
         # one octave below the second point: the only point it leaves out is axis[0]
         first = int(max(keys[0], keys[1] - (1 << bits)))
-        buckets = np.arange(first, keys[-1] + 1)
+        buckets = np.arange(first, keys[-1] + 2)  # and the bucket after the last, for its lowest value
         if len(buckets) > MAX_BUCKETS and best is not None:
             break
-        best = bits, first, np.clip(np.searchsorted(keys, buckets, side="left") - 1, 0, n - 2)
-        if np.all(np.diff(keys[1:]) > 0):  # at most one point past axis[0] per bucket
+        lowest = (buckets << (52 - bits)).view(np.float64)  # inverts bucket_key
+        lowest[0] = axis[0]  # bucket 0 also takes every value below it
+        starts = np.clip(np.searchsorted(axis, lowest[:-1], side="right") - 1, 0, n - 2)
+        best = bits, first, starts
+        ends = np.searchsorted(axis, lowest[1:], side="left") - 1  # segment of each bucket's highest value
+        if np.all(ends - starts <= 1):
             break
     return best
 
@@ -224,8 +250,9 @@ def _locate(d, block, x):
     x = max(x, d[axis])
     inside = min(x, last)
     key = bucket_key(inside, int(d[at + _BITS])) - int(d[at + _FIRST])
-    i = int(d[axis + 2 * n + max(key, 0)])
-    while i < n - 1 and inside >= d[axis + i + 1]:
+    i = int(d[axis + 2 * n + min(max(key, 0), int(d[at + _BUCKETS]) - 1)])  # bounded even for NaN
+    i += inside >= d[axis + i + 1]  # without a branch: most buckets hold at most one point
+    while i < n - 1 and inside >= d[axis + i + 1]:  # dense axes only
         i += 1
     return i, x, x > last
 
@@ -256,41 +283,46 @@ def _cell(d, block, i, x):
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _decode(d, n_decode, kv_tokens):
+    """Decode attention (bilinear in decode_s) and whether it left the profiled range."""
+    i, batch, batch_past = _locate(d, BATCH, n_decode)
+    measured_kv = _curve_at(d, BATCH, i, batch)
+    i, u = _cell(d, BATCH, i, batch)
+    j, kv, kv_past = _locate(d, KV, kv_tokens)
+    j, v = _cell(d, KV, j, kv)
+    cols = int(d[int(d[KV]) + _N])
+    low = int(d[DECODE]) + i * cols + j
+    high = low + cols
+    at_low = d[low] + v * (d[low + 1] - d[low])
+    at_high = d[high] + v * (d[high + 1] - d[high])
+    return at_low + u * (at_high - at_low), batch_past or kv_past or kv_tokens > measured_kv
+
+
+@njit(cache=True, nogil=True)
 def step_seconds(t, n_tokens, n_logit_seqs, n_decode, kv_decode_tokens, prefill_pairs):
     """Seconds for one engine step, and whether any part left the profiled range.
 
     n_tokens: new tokens computed in the step (all kinds); n_logit_seqs: sequences that
     sample a token; n_decode and kv_decode_tokens: decode sequences and the KV tokens
     their attention reads in total; prefill_pairs: prefill attention work (see module).
-
-    Every part is looked up, then masked rather than skipped behind a branch: no
-    mispredictions, and nothing stops Numba pruning the reference counting of ``t``.
     """
+    if n_tokens <= 0:
+        return 0.0, False
     d = t.data
-    linear, out = _curve(d, LINEAR, n_tokens)
-    head, head_out = _curve(d, HEAD, n_logit_seqs)
-    prefill, prefill_out = _curve(d, PREFILL, prefill_pairs)
-    i, batch, batch_out = _locate(d, BATCH, n_decode)
-    measured_kv = _curve_at(d, BATCH, i, batch)
-    i, u = _cell(d, BATCH, i, batch)
-    j, kv, kv_out = _locate(d, KV, kv_decode_tokens)
-    j, v = _cell(d, KV, j, kv)
-    row = int(d[DECODE]) + i * int(d[int(d[KV]) + _N]) + j
-    top = d[row] + v * (d[row + 1] - d[row])
-    row += int(d[int(d[KV]) + _N])
-    bottom = d[row] + v * (d[row + 1] - d[row])
-    decode = top + u * (bottom - top)
-
-    # conditional expressions compile to selects, not branches
-    has_head = n_logit_seqs > 0
-    has_decode = n_decode > 0
-    has_prefill = prefill_pairs > 0
-    total = (linear + (head if has_head else 0.0) + (decode if has_decode else 0.0)
-             + (prefill if has_prefill else 0.0))
-    out |= (has_head & head_out) | (has_prefill & prefill_out)
-    out |= has_decode & (batch_out | kv_out | (kv_decode_tokens > measured_kv))
-    stepped = n_tokens > 0
-    return (t.scale * (total + t.overhead_s) if stepped else 0.0), stepped & out
+    total, out = _curve(d, LINEAR, n_tokens)
+    if n_logit_seqs > 0:
+        part, past = _curve(d, HEAD, n_logit_seqs)
+        total += part
+        out = out or past
+    if n_decode > 0:
+        part, past = _decode(d, n_decode, kv_decode_tokens)
+        total += part
+        out = out or past
+    if prefill_pairs > 0:
+        part, past = _curve(d, PREFILL, prefill_pairs)
+        total += part
+        out = out or past
+    return t.scale * (total + t.overhead_s), out
 
 
 def linear_tables(

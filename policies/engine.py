@@ -54,9 +54,14 @@ from numba import njit, prange
 
 from costmodels.costmodel import CostModel, CostModelError
 from costmodels.steptable import step_seconds
+from policies import fairness as fm
+from policies import prefix_cache as pcm
+from policies import queues as qm
 from policies.config import (
     ADMISSION_MODES,
+    FAIRNESS_COST_UNITS,
     KNOB_INDEX,
+    MAX_WAIT_ACTIONS,
     PREEMPTION_MODES,
     PREEMPTION_VICTIMS,
     SCHEDULE_MODES,
@@ -128,8 +133,6 @@ from policies.kernel_state import (
     PREEMPTED_NOW,
     PREEMPTS,
     PREFILL_TOKENS,
-    QKEY0,
-    QKEY1,
     QUEUE_SEQ,
     RATIO,
     REASON,
@@ -155,10 +158,6 @@ from policies.kernel_state import (
 )
 from policies.kernel_state import T as CLOCK
 from policies.result import Reject, SimResult, State
-from policies import fairness as fm
-from policies import prefix_cache as pcm
-from policies import queues as qm
-from policies.config import FAIRNESS_COST_UNITS, MAX_WAIT_ACTIONS
 from policies.waitqueue import heap_first_live, heap_pop, heap_push
 
 # Knob positions in the config vector (frozen into the kernel as constants).
@@ -248,6 +247,7 @@ class Sharing(NamedTuple):
     cached_first: np.ndarray  # i8[n], prompt tokens from the cache at first schedule
     prefix: np.ndarray  # f8[N_PREFIX]
     caching: bool
+    quotas: bool  # any tenant quota or class budget binds: lanes may be blocked
 
 
 # ======================================================================================
@@ -383,15 +383,15 @@ def _batch_account(ri, g, prompt, r, n, sign):
 
 
 @njit(cache=True, nogil=True)
-def _need_blocks(ri, sx, r, ctx, block_size):
-    """Blocks r must add to hold ``ctx`` computed tokens. Full prompt hash blocks it
-    completes count whole (``policies.prefix_cache``); without caching (n_full 0) this is
-    ``ceil(ctx / block_size) - held``."""
+def _need_blocks(ri, sx, r, ctx, held, idle_blocks, block_size):
+    """Blocks r must add to hold ``ctx`` computed tokens while referencing ``held`` cached
+    entries (``idle_blocks`` of them not yet acquired). Full prompt hash blocks it completes
+    count whole (``policies.prefix_cache``); without caching this is
+    ``ceil(ctx / block_size) - blocks held``."""
     pc = sx.pc
-    h = pc.held[r]
-    h_after = max(h, min(pc.n_full[r], ctx // pc.block_tokens))
+    h_after = max(held, min(pc.n_full[r], ctx // pc.block_tokens))
     return (pcm.private_blocks(ctx, h_after, pc.block_tokens, block_size)
-            + pc.entry_blocks * (h_after - h) - ri[HELD, r])
+            + pc.entry_blocks * (h_after - held) + idle_blocks - ri[HELD, r])
 
 
 @njit(cache=True, nogil=True)
@@ -404,7 +404,7 @@ def _charge_prefill(ri, sx, prompt, cfg, r, n, sign):
 @njit(cache=True, nogil=True)
 def _schedule(ri, g, sx, batch, prompt, cfg, r, n):
     """Put n tokens of r in the batch, allocating their blocks (the caller checked they fit)."""
-    _take_gpu(ri, g, sx, r, _need_blocks(ri, sx, r, ri[COMPUTED, r] + n, int(cfg[I_BLOCK_SIZE])))
+    _take_gpu(ri, g, sx, r, _need_blocks(ri, sx, r, ri[COMPUTED, r] + n, sx.pc.held[r], 0, int(cfg[I_BLOCK_SIZE])))
     _cover_reservation(ri, g, r)
     _charge_prefill(ri, sx, prompt, cfg, r, n, 1)
     fm.use_tokens(sx.sh, sx.tenant[r], sx.klass[r], n)
@@ -531,7 +531,7 @@ def _preempt(ri, rf, g, gf, sx, run, tables, prompt, cfg, kv_bytes, swap_bw, v):
 def _schedule_running(ri, rf, g, gf, sx, run, batch, tables, prompt, priority, cfg, kv_bytes, swap_bw, r, n):
     """Schedule n tokens of running r, preempting victims until its blocks fit."""
     block_size = int(cfg[I_BLOCK_SIZE])
-    while _need_blocks(ri, sx, r, ri[COMPUTED, r] + n, block_size) > g[FREE]:
+    while _need_blocks(ri, sx, r, ri[COMPUTED, r] + n, sx.pc.held[r], 0, block_size) > g[FREE]:
         v = _pick_victim(ri, g, run, prompt, priority, cfg)
         _preempt(ri, rf, g, gf, sx, run, tables, prompt, cfg, kv_bytes, swap_bw, v)
         if v == r:
@@ -562,11 +562,12 @@ def _reservation_blocks(ri, g, prompt, cfg, r):
 
 
 @njit(cache=True, nogil=True)
-def _admissible(ri, g, gf, prompt, cfg, r):
-    """Whether waiting r may start now: watermark over its whole prompt, then the mode's rule."""
+def _admissible(ri, g, gf, sx, prompt, cfg, r, held, idle_blocks):
+    """Whether waiting r may start now: watermark over its whole prompt (past its cached
+    prefix), then the mode's rule."""
     block_size = int(cfg[I_BLOCK_SIZE])
     generated = ri[GENERATED, r]
-    if g[FREE] - _blocks(prompt[r] + generated, block_size) < g[HEADROOM]:
+    if g[FREE] - _need_blocks(ri, sx, r, prompt[r] + generated, held, idle_blocks, block_size) < g[HEADROOM]:
         return False
     mode = int(cfg[I_ADMISSION])
     if mode == ADMIT_RESERVATION or mode == ADMIT_PREDICTED:
@@ -610,46 +611,102 @@ def _running_future(ri, g, run):
 
 
 @njit(cache=True, nogil=True)
-def _admit_waiting(ri, rf, g, gf, run, wheap, batch, tables, prompt, cfg, kv_bytes, swap_bw, prefill_first):
-    """Start waiting requests in queue order until a budget or the admission rule stops."""
+def _admit_waiting(ri, rf, g, gf, sx, run, batch, tables, prompt, cfg, kv_bytes, swap_bw, prefill_first):
+    """Start waiting requests in queue order until a budget or the admission rule stops.
+
+    A request new to the GPU first looks up the prefix cache; its cached tokens are not
+    computed. Under EDF a never-scheduled head whose deadline is already unmeetable is
+    rejected; with quotas, a head over its tenant's quota or its class's budget blocks its
+    lane for this round and the next lane's head is tried.
+    """
     block_size = int(cfg[I_BLOCK_SIZE])
     threshold = int(cfg[I_LONG_PREFILL])
     chunked = cfg[I_CHUNKED] != 0.0
     max_seqs = int(cfg[I_MAX_SEQS])
+    order = int(cfg[I_POLICY])
     rem_input = int(cfg[I_MAX_PREFILL]) - g[B_PREFILL]
+    pc = sx.pc
     if int(cfg[I_ADMISSION]) == ADMIT_NTR:
         gf[NTR_REM] = (g[FREE] - g[HEADROOM]) * block_size - gf[RATIO] * _running_future(ri, g, run)
+    if sx.quotas:
+        sx.lane_blocked[:] = False
     while g[N_RUN] < max_seqs and g[BUDGET] > 0:
-        r = heap_first_live(wheap, rf[QKEY0], ri[QKEY1], ri[STATUS], WAITING, WAITING)
+        r = qm.pick(sx.wq, order, sx.lane_blocked, sx.sh.counter, pc, sx.offsets, prompt)
         if r < 0:
             break
+        if (order == EDF and math.isnan(rf[FIRST_SCHED, r])
+                and qm.deadline_unmeetable(gf[CLOCK], sx.deadline[r], sx.min_service_s[r], cfg[I_DEADLINE_MARGIN] * 1e-3)):
+            _end_request(ri, rf, g, sx, run, r, S_REJECTED, R_DEADLINE, gf[CLOCK])
+            continue
+        held = pc.held[r]
+        cached = 0
+        idle = 0
+        lookup = sx.caching and ri[COMPUTED, r] == 0 and ri[HOST, r] == 0
+        if lookup:
+            held, cached, idle = pcm.match(pc, sx.offsets, prompt, r)
+            idle *= pc.entry_blocks
+            ri[COMPUTED, r] = cached  # provisional: the step-cap and NTR checks see the cache
         n = prompt[r] + ri[GENERATED, r] - ri[COMPUTED, r]
         if 0 < threshold < n:
             n = threshold
-        if prefill_first and n > rem_input and g[B_TOKENS] > 0:
+        stop = (prefill_first and n > rem_input and g[B_TOKENS] > 0) or (not chunked and n > g[BUDGET])
+        if not stop:
+            n = min(n, g[BUDGET])
+            n = _fit_step_cap(ri, g, gf, tables, prompt, cfg, r, n, chunked)
+            if n > 0 and sx.quotas:
+                first = _need_blocks(ri, sx, r, ri[COMPUTED, r] + n, held, idle, block_size)
+                if fm.admission_check(sx.sh, sx.tenant[r], sx.klass[r], first, n, g[FREE] - first, g[CAP],
+                                      int(cfg[I_MAX_BATCHED])) != fm.ADMIT:
+                    ri[COMPUTED, r] = 0 if lookup else ri[COMPUTED, r]
+                    sx.lane_blocked[sx.wq.lane_of[r]] = True
+                    continue
+            stop = n == 0 or not _admissible(ri, g, gf, sx, prompt, cfg, r, held, idle)
+        if stop:
+            if lookup:
+                ri[COMPUTED, r] = 0
             break
-        if not chunked and n > g[BUDGET]:
-            break
-        n = min(n, g[BUDGET])
-        n = _fit_step_cap(ri, g, gf, tables, prompt, cfg, r, n, chunked)
-        if n == 0 or not _admissible(ri, g, gf, prompt, cfg, r):
-            break
-        heap_pop(wheap, rf[QKEY0], ri[QKEY1])
+        qm.remove(sx.wq, r)
+        fm.dequeue(sx.sh, sx.tenant[r])
+        if lookup:
+            _take_cached_prefix(ri, rf, g, gf, sx, tables, prompt, r, held, cached, idle, n)
         _start(ri, rf, g, gf, run, cfg, prompt, kv_bytes, swap_bw, r)
-        _schedule(ri, g, batch, prompt, cfg, r, n)
+        _schedule(ri, g, sx, batch, prompt, cfg, r, n)
         rem_input -= n
+
+
+@njit(cache=True, nogil=True)
+def _take_cached_prefix(ri, rf, g, gf, sx, tables, prompt, r, held, cached, idle_blocks, n):
+    """Reference r's cached prefix (its idle entries stop being evictable) and count the
+    lookup: tokens hit and looked up, and the lone-prefill time the hit saved this chunk."""
+    pc = sx.pc
+    if held > 0:
+        pcm.acquire(pc, sx.offsets, r, held)
+        g[FREE] -= idle_blocks
+        g[USED] += idle_blocks
+        if g[USED] > g[PEAK]:
+            g[PEAK] = g[USED]
+    sx.prefix[P_HIT_TOKENS] += cached
+    sx.prefix[P_QUERY_TOKENS] += prompt[r]
+    if math.isnan(rf[FIRST_SCHED, r]):
+        sx.cached_first[r] = cached
+    if cached > 0:
+        full = cached + n
+        without, _ = step_seconds(tables, full, 0, 0, 0, full * (full + 1) // 2)
+        with_cache, _ = step_seconds(tables, n, 0, 0, 0, n * cached + n * (n + 1) // 2)
+        sx.prefix[P_SAVED_S] += without - with_cache
 
 
 # ======================================================================================
 # forming one step
 # ======================================================================================
 @njit(cache=True, nogil=True)
-def _form_batch(ri, rf, g, gf, run, order, wheap, batch, tables, prompt, priority, cfg, kv_bytes, swap_bw):
+def _form_batch(ri, rf, g, gf, sx, run, order, batch, tables, prompt, priority, cfg, kv_bytes, swap_bw):
     """Fill the batch for the step starting now (see the module docstring for the rules)."""
     prefill_first = int(cfg[I_SCHEDULE_MODE]) == PREFILL_FIRST
     threshold = int(cfg[I_LONG_PREFILL])
     block_size = int(cfg[I_BLOCK_SIZE])
     g[BUDGET] = int(cfg[I_MAX_BATCHED])
+    fm.new_step(sx.sh)
     k = g[N_RUN]
     order[:k] = run[:k]  # preemption edits `run` while we walk it
     for i in range(k):
@@ -668,19 +725,19 @@ def _form_batch(ri, rf, g, gf, run, order, wheap, batch, tables, prompt, priorit
             n = _fit_step_cap(ri, g, gf, tables, prompt, cfg, r, n, True)
         if n == 0:
             continue
-        if _blocks(ri[COMPUTED, r] + n, block_size) - ri[HELD, r] <= g[FREE]:
-            _schedule(ri, g, batch, prompt, cfg, r, n)
+        if _need_blocks(ri, sx, r, ri[COMPUTED, r] + n, sx.pc.held[r], 0, block_size) <= g[FREE]:
+            _schedule(ri, g, sx, batch, prompt, cfg, r, n)
         else:
-            _schedule_running(ri, rf, g, gf, run, wheap, batch, tables, prompt, priority, cfg, kv_bytes, swap_bw, r, n)
+            _schedule_running(ri, rf, g, gf, sx, run, batch, tables, prompt, priority, cfg, kv_bytes, swap_bw, r, n)
     if g[PREEMPTED_NOW] == 0 and g[N_WAIT] > 0:
-        _admit_waiting(ri, rf, g, gf, run, wheap, batch, tables, prompt, cfg, kv_bytes, swap_bw, prefill_first)
+        _admit_waiting(ri, rf, g, gf, sx, run, batch, tables, prompt, cfg, kv_bytes, swap_bw, prefill_first)
     if prefill_first and g[B_TOKENS] == 0:
         k = g[N_RUN]
         order[:k] = run[:k]
         for i in range(k):
             r = order[i]
             if ri[STATUS, r] == RUNNING:
-                _schedule_running(ri, rf, g, gf, run, wheap, batch, tables, prompt, priority, cfg, kv_bytes, swap_bw, r, 1)
+                _schedule_running(ri, rf, g, gf, sx, run, batch, tables, prompt, priority, cfg, kv_bytes, swap_bw, r, 1)
     if g[PREEMPTED_NOW] != 0 and int(cfg[I_ADMISSION]) == ADMIT_NTR:
         _retract_ratio(ri, g, gf, run, cfg)
 
@@ -717,7 +774,7 @@ def _decay_ratio(gf, cfg):
 # boundary events: arrivals, deadlines, max wait
 # ======================================================================================
 @njit(cache=True, nogil=True)
-def _arrival_reject(ri, g, tables, prompt, deadline, cfg, r, t):
+def _arrival_reject(ri, g, sx, tables, prompt, deadline, cfg, r, t):
     """Reason to turn r away on arrival, or R_NONE."""
     block_size = int(cfg[I_BLOCK_SIZE])
     p = prompt[r]
@@ -727,7 +784,7 @@ def _arrival_reject(ri, g, tables, prompt, deadline, cfg, r, t):
     limit = g[CAP] - g[HEADROOM]
     mode = int(cfg[I_ADMISSION])
     # the mode's need when the engine is empty, at the worst point of this request's life
-    if _blocks(p + max_out - 1, block_size) > limit:
+    if _need_blocks(ri, sx, r, p + max_out - 1, 0, 0, block_size) > limit:
         return R_EXCEEDS
     if (mode == ADMIT_RESERVATION or mode == ADMIT_PREDICTED) and _blocks(p + max_out, block_size) > limit:
         return R_EXCEEDS
@@ -747,7 +804,7 @@ def _arrival_reject(ri, g, tables, prompt, deadline, cfg, r, t):
 
 
 @njit(cache=True, nogil=True)
-def _arrive(ri, rf, g, run, wheap, dheap, zeros, tables, arrival, prompt, output, max_tokens, priority, deadline, cfg, t):
+def _arrive(ri, rf, g, sx, run, dheap, zeros, tables, arrival, prompt, output, max_tokens, deadline, cfg, t):
     n = arrival.shape[0]
     while g[NEXT_ARRIVAL] < n and arrival[g[NEXT_ARRIVAL]] <= t:
         r = g[NEXT_ARRIVAL]
@@ -755,11 +812,11 @@ def _arrive(ri, rf, g, run, wheap, dheap, zeros, tables, arrival, prompt, output
         max_out = min(max_tokens[r], g[MAX_LEN] - prompt[r])
         ri[MAX_OUT, r] = max_out
         ri[TARGET, r] = max(1, min(output[r], max_out))
-        reason = _arrival_reject(ri, g, tables, prompt, deadline, cfg, r, t)
+        reason = _arrival_reject(ri, g, sx, tables, prompt, deadline, cfg, r, t)
         if reason != R_NONE:
-            _end_request(ri, rf, g, run, r, S_REJECTED, reason, t)
+            _end_request(ri, rf, g, sx, run, r, S_REJECTED, reason, t)
             continue
-        _push_waiting(ri, rf, g, wheap, priority, cfg, r, False)
+        _push_waiting(ri, g, sx, cfg, r, False)
         if not math.isnan(deadline[r]):
             heap_push(dheap, deadline, zeros, r)
 
@@ -771,17 +828,22 @@ def _next_deadline(ri, dheap, zeros, deadline):
 
 
 @njit(cache=True, nogil=True)
-def _expire(ri, rf, g, run, dheap, zeros, arrival, deadline, cfg, t):
-    """End requests whose deadline has passed, and reject those waiting past max_wait_s."""
+def _expire(ri, rf, g, sx, run, dheap, zeros, arrival, deadline, cfg, t):
+    """End requests whose deadline has passed; past max_wait_s a never-scheduled request is
+    rejected or moved to the front of the queue, per ``max_wait_action``."""
     while _next_deadline(ri, dheap, zeros, deadline) <= t:
         r = heap_pop(dheap, deadline, zeros)
-        _end_by_deadline(ri, rf, g, run, deadline, r)
+        _end_by_deadline(ri, rf, g, sx, run, deadline, r)
     max_wait = cfg[I_MAX_WAIT]
     if max_wait > 0.0:
+        admit_first = int(cfg[I_WAIT_ACTION]) == ADMIT_FIRST
         p = g[WAIT_SCAN]
         while p < g[NEXT_ARRIVAL] and t - arrival[p] > max_wait:
             if ri[STATUS, p] == WAITING and math.isnan(rf[FIRST_SCHED, p]):
-                _end_request(ri, rf, g, run, p, S_REJECTED, R_MAX_WAIT, t)
+                if admit_first:
+                    qm.promote(sx.wq, p)
+                else:
+                    _end_request(ri, rf, g, sx, run, p, S_REJECTED, R_MAX_WAIT, t)
             p += 1
         g[WAIT_SCAN] = p
 
@@ -808,8 +870,11 @@ def _calibrate(ri, g, hist, cfg, r):
 
 
 @njit(cache=True, nogil=True)
-def _end_step(ri, rf, g, gf, run, batch, hist, prompt, deadline, cfg, t_end):
-    """Advance every scheduled request by its tokens; sample, finish or time out."""
+def _end_step(ri, rf, g, gf, sx, run, batch, hist, prompt, deadline, cfg, t_end, dt, kv_bytes):
+    """Advance every scheduled request by its tokens: cache the prompt blocks it completed,
+    charge its tenant for the step, then sample, finish or time out."""
+    unit = int(cfg[I_COST_UNIT])
+    block_size = int(cfg[I_BLOCK_SIZE])
     for i in range(g[N_BATCH]):
         r = batch[i]
         n = ri[SCHED, r]
@@ -817,20 +882,38 @@ def _end_step(ri, rf, g, gf, run, batch, hist, prompt, deadline, cfg, t_end):
             continue  # preempted after being scheduled
         ri[SCHED, r] = 0
         ri[COMPUTED, r] += n
+        if sx.caching and sx.pc.held[r] < sx.pc.n_full[r]:
+            _cache_prompt_blocks(ri, g, sx, r, block_size)
+        if unit != fm.TOKENS:
+            fm.charge(sx.sh, sx.tenant[r], fm.step_cost(unit, n, g[B_TOKENS], dt, ri[COMPUTED, r], kv_bytes))
         if ri[COMPUTED, r] != prompt[r] + ri[GENERATED, r]:
             continue
         ri[GENERATED, r] += 1
+        if unit == fm.TOKENS:
+            fm.charge(sx.sh, sx.tenant[r], cfg[I_W_OUT])
         if math.isnan(rf[FIRST_TOKEN, r]):
             rf[FIRST_TOKEN, r] = t_end
         if ri[GENERATED, r] < ri[TARGET, r]:
             continue
         if deadline[r] < t_end:
-            _end_by_deadline(ri, rf, g, run, deadline, r)
+            _end_by_deadline(ri, rf, g, sx, run, deadline, r)
         else:
-            _end_request(ri, rf, g, run, r, S_FINISHED, R_NONE, t_end)
+            _end_request(ri, rf, g, sx, run, r, S_FINISHED, R_NONE, t_end)
             if int(cfg[I_ADMISSION]) == ADMIT_PREDICTED:
                 _calibrate(ri, g, hist, cfg, r)
     g[N_BATCH] = 0
+
+
+@njit(cache=True, nogil=True)
+def _cache_prompt_blocks(ri, g, sx, r, block_size):
+    """Turn the full prompt hash blocks r has computed into cache entries it references;
+    blocks another request cached first are deduplicated and freed."""
+    freed = pcm.insert(sx.pc, sx.offsets, r, ri[COMPUTED, r])
+    before = ri[HELD, r]
+    ri[HELD, r] = pcm.private_blocks(ri[COMPUTED, r], sx.pc.held[r], sx.pc.block_tokens, block_size)
+    fm.hold_kv(sx.sh, sx.tenant[r], sx.klass[r], ri[HELD, r] - before)
+    g[FREE] += freed
+    g[USED] -= freed
 
 
 @njit(cache=True, nogil=True)
@@ -858,7 +941,7 @@ def _sample_until(g, gf, series, t_stop):
 
 
 @njit(cache=True, nogil=True)
-def _run_step(ri, rf, g, gf, series, prompt, deadline, cfg, batch, run, hist, dt_compute, oor):
+def _run_step(ri, rf, g, gf, sx, series, prompt, deadline, cfg, batch, run, hist, dt_compute, oor, kv_bytes):
     """Book one formed step of dt_compute (+ copies) seconds and advance to its end."""
     dt = dt_compute + gf[SWAP_S]
     if oor:
@@ -871,7 +954,7 @@ def _run_step(ri, rf, g, gf, series, prompt, deadline, cfg, batch, run, hist, dt
     g[PREFILL_TOKENS] += g[B_PREFILL]
     if g[B_DECODES] > 0 and int(cfg[I_ADMISSION]) == ADMIT_NTR:
         _decay_ratio(gf, cfg)
-    _end_step(ri, rf, g, gf, run, batch, hist, prompt, deadline, cfg, t_end)
+    _end_step(ri, rf, g, gf, sx, run, batch, hist, prompt, deadline, cfg, t_end, dt, kv_bytes)
     gf[CLOCK] = t_end
 
 
@@ -879,12 +962,14 @@ def _run_step(ri, rf, g, gf, series, prompt, deadline, cfg, batch, run, hist, dt
 # fast-forward over pure-decode stretches
 # ======================================================================================
 @njit(cache=True, nogil=True)
-def _fast_forward(ri, g, gf, series, run, residues, tables, arrival, prompt, cfg, next_deadline):
+def _fast_forward(ri, g, gf, sx, series, run, residues, tables, arrival, prompt, cfg, next_deadline, kv_bytes):
     """Run consecutive all-decode steps that the step-by-step loop would form identically.
 
     Applies while nothing waits, every running request is decoding, none finishes, no
     arrival or deadline is due at a boundary and the new blocks fit. Each step costs one
     step-time lookup; blocks come from a histogram of positions modulo the block size.
+    Decode blocks never complete a prompt hash block, so the prefix cache only matters
+    through the blocks free without evicting; tenants are charged once at the end.
     Returns the number of steps taken.
     """
     k = g[N_RUN]
@@ -894,6 +979,7 @@ def _fast_forward(ri, g, gf, series, run, residues, tables, arrival, prompt, cfg
     if not prefill_first and k > int(cfg[I_MAX_BATCHED]):
         return 0
     block_size = int(cfg[I_BLOCK_SIZE])
+    pc = sx.pc
     residues[:block_size] = 0
     kv = 0
     run_len = np.iinfo(np.int64).max
@@ -902,7 +988,7 @@ def _fast_forward(ri, g, gf, series, run, residues, tables, arrival, prompt, cfg
         c = ri[COMPUTED, r]
         if not _is_decode(ri, prompt, r, 1):
             return 0
-        residues[c % block_size] += 1
+        residues[(c - pc.held[r] * pc.block_tokens) % block_size] += 1
         kv += c + 1
         run_len = min(run_len, ri[TARGET, r] - ri[GENERATED, r] - 1)  # the finishing step runs normally
     n = arrival.shape[0]
@@ -910,10 +996,14 @@ def _fast_forward(ri, g, gf, series, run, residues, tables, arrival, prompt, cfg
     ntr = int(cfg[I_ADMISSION]) == ADMIT_NTR
     t = gf[CLOCK]
     j = 0
+    sum_dt = 0.0
+    sum_j_dt = 0.0  # for KV byte-seconds: context grows by one token per step
+    truly_free = g[FREE] - pc.stats[pcm.S_EVICTABLE] * pc.entry_blocks
     while j < run_len and next_arrival > t and next_deadline > t:
         need = residues[(block_size - j % block_size) % block_size]
-        if need > g[FREE]:
+        if need > truly_free:
             break
+        truly_free -= need
         g[FREE] -= need
         g[USED] += need
         if g[USED] > g[PEAK]:
@@ -928,15 +1018,28 @@ def _fast_forward(ri, g, gf, series, run, residues, tables, arrival, prompt, cfg
         if ntr:
             _decay_ratio(gf, cfg)
         kv += k
+        sum_dt += dt
+        sum_j_dt += j * dt
         j += 1
     gf[CLOCK] = t
     if j > 0:
+        unit = int(cfg[I_COST_UNIT])
         for i in range(k):
             r = run[i]
+            c = ri[COMPUTED, r]
             ri[COMPUTED, r] += j
             ri[GENERATED, r] += j
-            ri[HELD, r] = _blocks(ri[COMPUTED, r], block_size)
+            before = ri[HELD, r]
+            ri[HELD, r] = pcm.private_blocks(ri[COMPUTED, r], pc.held[r], pc.block_tokens, block_size)
+            fm.hold_kv(sx.sh, sx.tenant[r], sx.klass[r], ri[HELD, r] - before)
             _cover_reservation(ri, g, r)
+            if unit == fm.TOKENS:
+                cost = cfg[I_W_OUT] * j
+            elif unit == fm.GPU_TIME:
+                cost = sum_dt / k
+            else:
+                cost = kv_bytes * ((c + 1) * sum_dt + sum_j_dt)
+            fm.charge(sx.sh, sx.tenant[r], cost)
     return j
 
 
@@ -946,12 +1049,16 @@ def _fast_forward(ri, g, gf, series, run, residues, tables, arrival, prompt, cfg
 @njit(cache=True, nogil=True)
 def simulate_kernel(arrival, prompt, output, max_tokens, priority, deadline, tables, cfg,
                     cap_blocks, host_blocks, kv_bytes, swap_bw, seed, series_every, fast_forward,
-                    out_i, out_f, out_counts, out_fcounts, series):
+                    sharing_in, tenant_params, class_params,
+                    out_i, out_f, out_counts, out_fcounts, series, out_cached, out_service, out_prefix):
     """One replay of the trace under config vector ``cfg``; fills the ``out_*`` buffers.
 
     out_i[4, n]: state, reject reason, tokens generated, preemptions; out_f[3, n]: first
     token, finish, first scheduled; out_counts / out_fcounts: run counters (C_*, F_*);
-    series[SERIES_CAPACITY, 4]: (t, KV blocks used, running, waiting).
+    series[SERIES_CAPACITY, 4]: (t, KV blocks used, running, waiting); out_cached[n]:
+    cached prompt tokens at first schedule; out_service[T]: service charged per tenant;
+    out_prefix[N_PREFIX]: prefix-cache figures (P_*). ``sharing_in`` is ``sharing_inputs``;
+    ``tenant_params``/``class_params`` are ``policies.fairness.side_params`` for this config.
     """
     n = arrival.shape[0]
     ri = np.zeros((N_RI, n), dtype=np.int64)
@@ -961,7 +1068,6 @@ def simulate_kernel(arrival, prompt, output, max_tokens, priority, deadline, tab
     run = np.empty(n, dtype=np.int64)
     order = np.empty(n, dtype=np.int64)
     batch = np.empty(n, dtype=np.int64)
-    wheap = np.zeros(n + 1, dtype=np.int64)
     dheap = np.zeros(n + 1, dtype=np.int64)
     zeros = np.zeros(n, dtype=np.int64)
     hist = np.zeros(CALIBRATION_BINS, dtype=np.int64)
@@ -984,14 +1090,15 @@ def simulate_kernel(arrival, prompt, output, max_tokens, priority, deadline, tab
     gf[CLOCK] = arrival[0]
     gf[SERIES_T0] = arrival[0]
     gf[SERIES_EVERY] = series_every
+    sx = _new_sharing(sharing_in, arrival, priority, deadline, tenant_params, class_params, cfg)
 
     # helpers are called only when they have work: every array argument costs refcounting
     while g[N_DONE] < n:
         t = gf[CLOCK]
         if g[NEXT_ARRIVAL] < n and arrival[g[NEXT_ARRIVAL]] <= t:
-            _arrive(ri, rf, g, run, wheap, dheap, zeros, tables, arrival, prompt, output, max_tokens, priority, deadline, cfg, t)
+            _arrive(ri, rf, g, sx, run, dheap, zeros, tables, arrival, prompt, output, max_tokens, deadline, cfg, t)
         if dheap[0] > 0 or cfg[I_MAX_WAIT] > 0.0:
-            _expire(ri, rf, g, run, dheap, zeros, arrival, deadline, cfg, t)
+            _expire(ri, rf, g, sx, run, dheap, zeros, arrival, deadline, cfg, t)
         if g[N_DONE] == n:
             break
         if g[N_RUN] == 0 and g[N_WAIT] == 0:  # idle: jump to the next arrival
@@ -1000,9 +1107,9 @@ def simulate_kernel(arrival, prompt, output, max_tokens, priority, deadline, tab
             gf[RATIO] = _ntr_init(cfg)
             gf[CLOCK] = t_next
             continue
-        if fast_forward and g[N_WAIT] == 0:
-            if _fast_forward(ri, g, gf, series, run, residues, tables, arrival, prompt, cfg,
-                             _next_deadline(ri, dheap, zeros, deadline)) > 0:
+        if fast_forward and g[N_WAIT] == 0 and int(cfg[I_POLICY]) != VTC:  # VTC: exact counters
+            if _fast_forward(ri, g, gf, sx, series, run, residues, tables, arrival, prompt, cfg,
+                             _next_deadline(ri, dheap, zeros, deadline), kv_bytes) > 0:
                 continue
         g[PREEMPTED_NOW] = 0
         gf[SWAP_S] = 0.0
@@ -1012,7 +1119,7 @@ def simulate_kernel(arrival, prompt, output, max_tokens, priority, deadline, tab
         g[B_KV_DECODE] = 0
         g[B_PAIRS] = 0
         g[B_PREFILL] = 0
-        _form_batch(ri, rf, g, gf, run, order, wheap, batch, tables, prompt, priority, cfg, kv_bytes, swap_bw)
+        _form_batch(ri, rf, g, gf, sx, run, order, batch, tables, prompt, priority, cfg, kv_bytes, swap_bw)
         if g[B_TOKENS] == 0:
             g[N_BATCH] = 0
             if g[PREEMPTED_NOW] != 0:
@@ -1020,7 +1127,7 @@ def simulate_kernel(arrival, prompt, output, max_tokens, priority, deadline, tab
             out_counts[C_ERROR] = ERROR_STALLED
             break
         dt, oor = step_seconds(tables, g[B_TOKENS], g[B_LOGITS], g[B_DECODES], g[B_KV_DECODE], g[B_PAIRS])
-        _run_step(ri, rf, g, gf, series, prompt, deadline, cfg, batch, run, hist, dt, oor)
+        _run_step(ri, rf, g, gf, sx, series, prompt, deadline, cfg, batch, run, hist, dt, oor, kv_bytes)
 
     for r in range(n):
         out_i[O_STATE, r] = ri[STATE, r]
@@ -1042,17 +1149,24 @@ def simulate_kernel(arrival, prompt, output, max_tokens, priority, deadline, tab
     out_counts[C_HOST_USED_END] = host_blocks - g[HOST_FREE]
     out_fcounts[F_BUSY] = gf[BUSY]
     out_fcounts[F_END] = gf[CLOCK]
+    out_cached[:] = sx.cached_first
+    out_service[:] = sx.sh.service
+    out_prefix[:] = sx.prefix
+    out_prefix[P_EVICTIONS] = sx.pc.stats[pcm.S_EVICTIONS]
 
 
 @njit(cache=True, parallel=True)
 def simulate_many_kernel(arrival, prompt, output, max_tokens, priority, deadline, tables, cfgs,
                          caps, hosts, kv_bytes, swap_bw, seed, series_every, fast_forward,
-                         out_i, out_f, out_counts, out_fcounts, series):
+                         sharing_in, tenant_params, class_params,
+                         out_i, out_f, out_counts, out_fcounts, series, out_cached, out_service, out_prefix):
     """``simulate_kernel`` for every row of ``cfgs``, in parallel; each writes only its slot."""
     for m in prange(cfgs.shape[0]):
         simulate_kernel(arrival, prompt, output, max_tokens, priority, deadline, tables, cfgs[m],
                         caps[m], hosts[m], kv_bytes, swap_bw, seed, series_every[m], fast_forward,
-                        out_i[m], out_f[m], out_counts[m], out_fcounts[m], series[m])
+                        sharing_in, tenant_params[m], class_params[m],
+                        out_i[m], out_f[m], out_counts[m], out_fcounts[m], series[m],
+                        out_cached[m], out_service[m], out_prefix[m])
 
 
 # ======================================================================================
@@ -1109,7 +1223,60 @@ def _trace_arrays(trace):
             trace.priority, trace.deadline_s)
 
 
-def _result(trace, out_i, out_f, counts, fcounts, series) -> SimResult:
+class SharingInputs(NamedTuple):
+    """Per-trace arrays the sharing policies read (the same for every config)."""
+
+    tenant: np.ndarray  # i8[n]
+    klass: np.ndarray  # i8[n]
+    offsets: np.ndarray  # i8[n + 1]
+    entry: np.ndarray  # i8[blocks], dense prefix-cache entry of each trace block
+    n_full: np.ndarray  # i8[n], full (cacheable) hash blocks per prompt
+    n_entries: int
+    block_tokens: int
+    lane_of: np.ndarray  # i8[n], queue lane: (tenant, class)
+    lane_tenant: np.ndarray  # i8[lanes]
+    min_service_s: np.ndarray  # f8[n]
+    job_s: np.ndarray  # f8[n]
+
+
+def sharing_inputs(trace, cost_model: CostModel) -> SharingInputs:
+    """Prefix-cache layout, queue lanes and service estimates for one trace and cost model."""
+    entry, n_full, n_entries = pcm.prefix_layout(trace.block_offsets, trace.block_hashes,
+                                                 trace.prompt_tokens, trace.block_tokens)
+    n_tenants, n_classes = len(trace.tenant_names), len(trace.slo_class_names)
+    lane_of, lane_tenant = qm.lanes(trace.tenant, trace.slo_class, n_tenants, n_classes, True, True)
+    min_service_s, job_s = qm.service_estimates(cost_model.tables, trace.prompt_tokens, trace.max_tokens)
+    return SharingInputs(
+        tenant=trace.tenant.astype(np.int64), klass=trace.slo_class.astype(np.int64),
+        offsets=np.ascontiguousarray(trace.block_offsets, dtype=np.int64), entry=entry, n_full=n_full,
+        n_entries=int(n_entries), block_tokens=int(trace.block_tokens), lane_of=lane_of,
+        lane_tenant=lane_tenant, min_service_s=min_service_s, job_s=job_s,
+    )
+
+
+@njit(cache=True, nogil=True)
+def _new_sharing(sin, arrival, priority, deadline, tenant_params, class_params, cfg):
+    caching = cfg[I_PREFIX_CACHING] != 0.0
+    n_full = sin.n_full if caching else np.zeros_like(sin.n_full)
+    pc = pcm.empty_cache(sin.entry, n_full, sin.n_entries if caching else 0, sin.block_tokens,
+                         int(cfg[I_BLOCK_SIZE]))
+    quotas = (np.any(tenant_params[:, fm.T_KV_QUOTA] < 1.0) or np.any(tenant_params[:, fm.T_TOKEN_QUOTA] < 1.0)
+              or np.any(class_params[:, fm.C_HEADROOM] > 0.0) or np.any(class_params[:, fm.C_KV_SHARE] < 1.0)
+              or np.any(class_params[:, fm.C_TOKEN_SHARE] < 1.0))
+    return Sharing(
+        pc, qm.empty_wait_queue(sin.lane_of, sin.lane_tenant), fm.new_shares(tenant_params, class_params),
+        sin.tenant, sin.klass, sin.offsets, arrival, priority, deadline, sin.min_service_s, sin.job_s,
+        np.zeros(sin.lane_tenant.shape[0], dtype=np.bool_), np.zeros(arrival.shape[0], dtype=np.int64),
+        np.zeros(N_PREFIX), caching, quotas,
+    )
+
+
+def _side_params(trace, config: PolicyConfig, sharing: fm.SharingSpec | None):
+    return fm.side_params(trace.tenant_names, trace.slo_class_names, sharing,
+                          kv_quota=config.tenant_kv_quota, token_quota=config.tenant_token_quota)
+
+
+def _result(trace, out_i, out_f, counts, fcounts, series, cached, service, prefix, weights) -> SimResult:
     if counts[C_ERROR] != 0:
         raise RuntimeError(f"engine stalled (internal error {counts[C_ERROR]}); please report this trace and config")
     leftover = (int(counts[C_USED_END]), int(counts[C_RESERVED_END]), int(counts[C_HOST_USED_END]))
@@ -1125,7 +1292,7 @@ def _result(trace, out_i, out_f, counts, fcounts, series) -> SimResult:
         finish_s=out_f[O_FINISH].copy(),
         tokens_generated=out_i[O_GENERATED].copy(),
         preemptions=out_i[O_PREEMPTS].astype(np.int32),
-        cached_prompt_tokens=np.zeros(trace.n, dtype=np.int64),
+        cached_prompt_tokens=cached.copy(),
         queue_s=first_sched - trace.arrival_s,
         replica=np.where(state == S_FINISHED, 0, -1).astype(np.int32),
         steps=int(counts[C_STEPS]),
@@ -1140,13 +1307,20 @@ def _result(trace, out_i, out_f, counts, fcounts, series) -> SimResult:
         series_waiting=series[:m, 3].astype(np.int64),
         swap_outs=int(counts[C_SWAP_OUTS]),
         end_s=float(fcounts[F_END]),
+        tenant_service=service.copy(),
+        tenant_weight=weights.copy(),
+        prefix_hit_tokens=int(prefix[P_HIT_TOKENS]),
+        prefix_query_tokens=int(prefix[P_QUERY_TOKENS]),
+        prefill_time_saved_s=float(prefix[P_SAVED_S]),
+        prefix_evictions=int(prefix[P_EVICTIONS]),
     )
 
 
-def _buffers(m: int, n: int):
+def _buffers(m: int, n: int, n_tenants: int):
     return (np.zeros((m, N_OI, n), dtype=np.int64), np.zeros((m, N_OF, n)),
             np.zeros((m, N_COUNTS), dtype=np.int64), np.zeros((m, N_FCOUNTS)),
-            np.zeros((m, SERIES_CAPACITY, 4)))
+            np.zeros((m, SERIES_CAPACITY, 4)), np.zeros((m, n), dtype=np.int64),
+            np.zeros((m, n_tenants)), np.zeros((m, N_PREFIX)))
 
 
 def _fast_forward_enabled() -> bool:
@@ -1155,25 +1329,29 @@ def _fast_forward_enabled() -> bool:
 
 
 def simulate(trace, cost_model: CostModel, config: PolicyConfig, seed: int = 0, *,
-             series_every_s: float | None = None) -> SimResult:
+             series_every_s: float | None = None, sharing: fm.SharingSpec | None = None) -> SimResult:
     """Replay ``trace`` through one replica running ``config``; deterministic for a seed.
 
     ``series_every_s`` is the spacing of the sampled KV/running/waiting series (default:
     about 500 samples over the arrival span); on very long runs it doubles as needed to
-    stay within ``SERIES_CAPACITY`` samples.
+    stay within ``SERIES_CAPACITY`` samples. ``sharing`` gives per-tenant weights and
+    quotas and per-class budgets by name (``policies.fairness.SharingSpec``).
     """
     cap, host = validate(trace, cost_model, config)
     every = default_series_every(trace) if series_every_s is None else float(series_every_s)
     if not every > 0:
         raise ValueError(f"series_every_s must be > 0, got {series_every_s}")
-    out_i, out_f, counts, fcounts, series = _buffers(1, trace.n)
+    tenant_params, class_params = _side_params(trace, config, sharing)
+    bufs = _buffers(1, trace.n, len(tenant_params))
     simulate_kernel(*_trace_arrays(trace), cost_model.tables, config.to_vector(), cap, host,
                     cost_model.kv_bytes_per_token, cost_model.swap_bytes_per_s, seed, every,
-                    _fast_forward_enabled(), out_i[0], out_f[0], counts[0], fcounts[0], series[0])
-    return _result(trace, out_i[0], out_f[0], counts[0], fcounts[0], series[0])
+                    _fast_forward_enabled(), sharing_inputs(trace, cost_model), tenant_params, class_params,
+                    *(b[0] for b in bufs))
+    return _result(trace, *(b[0] for b in bufs), tenant_params[:, fm.T_WEIGHT])
 
 
-def simulate_many(trace, cost_model: CostModel, configs: Sequence[PolicyConfig], seed: int = 0) -> list[SimResult]:
+def simulate_many(trace, cost_model: CostModel, configs: Sequence[PolicyConfig], seed: int = 0, *,
+                  sharing: fm.SharingSpec | None = None) -> list[SimResult]:
     """``simulate`` for each config, in parallel across cores; results in config order."""
     if not configs:
         return []
@@ -1183,11 +1361,15 @@ def simulate_many(trace, cost_model: CostModel, configs: Sequence[PolicyConfig],
     caps = np.array([cap for cap, _ in limits], dtype=np.int64)
     hosts = np.array([host for _, host in limits], dtype=np.int64)
     every = np.full(m, default_series_every(trace))
-    out_i, out_f, counts, fcounts, series = _buffers(m, trace.n)
+    side = [_side_params(trace, c, sharing) for c in configs]
+    tenant_params = np.stack([t for t, _ in side])
+    class_params = np.stack([c for _, c in side])
+    bufs = _buffers(m, trace.n, tenant_params.shape[1])
     simulate_many_kernel(*_trace_arrays(trace), cost_model.tables, cfgs, caps, hosts,
                          cost_model.kv_bytes_per_token, cost_model.swap_bytes_per_s, seed, every,
-                         _fast_forward_enabled(), out_i, out_f, counts, fcounts, series)
-    return [_result(trace, out_i[k], out_f[k], counts[k], fcounts[k], series[k]) for k in range(m)]
+                         _fast_forward_enabled(), sharing_inputs(trace, cost_model), tenant_params, class_params,
+                         *bufs)
+    return [_result(trace, *(b[k] for b in bufs), tenant_params[k, :, fm.T_WEIGHT]) for k in range(m)]
 
 
 def warmup() -> None:
@@ -1200,7 +1382,8 @@ def warmup() -> None:
     trace = _WarmupTrace(arrival, prompt, output, output.copy(), np.zeros(n, dtype=np.int32), deadline)
     cost = CostModel.synthetic(kv_capacity_tokens=256, swap_capacity_tokens=256)
     base = PolicyConfig(max_num_batched_tokens=64, max_num_seqs=4, gpu_memory_utilization=1.0)
-    configs = [base, base.replace(schedule_mode="prefill_first", admission_mode="new_token_ratio")]
+    configs = [base, base.replace(schedule_mode="prefill_first", admission_mode="new_token_ratio"),
+               base.replace(enable_prefix_caching=True, scheduling_policy="vtc")]
     simulate(trace, cost, base)
     simulate_many(trace, cost, configs)
 
@@ -1212,3 +1395,10 @@ class _WarmupTrace:
         self.arrival_s, self.prompt_tokens, self.output_tokens = arrival, prompt, output
         self.max_tokens, self.priority, self.deadline_s = max_tokens, priority, deadline
         self.n = len(arrival)
+        self.tenant = np.zeros(self.n, dtype=np.int32)
+        self.slo_class = np.zeros(self.n, dtype=np.int32)
+        self.block_offsets = np.arange(self.n + 1, dtype=np.int64)  # one shared 32-token block each
+        self.block_hashes = np.zeros(self.n, dtype=np.int64)
+        self.block_tokens = 32
+        self.tenant_names = ("default",)
+        self.slo_class_names = ("default",)

@@ -27,15 +27,13 @@ PREEMPTS = 8
 SCHED = 9  # tokens scheduled in the step being formed (0 = not in the batch)
 STATE = 10  # policies.result.State once DONE
 REASON = 11  # policies.result.Reject
-QKEY1 = 12  # waiting-queue tie-break key
-N_RI = 13
+N_RI = 12
 
 # -- rf rows: per-request floats ---------------------------------------------------------
 FIRST_SCHED = 0
 FIRST_TOKEN = 1
 FINISH = 2
-QKEY0 = 3  # waiting-queue primary key
-N_RF = 4
+N_RF = 3
 
 # -- g slots: run-wide integers ----------------------------------------------------------
 CAP = 0  # GPU KV blocks

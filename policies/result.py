@@ -6,7 +6,7 @@ Times are seconds on the trace clock; NaN where the event never happened.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 
 import numpy as np
@@ -58,6 +58,13 @@ class SimResult:
     # added after the first contract; defaults keep hand-built results valid
     swap_outs: int = 0  # preemptions that copied KV to host instead of recomputing
     end_s: float = float("nan")  # clock when the last request ended
+    # sharing (issue 6): prefix cache and per-tenant charged service
+    tenant_service: np.ndarray = field(default_factory=lambda: np.zeros(0))  # f8[tenants], fairness_cost_unit
+    tenant_weight: np.ndarray = field(default_factory=lambda: np.zeros(0))  # f8[tenants], fair-share weights
+    prefix_hit_tokens: int = 0  # prompt tokens served from the cache over every lookup (readmissions too)
+    prefix_query_tokens: int = 0  # prompt tokens looked up
+    prefill_time_saved_s: float = 0.0  # lone-prefill time of the cached tokens, summed over hits
+    prefix_evictions: int = 0  # cached hash blocks evicted
 
     @property
     def n(self) -> int:

@@ -97,7 +97,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "about": "interactive tenant (priority 1, weight 3 SLO, 20 s patience) beside a batch tenant with long "
                  "answers (weight 1)", "seed": 7,
         "slo": {"interactive": {"ttft": 1000, "tpot": 50, "weight": 3}, "batch": {"ttft": 20000, "tpot": 100, "weight": 1}},
-        "workload": _poisson(24, 120,
+        "workload": _poisson(16, 120,
                              {**CHAT, "name": "interactive", "weight": 2, "priority": 1, "slo_class": "interactive",
                               "deadline_s": 20},
                              {"name": "batch", "weight": 1, "slo_class": "batch",

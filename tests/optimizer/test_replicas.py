@@ -114,7 +114,7 @@ def test_r_replicas_at_r_times_the_rate_each_behave_like_one_replica_at_the_base
     fleet_trace = _interleaved(base, replicas)
     config = PolicyConfig(max_num_batched_tokens=512, max_num_seqs=8, gpu_memory_utilization=1.0)
     spec = load_spec(trace=write_csv_trace(tmp_path / "t.csv", fleet_trace), model="synthetic", gpu="h100",
-                     slo="ttft:150,tpot:5", replicas=replicas, run_dir=tmp_path / "run", seed=4)
+                     slo="ttft:20,tpot:2", replicas=replicas, run_dir=tmp_path / "run", seed=4)
     evaluator = Evaluator(spec, trace=fleet_trace, cost_model=_cost_model())
     result, report = evaluator.simulate(config)
 

@@ -10,20 +10,28 @@ from costmodels.steptable import linear_tables
 from studies.traces import Trace
 
 
-def make_trace(arrival, prompt, output, max_tokens=None, priority=None, deadline=None) -> Trace:
+def make_trace(arrival, prompt, output, max_tokens=None, priority=None, deadline=None, *, tenant=None,
+               slo_class=None, hashes=None, block_tokens=512, n_tenants=1, n_classes=1) -> Trace:
+    """A trace from columns; ``hashes`` is one list of prefix-block hashes per request."""
     n = len(arrival)
     output = np.asarray(output)
+    hashes = hashes if hashes is not None else [[] for _ in range(n)]
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(h) for h in hashes])
     return Trace(
         arrival_s=np.asarray(arrival, dtype=float),
         prompt_tokens=np.asarray(prompt),
         output_tokens=output,
         max_tokens=np.maximum(output, 1) if max_tokens is None else np.asarray(max_tokens),
-        tenant=np.zeros(n),
+        tenant=np.zeros(n) if tenant is None else np.asarray(tenant),
         priority=np.zeros(n) if priority is None else np.asarray(priority),
-        slo_class=np.zeros(n),
+        slo_class=np.zeros(n) if slo_class is None else np.asarray(slo_class),
         deadline_s=np.full(n, np.nan) if deadline is None else np.asarray(deadline, dtype=float),
-        block_offsets=np.zeros(n + 1),
-        block_hashes=np.zeros(0),
+        block_offsets=offsets,
+        block_hashes=np.array([x for h in hashes for x in h], dtype=np.int64),
+        block_tokens=block_tokens,
+        tenant_names=tuple(f"t{i}" for i in range(n_tenants)) if n_tenants > 1 else ("default",),
+        slo_class_names=tuple(f"c{i}" for i in range(n_classes)) if n_classes > 1 else ("default",),
     )
 
 

@@ -25,6 +25,10 @@ from policies.kernel_state import (
 )
 from policies.result import Reject, State
 
+from .reference_sharing import LPM_FCFS_ABOVE, RefPrefixCache, RefShares, order_keys, private_blocks
+
+ORDERS = ("fcfs", "priority", "edf", "sjf", "lpm", "vtc")
+
 
 @dataclass
 class Req:
@@ -35,6 +39,10 @@ class Req:
     max_tokens: int
     priority: int
     deadline: float
+    tenant: int = 0
+    klass: int = 0
+    min_service: float = 0.0
+    job: float = 0.0
     status: str = "new"  # new, waiting, running, done
     computed: int = 0
     generated: int = 0
@@ -51,6 +59,7 @@ class Req:
     finish: float = math.nan
     state: int = -1
     reason: int = 0
+    cached_first: int = 0
 
 
 def blocks(tokens: int, bs: int) -> int:
@@ -58,7 +67,7 @@ def blocks(tokens: int, bs: int) -> int:
 
 
 class Reference:
-    def __init__(self, trace, cost, config, cap_blocks: int, host_blocks: int):
+    def __init__(self, trace, cost, config, cap_blocks: int, host_blocks: int, tenant_params=None, class_params=None):
         self.c = config
         self.tables = cost.tables
         self.kv_bytes = cost.kv_bytes_per_token
@@ -75,9 +84,33 @@ class Reference:
         self.max_len = max_len
         self.reqs = [
             Req(i, float(trace.arrival_s[i]), int(trace.prompt_tokens[i]), int(trace.output_tokens[i]),
-                int(trace.max_tokens[i]), int(trace.priority[i]), float(trace.deadline_s[i]))
+                int(trace.max_tokens[i]), int(trace.priority[i]), float(trace.deadline_s[i]),
+                int(trace.tenant[i]), int(trace.slo_class[i]))
             for i in range(trace.n)
         ]
+        for r in self.reqs:  # lone prefill, plus lone decodes up to max_tokens (queues.service_estimates)
+            p = r.prompt
+            r.min_service = step_seconds(self.tables, p, 1, 0, 0, p * (p + 1) / 2.0)[0]
+            r.job = r.min_service + (r.max_tokens - 1) * step_seconds(self.tables, 1, 1, 1, p, 0.0)[0]
+        # sharing: prefix cache, queue order, tenant ledger, quotas
+        self.order = ORDERS.index(config.scheduling_policy)
+        self.caching = config.enable_prefix_caching
+        offsets = trace.block_offsets
+        hashes = [trace.block_hashes[offsets[i]:offsets[i + 1]].tolist() if self.caching else []
+                  for i in range(trace.n)]
+        self.cache = RefPrefixCache(hashes, [r.prompt for r in self.reqs], trace.block_tokens, self.bs)
+        self.n_classes = len(trace.slo_class_names)
+        if tenant_params is None:
+            tenant_params = np.ones((len(trace.tenant_names), 3))
+            class_params = np.tile([0.0, 1.0, 1.0], (self.n_classes, 1))
+        self.tp, self.cp = tenant_params, class_params
+        self.shares = RefShares(list(tenant_params[:, 0]))
+        self.quotas = bool((tenant_params[:, 1:] < 1).any() or (class_params[:, 0] > 0).any()
+                           or (class_params[:, 1:] < 1).any())
+        self.tenant_kv = [0] * len(tenant_params)
+        self.class_kv = [0] * self.n_classes
+        self.hit_tokens = self.query_tokens = 0
+        self.saved_s = 0.0
         self.pending = list(self.reqs)  # not yet arrived, in arrival order
         self.waiting: list[Req] = []
         self.running: list[Req] = []
@@ -100,9 +133,23 @@ class Reference:
     def used(self) -> int:
         return self.cap - self.free
 
+    def hold(self, r: Req, delta: int) -> None:
+        r.held += delta
+        self.tenant_kv[r.tenant] += delta
+        self.class_kv[r.klass] += delta
+
+    def need(self, r: Req, ctx: int, held: int, idle_blocks: int = 0) -> int:
+        """Blocks r must add to hold ctx tokens while referencing ``held`` cached entries."""
+        c = self.cache
+        after = max(held, min(c.n_full[r.id], ctx // c.bt))
+        return private_blocks(ctx, after, c.bt, self.bs) + c.entry_blocks * (after - held) + idle_blocks - r.held
+
     def take(self, r: Req, n_blocks: int) -> None:
+        short = n_blocks - (self.free - self.cache.cache_blocks()[1])
+        if short > 0:
+            self.cache.evict(short)
         self.free -= n_blocks
-        r.held += n_blocks
+        self.hold(r, n_blocks)
         assert self.free >= 0, "KV over capacity"
         self.peak = max(self.peak, self.used)
         if self.c.admission_mode in ("reservation", "predicted") and r.held > r.reserved:
@@ -118,8 +165,8 @@ class Reference:
             r.reserved = 0
         elif r.status == "waiting":
             self.waiting.remove(r)
-        self.free += r.held
-        r.held = 0
+            self.shares.dequeue(r.tenant)
+        self.free_gpu(r, True)
         self.host_free += r.host
         r.host = 0
         r.status = "done"
@@ -129,17 +176,32 @@ class Reference:
         state = State.TIMED_OUT if r.first_token <= r.deadline else State.CANCELLED
         self.end(r, state, Reject.NONE, r.deadline)
 
+    def free_gpu(self, r: Req, drop_refs: bool) -> None:
+        self.free += r.held
+        self.hold(r, -r.held)
+        if drop_refs:
+            self.free += self.cache.release(r.id)
+
     def enqueue(self, r: Req, in_front: bool) -> None:
-        if self.c.scheduling_policy == "fcfs":
-            self.seq += 1
-            r.key = (0.0, -self.seq if in_front else self.seq, r.id)
-        else:
-            r.key = (-float(r.priority), r.id, r.id)
+        self.seq += 1
+        seq = -self.seq if in_front else self.seq
+        r.key = order_keys(self.order, seq, r.arrival, r.priority, r.deadline, r.job, self.c.aging_rate)
         r.status = "waiting"
         self.waiting.append(r)
+        self.shares.enqueue(r.tenant)
 
-    def head(self) -> Req | None:
-        return min(self.waiting, key=lambda r: r.key) if self.waiting else None
+    def head(self, blocked: set) -> Req | None:
+        live = [r for r in self.waiting if (r.tenant, r.klass) not in blocked]
+        if not live:
+            return None
+        cache_aware = self.order == ORDERS.index("lpm") and len(self.waiting) <= LPM_FCFS_ABOVE
+
+        def rank(r):
+            counter = self.shares.counter[r.tenant] if self.order == ORDERS.index("vtc") else 0.0
+            matched = self.cache.match(r.id)[1] if cache_aware else 0
+            return (counter, -matched, *r.key, r.id)
+
+        return min(live, key=rank)
 
     # -- boundary events -------------------------------------------------------------
     def arrival_reason(self, r: Req) -> Reject:
@@ -147,7 +209,7 @@ class Reference:
         if r.prompt >= self.max_len:
             return Reject.EXCEEDS_CAPACITY
         limit = self.cap - self.headroom
-        if blocks(r.prompt + r.max_out - 1, bs) > limit:
+        if self.need(r, r.prompt + r.max_out - 1, 0) > limit:
             return Reject.EXCEEDS_CAPACITY
         if c.admission_mode in ("reservation", "predicted") and blocks(r.prompt + r.max_out, bs) > limit:
             return Reject.EXCEEDS_CAPACITY
@@ -182,7 +244,10 @@ class Reference:
         if self.c.max_wait_s > 0:
             for r in list(self.waiting):
                 if math.isnan(r.first_sched) and self.t - r.arrival > self.c.max_wait_s:
-                    self.end(r, State.REJECTED, Reject.MAX_WAIT, self.t)
+                    if self.c.max_wait_action == "admit_first":
+                        r.key = (-math.inf, r.key[1])
+                    else:
+                        self.end(r, State.REJECTED, Reject.MAX_WAIT, self.t)
 
     # -- the batch -------------------------------------------------------------------
     def is_decode(self, r: Req, n: int) -> bool:
@@ -237,8 +302,15 @@ class Reference:
             allowed = 1 if may_split else n
         return allowed
 
+    def charge_prefill(self, r: Req, n: int, sign: int) -> None:
+        if self.c.fairness_cost_unit == "tokens" and not self.is_decode(r, n):
+            self.shares.charge(r.tenant, sign * self.c.vtc_input_weight * n)
+
     def schedule(self, r: Req, n: int) -> None:
-        self.take(r, blocks(r.computed + n, self.bs) - r.held)
+        self.take(r, self.need(r, r.computed + n, self.cache.held[r.id]))
+        self.charge_prefill(r, n, 1)
+        self.tenant_tokens[r.tenant] += n
+        self.class_tokens[r.klass] += n
         r.scheduled = n
         self.batch.append(r)
         self.budget -= n
@@ -254,11 +326,14 @@ class Reference:
     def preempt(self, v: Req) -> None:
         self.preempted_now = True
         if v.scheduled > 0:
+            self.charge_prefill(v, v.scheduled, -1)
+            self.tenant_tokens[v.tenant] -= v.scheduled
+            self.class_tokens[v.klass] -= v.scheduled
             self.budget += v.scheduled
             v.scheduled = 0
-            keep = blocks(v.computed, self.bs)
+            keep = private_blocks(v.computed, self.cache.held[v.id], self.cache.bt, self.bs)
             self.free += v.held - keep
-            v.held = keep
+            self.hold(v, keep - v.held)
         if self.c.max_preemptions > 0 and v.preempts >= self.c.max_preemptions:
             self.end(v, State.REJECTED, Reject.MAX_PREEMPTIONS, self.t)
             return
@@ -280,15 +355,14 @@ class Reference:
                 self.swap_outs += 1
         if not swap:
             v.computed = 0
-        self.free += v.held
-        v.held = 0
+        self.free_gpu(v, not swap)
         self.running.remove(v)
         self.reserved_total -= v.reserved
         v.reserved = 0
         self.enqueue(v, True)
 
     def schedule_running(self, r: Req, n: int) -> None:
-        while blocks(r.computed + n, self.bs) - r.held > self.free:
+        while self.need(r, r.computed + n, self.cache.held[r.id]) > self.free:
             v = self.pick_victim()
             self.preempt(v)
             if v is r:
@@ -303,8 +377,8 @@ class Reference:
             return max(blocks(r.prompt + out, self.bs), blocks(r.prompt + r.generated, self.bs))
         return blocks(r.prompt + r.max_out, self.bs)
 
-    def admissible(self, r: Req) -> bool:
-        if self.free - blocks(r.prompt + r.generated, self.bs) < self.headroom:
+    def admissible(self, r: Req, held: int, idle_blocks: int) -> bool:
+        if self.free - self.need(r, r.prompt + r.generated, held, idle_blocks) < self.headroom:
             return False
         mode = self.c.admission_mode
         if mode in ("reservation", "predicted"):
@@ -330,27 +404,71 @@ class Reference:
             r.reserved = self.reservation_blocks(r)
             self.reserved_total += r.reserved
 
+    def over_quota(self, r: Req, first_blocks: int, n: int) -> bool:
+        budget = self.c.max_num_batched_tokens
+        t, k = r.tenant, r.klass
+        if (self.tenant_kv[t] + first_blocks > int(self.tp[t, 1] * self.cap)
+                or self.tenant_tokens[t] + n > int(self.tp[t, 2] * budget)):
+            return True
+        return (self.class_kv[k] + first_blocks > int(self.cp[k, 1] * self.cap)
+                or self.class_tokens[k] + n > int(self.cp[k, 2] * budget)
+                or self.free - first_blocks < self.cp[k, 0] * self.cap)
+
     def admit_waiting(self, prefill_first: bool) -> None:
         c = self.c
         rem_input = c.max_prefill_tokens - self.batch_parts()[5]
         if c.admission_mode == "new_token_ratio":
             future = sum(min(r.max_out - r.generated, NTR_CLIP) for r in self.running)
             self.ntr_rem = (self.free - self.headroom) * self.bs - self.ratio * future
+        blocked: set = set()
+        cache = self.cache
         while len(self.running) < c.max_num_seqs and self.budget > 0:
-            r = self.head()
+            r = self.head(blocked)
             if r is None:
                 break
+            if (c.scheduling_policy == "edf" and math.isnan(r.first_sched) and not math.isnan(r.deadline)
+                    and self.t + r.min_service + c.deadline_margin_ms * 1e-3 > r.deadline):
+                self.end(r, State.REJECTED, Reject.DEADLINE_UNMEETABLE, self.t)
+                continue
+            held, cached, idle = cache.held[r.id], 0, 0
+            lookup = self.caching and r.computed == 0 and r.host == 0
+            if lookup:
+                held, cached, idle = cache.match(r.id)
+                idle *= cache.entry_blocks
+                r.computed = cached
             n = r.prompt + r.generated - r.computed
             if 0 < c.long_prefill_token_threshold < n:
                 n = c.long_prefill_token_threshold
-            if prefill_first and n > rem_input and self.batch_parts()[0] > 0:
+            stop = (prefill_first and n > rem_input and self.batch_parts()[0] > 0) or (
+                not c.enable_chunked_prefill and n > self.budget)
+            if not stop:
+                n = min(n, self.budget)
+                n = self.fit_step_cap(r, n, c.enable_chunked_prefill)
+                if n > 0 and self.quotas and self.over_quota(r, self.need(r, r.computed + n, held, idle), n):
+                    if lookup:
+                        r.computed = 0
+                    blocked.add((r.tenant, r.klass))
+                    continue
+                stop = n == 0 or not self.admissible(r, held, idle)
+            if stop:
+                if lookup:
+                    r.computed = 0
                 break
-            if not c.enable_chunked_prefill and n > self.budget:
-                break
-            n = min(n, self.budget)
-            n = self.fit_step_cap(r, n, c.enable_chunked_prefill)
-            if n == 0 or not self.admissible(r):
-                break
+            self.shares.dequeue(r.tenant)
+            if lookup:
+                if held > 0:
+                    cache.acquire(r.id, held)
+                    self.free -= idle
+                    self.peak = max(self.peak, self.used)
+                self.hit_tokens += cached
+                self.query_tokens += r.prompt
+                if math.isnan(r.first_sched):
+                    r.cached_first = cached
+                if cached > 0:
+                    full = cached + n
+                    without = step_seconds(self.tables, full, 0, 0, 0, full * (full + 1) // 2)[0]
+                    with_cache = step_seconds(self.tables, n, 0, 0, 0, n * cached + n * (n + 1) // 2)[0]
+                    self.saved_s += without - with_cache
             self.start(r)
             self.schedule(r, n)
             rem_input -= n
@@ -362,6 +480,8 @@ class Reference:
         self.budget = c.max_num_batched_tokens
         self.preempted_now = False
         self.swap_s = 0.0
+        self.tenant_tokens = [0] * len(self.tp)
+        self.class_tokens = [0] * self.n_classes
         for r in list(self.running):
             if self.budget <= 0:
                 break
@@ -404,16 +524,26 @@ class Reference:
                 self.pred_bin = b
                 return
 
-    def end_step(self, t_end: float) -> None:
+    def end_step(self, t_end: float, dt: float, step_tokens: int) -> None:
+        unit = self.c.fairness_cost_unit
         for r in self.batch:
             n = r.scheduled
             if n == 0:
                 continue
             r.scheduled = 0
             r.computed += n
+            if self.caching and self.cache.held[r.id] < self.cache.n_full[r.id]:
+                self.free += self.cache.insert(r.id, r.computed)
+                self.hold(r, private_blocks(r.computed, self.cache.held[r.id], self.cache.bt, self.bs) - r.held)
+            if unit == "gpu_time":
+                self.shares.charge(r.tenant, dt * n / step_tokens)
+            elif unit == "kv_byte_seconds":
+                self.shares.charge(r.tenant, float(r.computed) * self.kv_bytes * dt)
             if r.computed != r.prompt + r.generated:
                 continue
             r.generated += 1
+            if unit == "tokens":
+                self.shares.charge(r.tenant, self.c.vtc_output_weight)
             if math.isnan(r.first_token):
                 r.first_token = t_end
             if r.generated < r.target:
@@ -451,7 +581,7 @@ class Reference:
             if p[2] > 0 and c.admission_mode == "new_token_ratio":
                 low = NTR_MIN_FACTOR * self.init_ratio
                 self.ratio = max(self.ratio - (self.init_ratio - low) / NTR_DECAY_STEPS, low)
-            self.end_step(t_end)
+            self.end_step(t_end, dt, p[0])
             self.t = t_end
         reqs = self.reqs
         return {
@@ -470,12 +600,18 @@ class Reference:
             "swap_outs": self.swap_outs,
             "end_s": self.t,
             "leftover": (self.cap - self.free, self.reserved_total),
+            "cached_prompt_tokens": np.array([r.cached_first for r in reqs], dtype=np.int64),
+            "tenant_service": np.array(self.shares.service),
+            "prefix_hit_tokens": self.hit_tokens,
+            "prefix_query_tokens": self.query_tokens,
+            "prefill_time_saved_s": self.saved_s,
+            "prefix_evictions": self.cache.evictions,
         }
 
 
-def reference_simulate(trace, cost, config) -> dict:
+def reference_simulate(trace, cost, config, sharing=None) -> dict:
     """Run the reference; capacity as the engine computes it (``policies.engine.validate``)."""
-    from policies.engine import validate
+    from policies.engine import _side_params, validate
 
     cap, host = validate(trace, cost, config)
-    return Reference(trace, cost, config, cap, host).run()
+    return Reference(trace, cost, config, cap, host, *_side_params(trace, config, sharing)).run()
