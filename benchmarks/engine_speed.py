@@ -5,6 +5,8 @@ replay (best of ``--repeats`` after warm-up), with fast-forward on, and the rati
 a baseline measured in the same run: the same kernel stepping one by one
 (``SERVETUNE_ENGINE_FAST_FORWARD=0``), whose results must be identical. Also times
 ``simulate_many`` over 8 configs. Target: < 50 ms per Azure conv replay on one core.
+On traces with prefix hashes (Mooncake) it also replays with prefix caching on and prints
+the ratio to caching off (target: at most 2x) with the hit rate and prefill saved.
 
     python benchmarks/engine_speed.py [--model meta-llama/Llama-3.1-8B] [--gpu h100] [--rate-scale 1]
 """
@@ -84,6 +86,15 @@ def main() -> None:
         print(f"  step-by-step   : {slow_s * 1e3:8.1f} ms/replay  {trace.n / slow_s:12,.0f} req/s  "
               f"{slow.steps / slow_s:14,.0f} steps/s")
         print(f"  speed-up {slow_s / fast_s:.1f}x; results identical: {identical}")
+        if trace.block_hashes.size:
+            cached_cfg = config.replace(enable_prefix_caching=True)
+            engine.simulate(trace, cost, cached_cfg)
+            on_s, on = timed_replay(trace, cost, cached_cfg, True, args.repeats)
+            print(f"  prefix caching : {on_s * 1e3:8.1f} ms/replay on vs {fast_s * 1e3:.1f} ms off "
+                  f"({on_s / fast_s:.2f}x; target <= 2x); hit {on.prefix_hit_tokens / max(on.prefix_query_tokens, 1):.1%} "
+                  f"of prompt tokens looked up, prefill {fast.prefill_tokens_computed:,} -> "
+                  f"{on.prefill_tokens_computed:,} tokens, {on.prefill_time_saved_s:,.0f} s of prefill saved, "
+                  f"{on.prefix_evictions:,} evictions")
     configs = [config.replace(max_num_batched_tokens=b, max_num_seqs=s)
                for b in (2048, 4096, 8192, 16384) for s in (256, 1024)]
     trace = load_trace(SHARED / TRACES["azure-conv"][0], "azure")

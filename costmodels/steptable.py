@@ -30,8 +30,8 @@ built for speed (``benchmarks/steptime_lookup.py``):
   exactly as stored;
 - one array: ``StepTables.from_grids`` packs every grid, slope and index into
   ``StepTables.data``, because Numba reference-counts every array of a tuple it passes
-  around, and 18 arrays cost more than all the arithmetic. The grids read back as
-  properties of the same names as before.
+  around (an atomic update each, at every call that does not prune them), which cost
+  more than all the arithmetic. The grids read back as properties of their old names.
 """
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ class StepTables(NamedTuple):
 
     Build with ``StepTables.from_grids``; read the grids through the properties
     (``linear_tokens``, ``decode_s``, ...). ``_replace(overhead_s=..., scale=...)`` is
-    safe; ``data`` is read-only.
+    safe; never edit ``data`` in place (the indexes would go stale). It stays writeable
+    so that its Numba type, and so every compiled kernel, survives pickling unchanged.
     """
 
     data: np.ndarray  # f8, every grid with its lookup index (layout above)
@@ -88,11 +89,10 @@ class StepTables(NamedTuple):
         blocks.append(g["decode_s"].ravel())
         starts = _HEADER + np.cumsum([0] + [len(b) for b in blocks[:-1]])
         data = np.concatenate([starts.astype(np.float64), *blocks])
-        data.setflags(write=False)
         return cls(data, float(overhead_s), float(scale))
 
     def grids(self) -> dict[str, np.ndarray]:
-        """The grids by name, as read-only views of ``data``."""
+        """The grids by name, as views of ``data``."""
         return {name: getattr(self, name) for name in GRIDS}
 
     def _points(self, block: int) -> tuple[int, int, int]:

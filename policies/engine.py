@@ -276,7 +276,7 @@ def _run_remove(run, g, r):
     g[N_RUN] = k - 1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _free_gpu(ri, g, sx, r, drop_refs):
     """Free r's own blocks; with drop_refs also its prefix-cache references (idle entries
     stay cached but count as free: evictable on demand, as vLLM's free queue)."""
@@ -284,23 +284,27 @@ def _free_gpu(ri, g, sx, r, drop_refs):
     g[FREE] += held
     g[USED] -= held
     ri[HELD, r] = 0
-    fm.hold_kv(sx.sh, sx.tenant[r], sx.klass[r], -held)
-    if drop_refs and sx.pc.held[r] > 0:
+    if sx.quotas:
+        fm.hold_kv(sx.sh, sx.tenant[r], sx.klass[r], -held)
+    if drop_refs and sx.caching and sx.pc.held[r] > 0:
         idle = pcm.release(sx.pc, sx.offsets, r)
         g[FREE] += idle
         g[USED] -= idle
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _take_gpu(ri, g, sx, r, blocks):
     """Give r ``blocks`` more blocks, evicting idle cached prefixes first if needed."""
-    short = blocks - (g[FREE] - sx.pc.stats[pcm.S_EVICTABLE] * sx.pc.entry_blocks)
-    if short > 0:
-        pcm.evict(sx.pc, short)
+    if sx.caching:
+        pc = sx.pc
+        short = blocks - (g[FREE] - pc.stats[pcm.S_EVICTABLE] * pc.entry_blocks)
+        if short > 0:
+            pcm.evict(pc, short)
     g[FREE] -= blocks
     g[USED] += blocks
     ri[HELD, r] += blocks
-    fm.hold_kv(sx.sh, sx.tenant[r], sx.klass[r], blocks)
+    if sx.quotas:
+        fm.hold_kv(sx.sh, sx.tenant[r], sx.klass[r], blocks)
     if g[USED] > g[PEAK]:
         g[PEAK] = g[USED]
 
@@ -382,32 +386,32 @@ def _batch_account(ri, g, prompt, r, n, sign):
         g[B_PREFILL] += sign * n
 
 
-@njit(cache=True, nogil=True)
-def _need_blocks(ri, sx, r, ctx, held, idle_blocks, block_size):
+@njit(cache=True, nogil=True, inline="always")
+def _need_blocks(ri, pc, r, ctx, held, idle_blocks, block_size):
     """Blocks r must add to hold ``ctx`` computed tokens while referencing ``held`` cached
     entries (``idle_blocks`` of them not yet acquired). Full prompt hash blocks it completes
     count whole (``policies.prefix_cache``); without caching this is
     ``ceil(ctx / block_size) - blocks held``."""
-    pc = sx.pc
     h_after = max(held, min(pc.n_full[r], ctx // pc.block_tokens))
     return (pcm.private_blocks(ctx, h_after, pc.block_tokens, block_size)
             + pc.entry_blocks * (h_after - held) + idle_blocks - ri[HELD, r])
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _charge_prefill(ri, sx, prompt, cfg, r, n, sign):
     """Tokens unit: charge (sign=1) or refund (-1) the prompt tokens of a scheduled chunk."""
     if int(cfg[I_COST_UNIT]) == fm.TOKENS and not _is_decode(ri, prompt, r, n):
         fm.charge(sx.sh, sx.tenant[r], sign * cfg[I_W_IN] * n)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _schedule(ri, g, sx, batch, prompt, cfg, r, n):
     """Put n tokens of r in the batch, allocating their blocks (the caller checked they fit)."""
-    _take_gpu(ri, g, sx, r, _need_blocks(ri, sx, r, ri[COMPUTED, r] + n, sx.pc.held[r], 0, int(cfg[I_BLOCK_SIZE])))
+    _take_gpu(ri, g, sx, r, _need_blocks(ri, sx.pc, r, ri[COMPUTED, r] + n, sx.pc.held[r], 0, int(cfg[I_BLOCK_SIZE])))
     _cover_reservation(ri, g, r)
     _charge_prefill(ri, sx, prompt, cfg, r, n, 1)
-    fm.use_tokens(sx.sh, sx.tenant[r], sx.klass[r], n)
+    if sx.quotas:
+        fm.use_tokens(sx.sh, sx.tenant[r], sx.klass[r], n)
     _batch_account(ri, g, prompt, r, n, 1)
     ri[SCHED, r] = n
     batch[g[N_BATCH]] = r
@@ -489,7 +493,8 @@ def _preempt(ri, rf, g, gf, sx, run, tables, prompt, cfg, kv_bytes, swap_bw, v):
     if n > 0:  # already in this step's batch: give its tokens and new blocks back
         _batch_account(ri, g, prompt, v, n, -1)
         _charge_prefill(ri, sx, prompt, cfg, v, n, -1)
-        fm.use_tokens(sx.sh, sx.tenant[v], sx.klass[v], -n)
+        if sx.quotas:
+            fm.use_tokens(sx.sh, sx.tenant[v], sx.klass[v], -n)
         g[BUDGET] += n
         ri[SCHED, v] = 0
         keep = pcm.private_blocks(ri[COMPUTED, v], sx.pc.held[v], sx.pc.block_tokens, block_size)
@@ -497,7 +502,8 @@ def _preempt(ri, rf, g, gf, sx, run, tables, prompt, cfg, kv_bytes, swap_bw, v):
         g[FREE] += extra
         g[USED] -= extra
         ri[HELD, v] = keep
-        fm.hold_kv(sx.sh, sx.tenant[v], sx.klass[v], -extra)
+        if sx.quotas:
+            fm.hold_kv(sx.sh, sx.tenant[v], sx.klass[v], -extra)
     limit = int(cfg[I_MAX_PREEMPTIONS])
     if limit > 0 and ri[PREEMPTS, v] >= limit:
         _end_request(ri, rf, g, sx, run, v, S_REJECTED, R_MAX_PREEMPTIONS, gf[CLOCK])
@@ -531,7 +537,7 @@ def _preempt(ri, rf, g, gf, sx, run, tables, prompt, cfg, kv_bytes, swap_bw, v):
 def _schedule_running(ri, rf, g, gf, sx, run, batch, tables, prompt, priority, cfg, kv_bytes, swap_bw, r, n):
     """Schedule n tokens of running r, preempting victims until its blocks fit."""
     block_size = int(cfg[I_BLOCK_SIZE])
-    while _need_blocks(ri, sx, r, ri[COMPUTED, r] + n, sx.pc.held[r], 0, block_size) > g[FREE]:
+    while _need_blocks(ri, sx.pc, r, ri[COMPUTED, r] + n, sx.pc.held[r], 0, block_size) > g[FREE]:
         v = _pick_victim(ri, g, run, prompt, priority, cfg)
         _preempt(ri, rf, g, gf, sx, run, tables, prompt, cfg, kv_bytes, swap_bw, v)
         if v == r:
@@ -567,7 +573,7 @@ def _admissible(ri, g, gf, sx, prompt, cfg, r, held, idle_blocks):
     prefix), then the mode's rule."""
     block_size = int(cfg[I_BLOCK_SIZE])
     generated = ri[GENERATED, r]
-    if g[FREE] - _need_blocks(ri, sx, r, prompt[r] + generated, held, idle_blocks, block_size) < g[HEADROOM]:
+    if g[FREE] - _need_blocks(ri, sx.pc, r, prompt[r] + generated, held, idle_blocks, block_size) < g[HEADROOM]:
         return False
     mode = int(cfg[I_ADMISSION])
     if mode == ADMIT_RESERVATION or mode == ADMIT_PREDICTED:
@@ -654,9 +660,9 @@ def _admit_waiting(ri, rf, g, gf, sx, run, batch, tables, prompt, cfg, kv_bytes,
             n = min(n, g[BUDGET])
             n = _fit_step_cap(ri, g, gf, tables, prompt, cfg, r, n, chunked)
             if n > 0 and sx.quotas:
-                first = _need_blocks(ri, sx, r, ri[COMPUTED, r] + n, held, idle, block_size)
+                first = _need_blocks(ri, sx.pc, r, ri[COMPUTED, r] + n, held, idle, block_size)
                 if fm.admission_check(sx.sh, sx.tenant[r], sx.klass[r], first, n, g[FREE] - first, g[CAP],
-                                      int(cfg[I_MAX_BATCHED])) != fm.ADMIT:
+                                      int(cfg[I_MAX_BATCHED]), g[N_RUN]) != fm.ADMIT:
                     ri[COMPUTED, r] = 0 if lookup else ri[COMPUTED, r]
                     sx.lane_blocked[sx.wq.lane_of[r]] = True
                     continue
@@ -725,7 +731,7 @@ def _form_batch(ri, rf, g, gf, sx, run, order, batch, tables, prompt, priority, 
             n = _fit_step_cap(ri, g, gf, tables, prompt, cfg, r, n, True)
         if n == 0:
             continue
-        if _need_blocks(ri, sx, r, ri[COMPUTED, r] + n, sx.pc.held[r], 0, block_size) <= g[FREE]:
+        if _need_blocks(ri, sx.pc, r, ri[COMPUTED, r] + n, sx.pc.held[r], 0, block_size) <= g[FREE]:
             _schedule(ri, g, sx, batch, prompt, cfg, r, n)
         else:
             _schedule_running(ri, rf, g, gf, sx, run, batch, tables, prompt, priority, cfg, kv_bytes, swap_bw, r, n)
@@ -784,7 +790,7 @@ def _arrival_reject(ri, g, sx, tables, prompt, deadline, cfg, r, t):
     limit = g[CAP] - g[HEADROOM]
     mode = int(cfg[I_ADMISSION])
     # the mode's need when the engine is empty, at the worst point of this request's life
-    if _need_blocks(ri, sx, r, p + max_out - 1, 0, 0, block_size) > limit:
+    if _need_blocks(ri, sx.pc, r, p + max_out - 1, 0, 0, block_size) > limit:
         return R_EXCEEDS
     if (mode == ADMIT_RESERVATION or mode == ADMIT_PREDICTED) and _blocks(p + max_out, block_size) > limit:
         return R_EXCEEDS
@@ -875,6 +881,8 @@ def _end_step(ri, rf, g, gf, sx, run, batch, hist, prompt, deadline, cfg, t_end,
     charge its tenant for the step, then sample, finish or time out."""
     unit = int(cfg[I_COST_UNIT])
     block_size = int(cfg[I_BLOCK_SIZE])
+    sh = sx.sh
+    tenant = sx.tenant
     for i in range(g[N_BATCH]):
         r = batch[i]
         n = ri[SCHED, r]
@@ -885,12 +893,12 @@ def _end_step(ri, rf, g, gf, sx, run, batch, hist, prompt, deadline, cfg, t_end,
         if sx.caching and sx.pc.held[r] < sx.pc.n_full[r]:
             _cache_prompt_blocks(ri, g, sx, r, block_size)
         if unit != fm.TOKENS:
-            fm.charge(sx.sh, sx.tenant[r], fm.step_cost(unit, n, g[B_TOKENS], dt, ri[COMPUTED, r], kv_bytes))
+            fm.charge(sh, tenant[r], fm.step_cost(unit, n, g[B_TOKENS], dt, ri[COMPUTED, r], kv_bytes))
         if ri[COMPUTED, r] != prompt[r] + ri[GENERATED, r]:
             continue
         ri[GENERATED, r] += 1
         if unit == fm.TOKENS:
-            fm.charge(sx.sh, sx.tenant[r], cfg[I_W_OUT])
+            fm.charge(sh, tenant[r], cfg[I_W_OUT])
         if math.isnan(rf[FIRST_TOKEN, r]):
             rf[FIRST_TOKEN, r] = t_end
         if ri[GENERATED, r] < ri[TARGET, r]:
@@ -904,14 +912,15 @@ def _end_step(ri, rf, g, gf, sx, run, batch, hist, prompt, deadline, cfg, t_end,
     g[N_BATCH] = 0
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _cache_prompt_blocks(ri, g, sx, r, block_size):
     """Turn the full prompt hash blocks r has computed into cache entries it references;
     blocks another request cached first are deduplicated and freed."""
     freed = pcm.insert(sx.pc, sx.offsets, r, ri[COMPUTED, r])
     before = ri[HELD, r]
     ri[HELD, r] = pcm.private_blocks(ri[COMPUTED, r], sx.pc.held[r], sx.pc.block_tokens, block_size)
-    fm.hold_kv(sx.sh, sx.tenant[r], sx.klass[r], ri[HELD, r] - before)
+    if sx.quotas:
+        fm.hold_kv(sx.sh, sx.tenant[r], sx.klass[r], ri[HELD, r] - before)
     g[FREE] += freed
     g[USED] -= freed
 
@@ -1031,7 +1040,8 @@ def _fast_forward(ri, g, gf, sx, series, run, residues, tables, arrival, prompt,
             ri[GENERATED, r] += j
             before = ri[HELD, r]
             ri[HELD, r] = pcm.private_blocks(ri[COMPUTED, r], pc.held[r], pc.block_tokens, block_size)
-            fm.hold_kv(sx.sh, sx.tenant[r], sx.klass[r], ri[HELD, r] - before)
+            if sx.quotas:
+                fm.hold_kv(sx.sh, sx.tenant[r], sx.klass[r], ri[HELD, r] - before)
             _cover_reservation(ri, g, r)
             if unit == fm.TOKENS:
                 cost = cfg[I_W_OUT] * j
@@ -1122,8 +1132,8 @@ def simulate_kernel(arrival, prompt, output, max_tokens, priority, deadline, tab
         _form_batch(ri, rf, g, gf, sx, run, order, batch, tables, prompt, priority, cfg, kv_bytes, swap_bw)
         if g[B_TOKENS] == 0:
             g[N_BATCH] = 0
-            if g[PREEMPTED_NOW] != 0:
-                continue  # the step only preempted; admission resumes at once
+            if g[PREEMPTED_NOW] != 0 or g[N_RUN] + g[N_WAIT] == 0:
+                continue  # the step only preempted or rejected (edf); admission resumes at once
             out_counts[C_ERROR] = ERROR_STALLED
             break
         dt, oor = step_seconds(tables, g[B_TOKENS], g[B_LOGITS], g[B_DECODES], g[B_KV_DECODE], g[B_PAIRS])

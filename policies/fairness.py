@@ -23,8 +23,8 @@ Quotas and budgets are admission rules: a request is admitted only if its tenant
 within its KV quota (fraction of KV blocks held by its running requests) and token quota
 (fraction of the step's token budget), and its SLO class within its KV share, token share
 and its own KV headroom (fraction of blocks kept free after admitting it). Priority does
-not bypass them. Running requests keep what they hold; the token allowance also caps
-their prefill chunks. Per-tenant and per-class values cannot live in the flat knob vector,
+not bypass them; a blocked tenant or class waits while others go ahead. Running requests
+keep what they hold. Per-tenant and per-class values cannot live in the flat knob vector,
 so they travel beside it as ``tenant_params`` f8[n_tenants, 3] (weight, kv_quota,
 token_quota) and ``class_params`` f8[n_classes, 3] (kv_headroom, kv_share, token_share),
 built by ``side_params`` from a ``SharingSpec``; the flat knobs give the defaults.
@@ -81,7 +81,7 @@ def new_shares(tenant_params, class_params):
 
 
 # -- VTC ledger ------------------------------------------------------------------------------
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def enqueue(sh, t):
     """Tenant t queues a request; lift its counter if it was not backlogged."""
     if sh.waiting[t] == 0:
@@ -94,19 +94,19 @@ def enqueue(sh, t):
     sh.waiting[t] += 1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def dequeue(sh, t):
     sh.waiting[t] -= 1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def charge(sh, t, cost):
     """Charge tenant t ``cost`` units of service."""
     sh.service[t] += cost
     sh.counter[t] += cost / sh.tenant_params[t, T_WEIGHT]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def step_cost(unit, request_tokens, step_tokens, step_s, kv_tokens, kv_bytes_per_token):
     """A request's step-end charge under the time-based units (tokens charge as they go)."""
     if unit == GPU_TIME:
@@ -125,47 +125,46 @@ def token_cost(unit, prompt_tokens, output_tokens, w_in, w_out):
 
 
 # -- quotas and class budgets ----------------------------------------------------------------
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def new_step(sh):
     sh.tenant_tokens[:] = 0
     sh.class_tokens[:] = 0
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def hold_kv(sh, t, c, delta_blocks):
     sh.tenant_kv[t] += delta_blocks
     sh.class_kv[c] += delta_blocks
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def use_tokens(sh, t, c, n):
     sh.tenant_tokens[t] += n
     sh.class_tokens[c] += n
 
 
 @njit(cache=True, nogil=True)
-def token_allowance(sh, t, c, token_budget):
-    """Tokens tenant t and class c may still schedule this step (quota and share)."""
-    by_tenant = int(sh.tenant_params[t, T_TOKEN_QUOTA] * token_budget) - sh.tenant_tokens[t]
-    by_class = int(sh.class_params[c, C_TOKEN_SHARE] * token_budget) - sh.class_tokens[c]
-    return max(0, min(by_tenant, by_class))
-
-
-@njit(cache=True, nogil=True)
-def admission_check(sh, t, c, need_blocks, first_tokens, free_blocks_after, kv_capacity, token_budget):
+def admission_check(sh, t, c, need_blocks, first_tokens, free_blocks_after, kv_capacity, token_budget, n_running):
     """ADMIT, OVER_TENANT_QUOTA or OVER_CLASS_BUDGET for a new request of tenant t, class c.
 
     ``need_blocks``: KV blocks its first chunk allocates; ``first_tokens``: tokens of that
     chunk; ``free_blocks_after``: free (and evictable) blocks left once it is admitted.
+    A limit binds only once its tenant or class holds something (KV, or tokens in this
+    step), and a class headroom only while anything runs: a request larger than a quota
+    still runs alone, so quotas can never stall the engine.
     """
     tp = sh.tenant_params
-    if (sh.tenant_kv[t] + need_blocks > int(tp[t, T_KV_QUOTA] * kv_capacity)
-            or sh.tenant_tokens[t] + first_tokens > int(tp[t, T_TOKEN_QUOTA] * token_budget)):
+    kv = sh.tenant_kv[t]
+    tokens = sh.tenant_tokens[t]
+    if ((kv > 0 and kv + need_blocks > int(tp[t, T_KV_QUOTA] * kv_capacity))
+            or (tokens > 0 and tokens + first_tokens > int(tp[t, T_TOKEN_QUOTA] * token_budget))):
         return OVER_TENANT_QUOTA
     cp = sh.class_params
-    if (sh.class_kv[c] + need_blocks > int(cp[c, C_KV_SHARE] * kv_capacity)
-            or sh.class_tokens[c] + first_tokens > int(cp[c, C_TOKEN_SHARE] * token_budget)
-            or free_blocks_after < cp[c, C_HEADROOM] * kv_capacity):
+    kv = sh.class_kv[c]
+    tokens = sh.class_tokens[c]
+    if ((kv > 0 and kv + need_blocks > int(cp[c, C_KV_SHARE] * kv_capacity))
+            or (tokens > 0 and tokens + first_tokens > int(cp[c, C_TOKEN_SHARE] * token_budget))
+            or (n_running > 0 and free_blocks_after < cp[c, C_HEADROOM] * kv_capacity)):
         return OVER_CLASS_BUDGET
     return ADMIT
 

@@ -125,7 +125,7 @@ def new_prefix_cache(
 
 
 # -- KV accounting (pure arithmetic) ------------------------------------------------------
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def private_blocks(ctx, held, block_tokens, kv_block_size):
     """KV blocks a request owns for ``ctx`` tokens when it references ``held`` entries."""
     own = ctx - held * block_tokens
@@ -151,7 +151,7 @@ def grow_blocks(ctx_old, ctx_new, held, n_full, block_tokens, kv_block_size, ent
 
 
 # -- LRU list of unreferenced entries ------------------------------------------------------
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _lru_append(pc, e):
     tail = pc.stats[S_TAIL]
     pc.lru_prev[e] = tail
@@ -164,7 +164,7 @@ def _lru_append(pc, e):
     pc.stats[S_EVICTABLE] += 1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _lru_unlink(pc, e):
     prev = pc.lru_prev[e]
     nxt = pc.lru_next[e]
@@ -181,7 +181,7 @@ def _lru_unlink(pc, e):
     pc.stats[S_EVICTABLE] -= 1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _ref(pc, e):
     if pc.refs[e] == 0:
         _lru_unlink(pc, e)

@@ -142,7 +142,7 @@ def service_estimates(tables, prompt_tokens, max_tokens):
 
 
 # -- heap ------------------------------------------------------------------------------------
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _before(q, a, b):
     if q.key1[a] != q.key1[b]:
         return q.key1[a] < q.key1[b]
@@ -151,7 +151,7 @@ def _before(q, a, b):
     return q.slot_req[a] < q.slot_req[b]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _swap(q, a, b):
     k1, k2, r = q.key1[a], q.key2[a], q.slot_req[a]
     q.key1[a], q.key2[a], q.slot_req[a] = q.key1[b], q.key2[b], q.slot_req[b]
@@ -225,7 +225,7 @@ def promote(q, i):
     push(q, i, FRONT, key2)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def top(q, lane):
     """Head request of a lane, -1 if empty."""
     if q.lane_size[lane] == 0:

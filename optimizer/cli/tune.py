@@ -165,7 +165,7 @@ def _run(study, spec, evaluator, quiet: bool, done: int) -> RunStats:
 
 
 def _print_summary(console: Console, study, spec, stats: RunStats) -> None:
-    from optimizer.outputs import fleet_front
+    from optimizer.outputs import directions, fleet_front, recommend
     from optimizer.replicas import ROUTING_LABEL
     from optimizer.study import baseline_trials, best_goodput_trial, gains
 
@@ -177,6 +177,7 @@ def _print_summary(console: Console, study, spec, stats: RunStats) -> None:
     if best is None:
         console.print("[yellow]no feasible trial yet: every config broke a constraint or was pruned[/]")
         return
+    best = recommend(study.get_trials(deepcopy=False), spec, directions(study))  # as the run folder says
     rows = {f"best (trial {best.number})": best, **baseline_trials(study)}
     table = Table(title=f"{spec.study_name}: SLO {spec.slos.describe()}")
     for column in ("config", "GPUs", "weighted goodput (/s)", "SLO attainment", "p99 TTFT (ms)", "p99 TPOT (ms)",

@@ -2,17 +2,26 @@
 extrapolates, and agrees with the plain binary-search interpolation it replaced."""
 
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
 
+import numba
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from costmodels import CostModel, build, linear_tables, read_step_csv, step_seconds
-from costmodels.steptable import GRIDS, StepTables, axis_index, bucket_key, float_bits, validate_tables
+from costmodels.steptable import (
+    GRIDS,
+    StepTables,
+    axis_index,
+    bucket_key,
+    float_bits,
+    validate_tables,
+)
 
 AGREEMENT_RTOL = 1e-12  # new vs reference lookup: rounding only (precomputed slopes, inverse widths)
 
@@ -200,12 +209,13 @@ def test_bucket_key_is_the_float_exponent_and_top_mantissa_bits():
     assert float_bits(1.0) == 0x3FF0_0000_0000_0000
 
 
-def test_grids_round_trip_and_data_is_read_only(h100):
+def test_grids_round_trip_and_survive_pickling(h100):
     again = StepTables.from_grids(**h100.grids(), overhead_s=0.0, scale=1.0)
     assert np.array_equal(again.data, h100.data) and set(h100.grids()) == set(GRIDS)
     assert h100.decode_s.shape == (len(h100.decode_batch), len(h100.decode_kv))
-    with pytest.raises(ValueError, match="read-only"):
-        h100.linear_s[0] = 1.0
+    copy = pickle.loads(pickle.dumps(h100))
+    assert numba.typeof(copy) == numba.typeof(h100)  # workers reuse the compiled kernels
+    assert step_seconds(copy, 300, 30, 30, 3e4, 5e5) == step_seconds(h100, 300, 30, 30, 3e4, 5e5)
 
 
 def test_tampered_tables_are_rejected(h100):

@@ -405,14 +405,15 @@ class Reference:
             self.reserved_total += r.reserved
 
     def over_quota(self, r: Req, first_blocks: int, n: int) -> bool:
+        """Tenant quota or class budget binds (only once the tenant / class holds something)."""
         budget = self.c.max_num_batched_tokens
         t, k = r.tenant, r.klass
-        if (self.tenant_kv[t] + first_blocks > int(self.tp[t, 1] * self.cap)
-                or self.tenant_tokens[t] + n > int(self.tp[t, 2] * budget)):
+        if ((self.tenant_kv[t] > 0 and self.tenant_kv[t] + first_blocks > int(self.tp[t, 1] * self.cap))
+                or (self.tenant_tokens[t] > 0 and self.tenant_tokens[t] + n > int(self.tp[t, 2] * budget))):
             return True
-        return (self.class_kv[k] + first_blocks > int(self.cp[k, 1] * self.cap)
-                or self.class_tokens[k] + n > int(self.cp[k, 2] * budget)
-                or self.free - first_blocks < self.cp[k, 0] * self.cap)
+        return ((self.class_kv[k] > 0 and self.class_kv[k] + first_blocks > int(self.cp[k, 1] * self.cap))
+                or (self.class_tokens[k] > 0 and self.class_tokens[k] + n > int(self.cp[k, 2] * budget))
+                or (len(self.running) > 0 and self.free - first_blocks < self.cp[k, 0] * self.cap))
 
     def admit_waiting(self, prefill_first: bool) -> None:
         c = self.c
@@ -569,7 +570,7 @@ class Reference:
             self.form_batch()
             p = self.batch_parts()
             if p[0] == 0:
-                assert self.preempted_now, "the reference stalled"
+                assert self.preempted_now or not (self.running or self.waiting), "the reference stalled"
                 continue
             dt, oor = step_seconds(self.tables, p[0], p[1], p[2], p[3], p[4])
             dt = dt + self.swap_s

@@ -121,6 +121,8 @@ def test_kernel_equals_reference(trace, config, kv_tokens, host_tokens):
     for reason in np.unique(got.reject_reason):
         event(f"reject {Reject(reason).name}")
     event(f"preempted: {got.preemptions.sum() > 0}, swapped: {got.swap_outs > 0}")
+    event(f"order {config.scheduling_policy}, prefix hits: {got.prefix_hit_tokens > 0}, "
+          f"evictions: {got.prefix_evictions > 0}")
 
 
 @pytest.mark.parametrize("schedule_mode", SCHEDULE_MODES)

@@ -82,27 +82,29 @@ def test_cost_units():
     assert f.step_cost(f.TOKENS, 1, 10, 0.5, 1000, 2048) == 0.0
 
 
-def test_tenant_quota_blocks_admission_whatever_the_priority():
+def test_tenant_quota_blocks_admission_once_the_tenant_holds_something():
     sh = _shares(kv_quota=0.25, token_quota=0.5)
+    assert f.admission_check(sh, 0, 0, 90, 900, 10, 100, 1000, 3) == f.ADMIT, "an idle tenant always gets one"
     f.hold_kv(sh, 0, 0, 20)
-    assert f.admission_check(sh, 0, 0, 5, 10, 500, 100, 1000) == f.ADMIT
-    assert f.admission_check(sh, 0, 0, 6, 10, 500, 100, 1000) == f.OVER_TENANT_QUOTA
+    assert f.admission_check(sh, 0, 0, 5, 10, 500, 100, 1000, 3) == f.ADMIT
+    assert f.admission_check(sh, 0, 0, 6, 10, 500, 100, 1000, 3) == f.OVER_TENANT_QUOTA
     f.use_tokens(sh, 0, 0, 495)
-    assert f.admission_check(sh, 0, 0, 1, 6, 500, 100, 1000) == f.OVER_TENANT_QUOTA
-    assert f.admission_check(sh, 1, 0, 1, 6, 500, 100, 1000) == f.ADMIT, "other tenants are unaffected"
-    assert f.token_allowance(sh, 0, 0, 1000) == 5
+    assert f.admission_check(sh, 0, 0, 1, 6, 500, 100, 1000, 3) == f.OVER_TENANT_QUOTA
+    assert f.admission_check(sh, 1, 0, 1, 6, 500, 100, 1000, 3) == f.ADMIT, "other tenants are unaffected"
     f.new_step(sh)
-    assert f.token_allowance(sh, 0, 0, 1000) == 500
+    assert f.admission_check(sh, 0, 0, 1, 500, 500, 100, 1000, 3) == f.ADMIT
 
 
 def test_class_budget_and_headroom():
     sh = _shares(classes=((0.0, 1.0, 1.0), (0.2, 0.5, 0.25)))
-    assert f.admission_check(sh, 0, 1, 10, 10, 19, 100, 1000) == f.OVER_CLASS_BUDGET, "headroom 20 blocks"
-    assert f.admission_check(sh, 0, 0, 10, 10, 19, 100, 1000) == f.ADMIT
+    assert f.admission_check(sh, 0, 1, 10, 10, 19, 100, 1000, 1) == f.OVER_CLASS_BUDGET, "headroom 20 blocks"
+    assert f.admission_check(sh, 0, 1, 10, 10, 19, 100, 1000, 0) == f.ADMIT, "headroom never stalls an idle engine"
+    assert f.admission_check(sh, 0, 0, 10, 10, 19, 100, 1000, 1) == f.ADMIT
     f.hold_kv(sh, 0, 1, 45)
-    assert f.admission_check(sh, 0, 1, 6, 10, 40, 100, 1000) == f.OVER_CLASS_BUDGET, "KV share 50 blocks"
-    assert f.admission_check(sh, 0, 1, 5, 250, 40, 100, 1000) == f.ADMIT
-    assert f.admission_check(sh, 0, 1, 5, 251, 40, 100, 1000) == f.OVER_CLASS_BUDGET, "token share 250"
+    f.use_tokens(sh, 0, 1, 1)
+    assert f.admission_check(sh, 0, 1, 6, 10, 40, 100, 1000, 1) == f.OVER_CLASS_BUDGET, "KV share 50 blocks"
+    assert f.admission_check(sh, 0, 1, 5, 249, 40, 100, 1000, 1) == f.ADMIT
+    assert f.admission_check(sh, 0, 1, 5, 250, 40, 100, 1000, 1) == f.OVER_CLASS_BUDGET, "token share 250"
 
 
 def test_vtc_shares_service_equally_where_fcfs_follows_demand():
