@@ -37,6 +37,28 @@ one by one, and the kernel must match it exactly):
 * A request whose deadline passes ends TIMED_OUT if its first token came by the
   deadline, else CANCELLED, at the deadline; everything it held is freed.
 
+Sharing (issue 6; state in ``Sharing``, rules in ``policies.prefix_cache``,
+``policies.queues`` and ``policies.fairness``):
+
+* Prefix caching (``enable_prefix_caching``): a request new to the GPU (or recomputed)
+  takes references on the leading cached hash blocks of its prompt and starts computing
+  after them (at most ``prompt - 1`` tokens are skipped); the attention over the cached
+  context is still paid. The full prompt hash blocks a step computes become shared
+  entries. ``free`` counts idle cached entries as available (as vLLM's free queue); they
+  are evicted LRU only when an allocation needs their blocks. A swapped-out request keeps
+  its references; any other end or preemption drops them.
+* Waiting order (``scheduling_policy``): fcfs, priority (with ``aging_rate``), edf
+  (a never-scheduled head whose deadline is lost even alone, with ``deadline_margin_ms``,
+  is rejected DEADLINE_UNMEETABLE), sjf, lpm, vtc; queue lanes are (tenant, class) pairs.
+  Past ``max_wait_s`` a never-scheduled request is rejected or, with ``max_wait_action =
+  admit_first``, moved ahead of every other.
+* Quotas (tenant KV / token quotas, class budgets; ``policies.fairness``): a head over
+  its tenant's or class's limit blocks its lane for the round; the next lane is tried.
+* Every tenant is charged its service in ``fairness_cost_unit`` (prompt tokens as they
+  are scheduled, outputs as generated, or per step for GPU time and KV byte-seconds);
+  ``SimResult.tenant_service`` is the audit, VTC orders by the weighted, lifted counter.
+  VTC runs step by step (no fast-forward) so its counters match the reference exactly.
+
 Pure-decode stretches (nothing waiting, nobody finishing, no arrival or deadline due,
 blocks enough) are fast-forwarded: one step-time lookup per step, per-request arrays
 touched once at the end. The result is bit-identical to stepping one by one.
@@ -292,23 +314,6 @@ def _free_gpu(ri, g, sx, r, drop_refs):
         g[USED] -= idle
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _take_gpu(ri, g, sx, r, blocks):
-    """Give r ``blocks`` more blocks, evicting idle cached prefixes first if needed."""
-    if sx.caching:
-        pc = sx.pc
-        short = blocks - (g[FREE] - pc.stats[pcm.S_EVICTABLE] * pc.entry_blocks)
-        if short > 0:
-            pcm.evict(pc, short)
-    g[FREE] -= blocks
-    g[USED] += blocks
-    ri[HELD, r] += blocks
-    if sx.quotas:
-        fm.hold_kv(sx.sh, sx.tenant[r], sx.klass[r], blocks)
-    if g[USED] > g[PEAK]:
-        g[PEAK] = g[USED]
-
-
 @njit(cache=True, nogil=True)
 def _cover_reservation(ri, g, r):
     """A running request's reservation never falls below what it holds (predicted mode)."""
@@ -405,18 +410,37 @@ def _charge_prefill(ri, sx, prompt, cfg, r, n, sign):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _schedule(ri, g, sx, batch, prompt, cfg, r, n):
-    """Put n tokens of r in the batch, allocating their blocks (the caller checked they fit)."""
-    _take_gpu(ri, g, sx, r, _need_blocks(ri, sx.pc, r, ri[COMPUTED, r] + n, sx.pc.held[r], 0, int(cfg[I_BLOCK_SIZE])))
+def _schedule(ri, g, batch, prompt, r, n, blocks):
+    """Put n tokens of r in the batch with ``blocks`` new blocks (the caller checked they
+    fit and made room in the prefix cache)."""
+    g[FREE] -= blocks
+    g[USED] += blocks
+    ri[HELD, r] += blocks
+    if g[USED] > g[PEAK]:
+        g[PEAK] = g[USED]
     _cover_reservation(ri, g, r)
-    _charge_prefill(ri, sx, prompt, cfg, r, n, 1)
-    if sx.quotas:
-        fm.use_tokens(sx.sh, sx.tenant[r], sx.klass[r], n)
     _batch_account(ri, g, prompt, r, n, 1)
     ri[SCHED, r] = n
     batch[g[N_BATCH]] = r
     g[N_BATCH] += 1
     g[BUDGET] -= n
+
+
+@njit(cache=True, nogil=True)
+def _schedule_shared(ri, g, sx, batch, prompt, cfg, r, n):
+    """``_schedule`` with the sharing side: blocks past the cached prefix (evicting idle
+    cached prefixes to make room), the tenant's usage and its prompt-token charge."""
+    pc = sx.pc
+    blocks = _need_blocks(ri, pc, r, ri[COMPUTED, r] + n, pc.held[r], 0, int(cfg[I_BLOCK_SIZE]))
+    if sx.caching:
+        short = blocks - (g[FREE] - pc.stats[pcm.S_EVICTABLE] * pc.entry_blocks)
+        if short > 0:
+            pcm.evict(pc, short)
+    if sx.quotas:
+        fm.hold_kv(sx.sh, sx.tenant[r], sx.klass[r], blocks)
+        fm.use_tokens(sx.sh, sx.tenant[r], sx.klass[r], n)
+    _charge_prefill(ri, sx, prompt, cfg, r, n, 1)
+    _schedule(ri, g, batch, prompt, r, n, blocks)
 
 
 @njit(cache=True, nogil=True)
@@ -542,7 +566,7 @@ def _schedule_running(ri, rf, g, gf, sx, run, batch, tables, prompt, priority, c
         _preempt(ri, rf, g, gf, sx, run, tables, prompt, cfg, kv_bytes, swap_bw, v)
         if v == r:
             return
-    _schedule(ri, g, sx, batch, prompt, cfg, r, n)
+    _schedule_shared(ri, g, sx, batch, prompt, cfg, r, n)
 
 
 # ======================================================================================
@@ -676,7 +700,7 @@ def _admit_waiting(ri, rf, g, gf, sx, run, batch, tables, prompt, cfg, kv_bytes,
         if lookup:
             _take_cached_prefix(ri, rf, g, gf, sx, tables, prompt, r, held, cached, idle, n)
         _start(ri, rf, g, gf, run, cfg, prompt, kv_bytes, swap_bw, r)
-        _schedule(ri, g, sx, batch, prompt, cfg, r, n)
+        _schedule_shared(ri, g, sx, batch, prompt, cfg, r, n)
         rem_input -= n
 
 
@@ -712,7 +736,15 @@ def _form_batch(ri, rf, g, gf, sx, run, order, batch, tables, prompt, priority, 
     threshold = int(cfg[I_LONG_PREFILL])
     block_size = int(cfg[I_BLOCK_SIZE])
     g[BUDGET] = int(cfg[I_MAX_BATCHED])
-    fm.new_step(sx.sh)
+    if sx.quotas:
+        fm.new_step(sx.sh)
+    # decodes take the plain path: sharing state is touched only when it matters
+    pc = sx.pc
+    cached_held = pc.held
+    cache_stats = pc.stats
+    hash_tokens = pc.block_tokens
+    entry_blocks = pc.entry_blocks
+    plain_decodes = not sx.quotas
     k = g[N_RUN]
     order[:k] = run[:k]  # preemption edits `run` while we walk it
     for i in range(k):
@@ -731,8 +763,13 @@ def _form_batch(ri, rf, g, gf, sx, run, order, batch, tables, prompt, priority, 
             n = _fit_step_cap(ri, g, gf, tables, prompt, cfg, r, n, True)
         if n == 0:
             continue
-        if _need_blocks(ri, sx.pc, r, ri[COMPUTED, r] + n, sx.pc.held[r], 0, block_size) <= g[FREE]:
-            _schedule(ri, g, sx, batch, prompt, cfg, r, n)
+        if plain_decodes and _is_decode(ri, prompt, r, n):
+            blocks = pcm.private_blocks(ri[COMPUTED, r] + 1, cached_held[r], hash_tokens, block_size) - ri[HELD, r]
+            if blocks <= g[FREE] - cache_stats[pcm.S_EVICTABLE] * entry_blocks:
+                _schedule(ri, g, batch, prompt, r, n, blocks)
+                continue
+        if _need_blocks(ri, pc, r, ri[COMPUTED, r] + n, cached_held[r], 0, block_size) <= g[FREE]:
+            _schedule_shared(ri, g, sx, batch, prompt, cfg, r, n)
         else:
             _schedule_running(ri, rf, g, gf, sx, run, batch, tables, prompt, priority, cfg, kv_bytes, swap_bw, r, n)
     if g[PREEMPTED_NOW] == 0 and g[N_WAIT] > 0:
@@ -883,6 +920,13 @@ def _end_step(ri, rf, g, gf, sx, run, batch, hist, prompt, deadline, cfg, t_end,
     block_size = int(cfg[I_BLOCK_SIZE])
     sh = sx.sh
     tenant = sx.tenant
+    caching = sx.caching
+    cached_held = sx.pc.held
+    n_full = sx.pc.n_full
+    service = sh.service
+    counter = sh.counter
+    weight = sh.tenant_params[:, fm.T_WEIGHT]
+    w_out = cfg[I_W_OUT]
     for i in range(g[N_BATCH]):
         r = batch[i]
         n = ri[SCHED, r]
@@ -890,15 +934,16 @@ def _end_step(ri, rf, g, gf, sx, run, batch, hist, prompt, deadline, cfg, t_end,
             continue  # preempted after being scheduled
         ri[SCHED, r] = 0
         ri[COMPUTED, r] += n
-        if sx.caching and sx.pc.held[r] < sx.pc.n_full[r]:
+        if caching and cached_held[r] < n_full[r]:
             _cache_prompt_blocks(ri, g, sx, r, block_size)
         if unit != fm.TOKENS:
             fm.charge(sh, tenant[r], fm.step_cost(unit, n, g[B_TOKENS], dt, ri[COMPUTED, r], kv_bytes))
         if ri[COMPUTED, r] != prompt[r] + ri[GENERATED, r]:
             continue
         ri[GENERATED, r] += 1
-        if unit == fm.TOKENS:
-            fm.charge(sh, tenant[r], cfg[I_W_OUT])
+        if unit == fm.TOKENS:  # fm.charge, on hoisted arrays: this runs for every token
+            service[tenant[r]] += w_out
+            counter[tenant[r]] += w_out / weight[tenant[r]]
         if math.isnan(rf[FIRST_TOKEN, r]):
             rf[FIRST_TOKEN, r] = t_end
         if ri[GENERATED, r] < ri[TARGET, r]:

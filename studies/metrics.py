@@ -286,6 +286,12 @@ def _tenants(result: SimResult, trace: Trace, finished: np.ndarray, good: np.nda
     n_good = np.bincount(trace.tenant, weights=good, minlength=k)
     served = np.bincount(trace.tenant, weights=service, minlength=k)
     total = served.sum()
+    # the engine's audit: service charged in its fairness_cost_unit, against weight shares
+    charged = result.tenant_service if len(result.tenant_service) == k else np.zeros(k)
+    weight = result.tenant_weight if len(result.tenant_weight) == k else np.ones(k)
+    waited = np.where(np.isfinite(result.queue_s), result.queue_s, -np.inf)
+    max_wait = np.full(k, -np.inf)
+    np.maximum.at(max_wait, trace.tenant, waited)
     per_tenant = {
         name: {
             "offered": int(offered[i]),
@@ -294,6 +300,10 @@ def _tenants(result: SimResult, trace: Trace, finished: np.ndarray, good: np.nda
             "goodput": _per_second(n_good[i], duration),
             "service_tokens": int(served[i]),
             "share": _ratio(served[i], total),
+            "charged_service": float(charged[i]),
+            "charged_share": _ratio(charged[i], charged.sum()),
+            "weight_share": _ratio(weight[i], weight[offered > 0].sum()) if offered[i] else 0.0,
+            "max_wait_s": float(max_wait[i]) if np.isfinite(max_wait[i]) else math.nan,
         }
         for i, name in enumerate(trace.tenant_names)
     }
