@@ -185,7 +185,7 @@ def fleet_front(trials: Sequence[FrozenTrial]) -> list[FleetPoint]:
         report = trial_report(t)
         points.append(FleetPoint(gpus, int(t.user_attrs.get("tp", 1)), int(t.user_attrs.get("replicas", 1)),
                                  _goodput(t), _num(report.get("slo_attainment")), t.number,
-                                 pareto=_goodput(t) > top))
+                                 pareto=_goodput(t) > top, gain=gain_ratio(_goodput(t), top)))
         top = max(top, _goodput(t))
     return points
 

@@ -171,6 +171,7 @@ class FleetPoint:
     slo_attainment: float
     trial: int
     pareto: bool  # more goodput than every smaller GPU count
+    gain: float | None = None  # goodput / the best smaller GPU count's - 1 (None at the smallest)
 
 
 @dataclass(frozen=True)
@@ -214,7 +215,8 @@ def build_review(r: ReviewInputs) -> list[Block]:
     if r.fleet_front:
         blocks += [("h2", "Goodput vs GPUs"),
                    ("p", "The best feasible config the search found at each GPU count (replicas x TP, "
-                         f"{ROUTING_LABEL}); Pareto-optimal counts buy more goodput than every smaller one."),
+                         f"{ROUTING_LABEL}). Pareto-optimal counts buy more goodput than every smaller one; "
+                         "\"vs fewer GPUs\" says how much, against the best smaller count."),
                    ("table", _front_table(r.fleet_front))]
     blocks.append(("h2", "What limits the best config"))
     if best.diagnosis is not None:
@@ -257,10 +259,12 @@ def _capacity_table(rows: Sequence[ConfigFigures]) -> list[list[str]]:
 
 
 def _front_table(points: Sequence[FleetPoint]) -> list[list[str]]:
-    table = [["GPUs", "replicas x TP", "weighted goodput (/s)", "SLO attainment", "trial", "Pareto-optimal"]]
+    table = [["GPUs", "replicas x TP", "weighted goodput (/s)", "vs fewer GPUs", "SLO attainment", "trial",
+              "Pareto-optimal"]]
     for p in points:
-        table.append([str(p.gpus), f"{p.replicas} x TP {p.tp}", _fmt(p.weighted_goodput, 3), _pct(p.slo_attainment),
-                      str(p.trial), "yes" if p.pareto else "no"])
+        table.append([str(p.gpus), f"{p.replicas} x TP {p.tp}", _fmt(p.weighted_goodput, 3),
+                      "-" if p.gain is None else f"{p.gain:+.1%}", _pct(p.slo_attainment), str(p.trial),
+                      "yes" if p.pareto else "no"])
     return table
 
 

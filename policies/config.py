@@ -139,7 +139,7 @@ class PolicyConfig:
     kv_high_water: float = 1.0
     reject_unmeetable_deadline: bool = False
     max_model_len: int = 0
-    enable_prefix_caching: bool = False
+    enable_prefix_caching: bool = True
     fairness_cost_unit: str = "tokens"
     vtc_input_weight: float = 1.0
     vtc_output_weight: float = 2.0

@@ -2,10 +2,12 @@
 
 vLLM 0.33 `vllm serve` resolves its batch defaults by GPU (``EngineArgs.get_batch_defaults``):
 8192 tokens / 1024 sequences on >= 70 GiB GPUs other than A100, else 2048 / 256; chunked
-prefill on, FCFS, recompute preemption of the newest request, no watermark.
+prefill and prefix caching on, FCFS, recompute preemption of the newest request, no
+watermark.
 SGLang 0.5.23 runs prefill first, admits by ``new_token_ratio`` (conservativeness 1.0),
 caps a prefill batch at 16384 tokens and chunks at 8192 on 60-160 GiB GPUs (4096 below,
-16384 above), pages of 1 token, and retracts the request with the fewest outputs.
+16384 above), pages of 1 token, keeps its radix (prefix) cache on, and retracts the request
+with the fewest outputs.
 """
 
 from __future__ import annotations

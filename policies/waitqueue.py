@@ -1,11 +1,10 @@
-"""Keyed binary heaps of request ids: the waiting queue and the deadline queue.
+"""Keyed binary heap of request ids with lazy removal: the engine's deadline queue.
 
 A heap is an i8 array whose slot 0 holds the size and slots 1..size the entries. Order
-is (key0[r], key1[r], r) ascending, so one structure serves every queue order: FCFS
-(key0 = 0, key1 = push counter, negated to push in front), priority (key0 = -priority,
-key1 = arrival order), and later EDF, shortest-job or fair-share keys. Entries are
-removed lazily: callers skip ids whose status says they left the queue, which keeps
-cancellation O(1) while every live request has exactly one entry.
+is (key0[r], key1[r], r) ascending. Entries are removed lazily: callers skip ids whose
+status says they left, which keeps cancellation O(1) while every live request has
+exactly one entry. (The waiting queue is ``policies.queues``: lanes of indexed heaps,
+one per (tenant, class), with every queue order.)
 """
 
 from __future__ import annotations

@@ -199,8 +199,9 @@ def _print_summary(console: Console, study, spec, stats: RunStats) -> None:
     front = fleet_front(study.get_trials(deepcopy=False))
     if front:
         console.print("goodput vs GPUs (" + ROUTING_LABEL + "): " + "; ".join(
-            f"{p.gpus} ({p.replicas} x TP {p.tp}): {p.weighted_goodput:.3f}/s, {100 * p.slo_attainment:.1f}% SLO"
-            + ("" if p.pareto else " (no gain)") for p in front))
+            f"{p.gpus} ({p.replicas} x TP {p.tp}): {p.weighted_goodput:.3f}/s"
+            + ("" if p.gain is None else f" ({p.gain:+.1%} vs fewer GPUs)") + f", {100 * p.slo_attainment:.1f}% SLO"
+            for p in front))
 
 
 def _share(part: float, whole: float) -> str:

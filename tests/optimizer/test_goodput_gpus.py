@@ -104,7 +104,9 @@ def test_goodput_gpus_study_finds_a_front_where_more_gpus_buy_more_goodput(tmp_p
     for t in trials:
         fleet = trial_fleet(t, spec)
         assert t.values[1] == t.user_attrs["gpus"] == fleet.gpus == fleet.tp * fleet.replicas
-    front = [p for p in fleet_front(trials) if p.pareto]
+    points = fleet_front(trials)
+    assert points[0].gain is None and all((p.gain > 0) == p.pareto for p in points[1:])
+    front = [p for p in points if p.pareto]
     assert len({p.gpus for p in front}) > 1
     goodput = [p.weighted_goodput for p in front]
     assert goodput == sorted(goodput) and goodput[-1] > 2 * goodput[0]

@@ -72,3 +72,8 @@ def test_unknown_preset_and_gpu_are_named():
         preset("vllm")
     with pytest.raises(ConfigError, match="unknown GPU 'v100'"):
         preset("vllm-default", "v100")
+
+
+def test_both_engines_cache_prefixes_by_default():
+    # vLLM V1 enables automatic prefix caching and SGLang its radix cache unless told not to.
+    assert vllm_default("h100").enable_prefix_caching and sglang_default("h100").enable_prefix_caching
