@@ -232,7 +232,9 @@ def insert(pc, block_offsets, i, ctx):
     """Cache the full hash blocks request i completed by ``ctx`` computed tokens.
 
     Returns the KV blocks freed by deduplication (blocks of this request that another
-    request had cached first); the caller returns them to the free pool.
+    request had cached first); the caller returns them to the free pool. An idle entry
+    counts as free already, so deduplicating onto it frees nothing: the request's copy
+    goes back to the pool exactly as the entry it now references leaves it.
     """
     base = block_offsets[i]
     last = min(pc.n_full[i], ctx // pc.block_tokens)
@@ -240,8 +242,9 @@ def insert(pc, block_offsets, i, ctx):
     for j in range(pc.held[i], last):
         e = pc.entry[base + j]
         if pc.cached[e]:
+            if pc.refs[e] > 0:
+                freed += pc.entry_blocks
             _ref(pc, e)
-            freed += pc.entry_blocks
             pc.stats[S_DEDUPS] += 1
         else:
             pc.cached[e] = True

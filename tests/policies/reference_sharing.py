@@ -54,9 +54,10 @@ class RefPrefixCache:
         last = min(self.n_full[i], ctx // self.bt)
         freed = 0
         for h in self.hashes[i][self.held[i] : last]:
-            if h in self.refs:
+            if h in self.refs:  # an idle entry is free already: taking it back nets zero
+                if self.refs[h] > 0:
+                    freed += self.entry_blocks
                 self._ref(h)
-                freed += self.entry_blocks
                 self.dedups += 1
             else:
                 self.refs[h] = 1
