@@ -45,8 +45,8 @@ Sharing (issue 6; state in ``Sharing``, rules in ``policies.prefix_cache``,
   after them (at most ``prompt - 1`` tokens are skipped); the attention over the cached
   context is still paid. The full prompt hash blocks a step computes become shared
   entries. ``free`` counts idle cached entries as available (as vLLM's free queue); they
-  are evicted LRU only when an allocation needs their blocks. A swapped-out request keeps
-  its references; any other end or preemption drops them.
+  are evicted LRU only when an allocation needs their blocks. Any end or preemption
+  drops a request's references; a request holding some is recomputed, never swapped.
 * Waiting order (``scheduling_policy``): fcfs, priority (with ``aging_rate``), edf
   (a never-scheduled head whose deadline is lost even alone, with ``deadline_margin_ms``,
   is rejected DEADLINE_UNMEETABLE), sjf, lpm, vtc; queue lanes are (tenant, class) pairs.
@@ -508,8 +508,10 @@ def _pick_victim(ri, g, run, prompt, priority, cfg):
 def _preempt(ri, rf, g, gf, sx, run, tables, prompt, cfg, kv_bytes, swap_bw, v):
     """Take v off the GPU: swap its KV out or drop it for recompute, and requeue it.
 
-    A swapped request keeps its prefix-cache references (its shared prefix stays on the
-    GPU); a recomputed one drops them and looks the cache up again when readmitted.
+    Only private KV is swapped: a victim referencing prefix-cache entries is recomputed
+    (it drops them and looks the cache up again when readmitted, where its prefix likely
+    still is), so a swapped-out request never pins GPU blocks and a request that fits an
+    empty GPU always runs once nothing else does.
     """
     block_size = int(cfg[I_BLOCK_SIZE])
     g[PREEMPTED_NOW] = 1
@@ -536,7 +538,7 @@ def _preempt(ri, rf, g, gf, sx, run, tables, prompt, cfg, kv_bytes, swap_bw, v):
     held = ri[HELD, v]
     mode = int(cfg[I_PREEMPTION])
     swap = False
-    if mode != PREEMPT_RECOMPUTE and held > 0 and g[HOST_FREE] >= held:
+    if mode != PREEMPT_RECOMPUTE and held > 0 and g[HOST_FREE] >= held and sx.pc.held[v] == 0:
         copy_s = held * block_size * kv_bytes / swap_bw
         if mode == PREEMPT_SWAP:
             swap = True

@@ -340,7 +340,8 @@ class Reference:
         v.preempts += 1
         swap = False
         mode = self.c.preemption_mode
-        if mode != "recompute" and v.held > 0 and self.host_free >= v.held:
+        # only private KV swaps: a request referencing cached prefix blocks is recomputed
+        if mode != "recompute" and v.held > 0 and self.host_free >= v.held and self.cache.held[v.id] == 0:
             copy_s = v.held * self.bs * self.kv_bytes / self.swap_bw
             if mode == "swap":
                 swap = True

@@ -154,3 +154,40 @@ def test_fast_forward_is_bit_identical(monkeypatch, fast_forward):
                                 admission_mode="new_token_ratio", block_size=1)):
         got = assert_matches_reference(trace, cost_model(2000), config)
         assert got.steps > 1000
+
+
+def test_full_prompt_block_computed_twice_is_not_freed_twice():
+    """Regression (hypothesis): requests 3 and 6 share the full-prompt block 0. Request 3
+    caches it and finishes (the entry goes idle, counted free); request 6, admitted before
+    the entry existed, completes the same block under long_prefill_token_threshold
+    chunking and deduplicates onto the idle entry. That must not free 32 blocks twice."""
+    prompt = [1, 1, 1, 32, 1, 1, 32, 1]
+    hashes = [[10000], [10010], [10020], [0], [10040], [10050], [0], [10070]]
+    trace = make_trace(np.zeros(8), prompt, np.zeros(8, dtype=int), np.ones(8, dtype=int), hashes=hashes,
+                       block_tokens=BLOCK_TOKENS)
+    config = PolicyConfig(max_num_batched_tokens=64, max_num_seqs=4, enable_chunked_prefill=False,
+                          long_prefill_token_threshold=24, gpu_memory_utilization=1.0, block_size=1,
+                          scheduling_policy="fcfs", schedule_mode="decode_first", admission_mode="none",
+                          preemption_mode="recompute", preemption_victim="newest", enable_prefix_caching=True)
+    got = assert_matches_reference(trace, cost_model(250), config)  # raised "leaked KV" before the fix
+    assert np.all(got.state == State.FINISHED)
+    assert got.kv_peak_blocks <= got.kv_capacity_blocks
+
+
+def test_swapped_out_requests_never_pin_the_gpu():
+    """Regression (hypothesis): swapped-out requests used to keep their prefix-cache
+    references, pinning 160 of 250 blocks while the recomputed head needed 91, so nothing
+    could run. A victim holding cached prefix blocks is now recomputed, not swapped."""
+    n = 29
+    prompt, output = [1] * n, [0] * n
+    prompt[14], prompt[16], prompt[18] = 30, 46, 129
+    output[14], output[16], output[18] = 62, 24, 16
+    blocks_of = {16: 2, 18: 5}
+    hashes = [[10_000 + 10 * i + j for j in range(blocks_of.get(i, 1))] for i in range(n)]
+    trace = make_trace(np.zeros(n), prompt, output, np.maximum(output, 1), hashes=hashes, block_tokens=BLOCK_TOKENS)
+    config = PolicyConfig(max_num_batched_tokens=256, max_num_seqs=4, enable_chunked_prefill=False,
+                          gpu_memory_utilization=1.0, block_size=1, max_prefill_tokens=32,
+                          preemption_mode="swap", enable_prefix_caching=True)
+    got = assert_matches_reference(trace, cost_model(250, 64), config)  # "engine stalled" before the fix
+    assert np.all(got.state == State.FINISHED)
+    assert got.preemptions.sum() > 0 and got.swap_outs == 0, "every victim held cached blocks: recomputed"

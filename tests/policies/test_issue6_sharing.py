@@ -50,7 +50,7 @@ def test_caching_never_computes_more_prefill_tokens(trace, block_size, budget):
     cost = cost_model(1 << 16)
     config = base(block_size=block_size, max_num_batched_tokens=budget)
     on = simulate(trace, cost, config.replace(enable_prefix_caching=True))
-    off = simulate(trace, cost, config)
+    off = simulate(trace, cost, config.replace(enable_prefix_caching=False))
     assert on.prefill_tokens_computed <= off.prefill_tokens_computed
     assert off.cached_prompt_tokens.sum() == 0 and off.prefix_query_tokens == 0
     assert on.prefix_hit_tokens <= on.prefix_query_tokens

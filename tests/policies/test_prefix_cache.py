@@ -140,6 +140,19 @@ def test_referenced_entries_are_never_evicted():
     assert pcm.cache_blocks(pc) == (2 * pc.entry_blocks, 0)
 
 
+def test_dedup_onto_an_idle_entry_frees_nothing():
+    """Request 1 computes the block request 0 cached and released meanwhile: the idle
+    entry already counted as free, so taking it back nets the pool to zero (it was a
+    double free); onto a referenced entry the request's copy is freed."""
+    pc, ref, offsets, _ = _cache([[9], [9], [9]], [BT] * 3, 16)
+    assert pcm.insert(pc, offsets, 0, BT) == ref.insert(0, BT) == 0
+    assert pcm.release(pc, offsets, 0) == ref.release(0) == pc.entry_blocks
+    assert pcm.insert(pc, offsets, 1, BT) == ref.insert(1, BT) == 0
+    assert pcm.insert(pc, offsets, 2, BT) == ref.insert(2, BT) == pc.entry_blocks
+    assert pc.stats[pcm.S_EVICTABLE] == 0 and pc.refs[pc.cached].tolist() == [2]
+    assert not ref.idle and ref.refs == {9: 2}
+
+
 def test_caching_off_grow_is_plain_block_arithmetic():
     for old, new, bs in [(0, 1, 16), (15, 17, 16), (0, 1000, 7), (33, 33, 4)]:
         expected = -(-new // bs) - -(-old // bs)
