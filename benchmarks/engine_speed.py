@@ -1,12 +1,13 @@
 """Engine speed: full replays of the real traces with the vLLM default preset.
 
 Prints, per trace, simulated requests per wall second, steps per second and ms per full
-replay (best of ``--repeats`` after warm-up), with fast-forward on, and the ratio against
-a baseline measured in the same run: the same kernel stepping one by one
-(``SERVETUNE_ENGINE_FAST_FORWARD=0``), whose results must be identical. Also times
-``simulate_many`` over 8 configs. Target: < 50 ms per Azure conv replay on one core.
-On traces with prefix hashes (Mooncake) it also replays with prefix caching on and prints
-the ratio to caching off (target: at most 2x) with the hit rate and prefill saved.
+replay (best of ``--repeats`` after warm-up), with fast-forward on and prefix caching
+off, and the ratio against a baseline measured in the same run: the same kernel stepping
+one by one (``SERVETUNE_ENGINE_FAST_FORWARD=0``), whose results must be identical. Also
+times ``simulate_many`` over 8 configs. Target: < 50 ms per Azure conv replay on one core.
+On traces with prefix hashes (Mooncake) it also replays with prefix caching on (the
+preset's default) and prints the ratio to caching off (target: at most 2x) with the hit
+rate and prefill saved.
 
     python benchmarks/engine_speed.py [--model meta-llama/Llama-3.1-8B] [--gpu h100] [--rate-scale 1]
 """
@@ -65,7 +66,7 @@ def main() -> None:
         sys.exit(f"shared data not found at {SHARED}; set SERVETUNE_SHARED")
 
     cost = build(args.model, args.gpu)
-    config = preset("vllm-default", args.gpu)
+    config = preset("vllm-default", args.gpu).replace(enable_prefix_caching=False)
     t0 = time.perf_counter()
     engine.warmup()
     print(f"cost model: {cost.name} ({cost.source}); preset vllm-default on {args.gpu}; "

@@ -59,9 +59,11 @@ Sharing (issue 6; state in ``Sharing``, rules in ``policies.prefix_cache``,
   ``SimResult.tenant_service`` is the audit, VTC orders by the weighted, lifted counter.
   VTC runs step by step (no fast-forward) so its counters match the reference exactly.
 
-Pure-decode stretches (nothing waiting, nobody finishing, no arrival or deadline due,
-blocks enough) are fast-forwarded: one step-time lookup per step, per-request arrays
-touched once at the end. The result is bit-identical to stepping one by one.
+Pure-decode stretches (nobody finishing, no arrival or deadline due, blocks enough, and
+nothing waiting or a waiting head that the last step could not admit and that stays
+blocked as decodes only take KV) are fast-forwarded: one step-time lookup per step,
+per-request arrays touched once at the end. The result is bit-identical to stepping one
+by one.
 """
 
 from __future__ import annotations
@@ -171,6 +173,10 @@ from policies.kernel_state import (
     STATE,
     STATUS,
     STEPS,
+    STUCK,
+    STUCK_DONE,
+    STUCK_FREE,
+    STUCK_SEQ,
     SWAP_OUTS,
     SWAP_S,
     TARGET,
@@ -275,12 +281,12 @@ class Sharing(NamedTuple):
 # ======================================================================================
 # small state helpers
 # ======================================================================================
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _blocks(tokens, block_size):
     return (tokens + block_size - 1) // block_size
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _is_decode(ri, prompt, r, n):
     """One token that catches up a request already generating: a decode, not a prefill."""
     generated = ri[GENERATED, r]
@@ -314,7 +320,7 @@ def _free_gpu(ri, g, sx, r, drop_refs):
         g[USED] -= idle
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _cover_reservation(ri, g, r):
     """A running request's reservation never falls below what it holds (predicted mode)."""
     extra = ri[HELD, r] - ri[RESERVED, r]
@@ -323,7 +329,7 @@ def _cover_reservation(ri, g, r):
         g[RESERVED_TOTAL] += extra
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _release_reservation(ri, g, r):
     g[RESERVED_TOTAL] -= ri[RESERVED, r]
     ri[RESERVED, r] = 0
@@ -376,7 +382,7 @@ def _push_waiting(ri, g, sx, cfg, r, in_front):
 # ======================================================================================
 # the batch being formed
 # ======================================================================================
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _batch_account(ri, g, prompt, r, n, sign):
     """Add (sign=1) or remove (sign=-1) n tokens of r from the step-time aggregates."""
     c = ri[COMPUTED, r]
@@ -1021,15 +1027,16 @@ def _run_step(ri, rf, g, gf, sx, series, prompt, deadline, cfg, batch, run, hist
 def _fast_forward(ri, g, gf, sx, series, run, residues, tables, arrival, prompt, cfg, next_deadline, kv_bytes):
     """Run consecutive all-decode steps that the step-by-step loop would form identically.
 
-    Applies while nothing waits, every running request is decoding, none finishes, no
-    arrival or deadline is due at a boundary and the new blocks fit. Each step costs one
+    Applies while nothing waits (or admission is stuck, ``_admission_stuck``), every
+    running request is decoding, none finishes, no arrival or deadline is due at a
+    boundary and the new blocks fit. Each step costs one
     step-time lookup; blocks come from a histogram of positions modulo the block size.
     Decode blocks never complete a prompt hash block, so the prefix cache only matters
     through the blocks free without evicting; tenants are charged once at the end.
     Returns the number of steps taken.
     """
     k = g[N_RUN]
-    if g[N_WAIT] > 0 or k == 0:
+    if k == 0:
         return 0
     prefill_first = int(cfg[I_SCHEDULE_MODE]) == PREFILL_FIRST
     if not prefill_first and k > int(cfg[I_MAX_BATCHED]):
@@ -1100,6 +1107,37 @@ def _fast_forward(ri, g, gf, sx, series, run, residues, tables, arrival, prompt,
     return j
 
 
+@njit(cache=True, nogil=True)
+def _stuck_modes(cfg, quotas):
+    """Modes under which a blocked waiting head stays blocked while decodes only grow:
+    admission by free KV or reservation (new_token_ratio decays, so it may unblock), no
+    step-time cap, quota or max wait, and a static queue order (EDF rejects by the clock,
+    VTC reorders by counters)."""
+    mode = int(cfg[I_ADMISSION])
+    order = int(cfg[I_POLICY])
+    return (mode != ADMIT_NTR and cfg[I_STEP_CAP_MS] <= 0.0 and not quotas and cfg[I_MAX_WAIT] <= 0.0
+            and order != EDF and order != VTC)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _note_admission(g, stuck_modes, waiting_before):
+    """After forming a step: was it pure decode with waiting requests none of which could
+    start? Then, until a request ends, one is queued or free KV grows, the same head
+    stays blocked (free KV and reservations only shrink, the queue and cache are
+    unchanged), so the following decode steps can be fast-forwarded."""
+    stuck = (stuck_modes and g[N_WAIT] > 0 and g[N_WAIT] == waiting_before and g[PREEMPTED_NOW] == 0
+             and g[B_PREFILL] == 0)
+    g[STUCK] = 1 if stuck else 0
+    g[STUCK_DONE] = g[N_DONE]
+    g[STUCK_SEQ] = g[QUEUE_SEQ]
+    g[STUCK_FREE] = g[FREE]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _admission_stuck(g):
+    return g[STUCK] != 0 and g[N_DONE] == g[STUCK_DONE] and g[QUEUE_SEQ] == g[STUCK_SEQ] and g[FREE] <= g[STUCK_FREE]
+
+
 # ======================================================================================
 # the kernel
 # ======================================================================================
@@ -1148,6 +1186,7 @@ def simulate_kernel(arrival, prompt, output, max_tokens, priority, deadline, tab
     gf[SERIES_T0] = arrival[0]
     gf[SERIES_EVERY] = series_every
     sx = _new_sharing(sharing_in, arrival, priority, deadline, tenant_params, class_params, cfg)
+    stuck_modes = _stuck_modes(cfg, sx.quotas)
 
     # helpers are called only when they have work: every array argument costs refcounting
     while g[N_DONE] < n:
@@ -1164,7 +1203,7 @@ def simulate_kernel(arrival, prompt, output, max_tokens, priority, deadline, tab
             gf[RATIO] = _ntr_init(cfg)
             gf[CLOCK] = t_next
             continue
-        if fast_forward and g[N_WAIT] == 0 and int(cfg[I_POLICY]) != VTC:  # VTC: exact counters
+        if fast_forward and (g[N_WAIT] == 0 or _admission_stuck(g)) and int(cfg[I_POLICY]) != VTC:  # VTC: exact counters
             if _fast_forward(ri, g, gf, sx, series, run, residues, tables, arrival, prompt, cfg,
                              _next_deadline(ri, dheap, zeros, deadline), kv_bytes) > 0:
                 continue
@@ -1176,7 +1215,9 @@ def simulate_kernel(arrival, prompt, output, max_tokens, priority, deadline, tab
         g[B_KV_DECODE] = 0
         g[B_PAIRS] = 0
         g[B_PREFILL] = 0
+        waiting_before = g[N_WAIT]
         _form_batch(ri, rf, g, gf, sx, run, order, batch, tables, prompt, priority, cfg, kv_bytes, swap_bw)
+        _note_admission(g, stuck_modes, waiting_before)
         if g[B_TOKENS] == 0:
             g[N_BATCH] = 0
             if g[PREEMPTED_NOW] != 0 or g[N_RUN] + g[N_WAIT] == 0:

@@ -69,7 +69,13 @@ B_KV_DECODE = 29
 B_PAIRS = 30
 B_PREFILL = 31  # prefill (non-decode) tokens in the batch
 MAX_LEN = 32  # longest prompt + output a request may reach
-N_G = 33
+# admission was stuck in the last formed step (pure decode, nothing admitted), with the
+# snapshot that keeps it stuck: no request ended, none queued, free KV did not grow
+STUCK = 33
+STUCK_DONE = 34
+STUCK_SEQ = 35
+STUCK_FREE = 36
+N_G = 37
 
 # -- gf slots: run-wide floats -----------------------------------------------------------
 T = 0  # clock, seconds on the trace clock
