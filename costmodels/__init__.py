@@ -4,6 +4,8 @@
 times up with ``step_seconds(cost.tables, ...)``.
 """
 
+# First: point Numba's cache at this source version before any @njit(cache=True) runs.
+from costmodels import jitcache  # noqa: F401
 from costmodels.architecture import ModelArch, load_model
 from costmodels.build import build
 from costmodels.calibration import calibrate, load_calibration, load_runs, save_calibration
