@@ -70,6 +70,11 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "max_wait_s": {"search": False},
     "kv_high_water": {"search": False},
     "max_model_len": {"search": False},
+    # Speculative decoding needs a drafter the deployment may not have, and its draft cost
+    # is the drafter's, not a scheduling choice: a study opens speculative_mode (e.g.
+    # choices = ["off", "fixed", "dspark"]) and num_speculative_tokens deliberately.
+    "speculative_mode": {"search": False},
+    "speculative_draft_cost_mode": {"search": False},
 }
 
 _OVERRIDE_KEYS = {"low", "high", "log", "choices", "value", "search", "off", "when"}

@@ -46,6 +46,8 @@ PREEMPTION_MODES = ("recompute", "swap", "auto")
 PREEMPTION_VICTIMS = ("newest", "lowest_priority", "fewest_output")
 FAIRNESS_COST_UNITS = ("tokens", "gpu_time", "kv_byte_seconds")
 MAX_WAIT_ACTIONS = ("reject", "admit_first")
+SPECULATIVE_MODES = ("off", "fixed", "smartspec", "dspark", "dspark_lagged")
+DRAFT_COST_MODES = ("fraction", "mtp")
 
 KNOBS: tuple[Knob, ...] = (
     Knob("max_num_batched_tokens", int, 1, 1 << 20, vllm="max-num-batched-tokens", sglang="chunked-prefill-size",
@@ -106,6 +108,20 @@ KNOBS: tuple[Knob, ...] = (
          help="largest share of KV blocks one tenant's running requests may hold when admitting (1 = off)"),
     Knob("tenant_token_quota", float, 0.01, 1.0,
          help="largest share of a step's token budget one tenant's prefills may use (1 = off)"),
+    # speculative decoding (policies.speculative); the drafter's acceptance profile is a
+    # side array (AcceptanceModel), not a knob. vLLM carries the draft length inside
+    # --speculative-config {"num_speculative_tokens": k}, SGLang as --speculative-num-steps.
+    Knob("speculative_mode", str, choices=SPECULATIVE_MODES,
+         help="verify budget per step: off; fixed (every decode verifies num_speculative_tokens drafts); "
+              "smartspec (one k per batch); dspark (per-request prefixes with the early stop); "
+              "dspark_lagged (global top-K from confidences two steps back)"),
+    Knob("num_speculative_tokens", int, 1, 16,
+         help="draft length gamma: the k of fixed, the most drafts any request verifies otherwise"),
+    Knob("speculative_draft_cost_mode", str, choices=DRAFT_COST_MODES,
+         help="fraction: a drafted position costs speculative_draft_cost x the target's decode step; "
+              "mtp: it costs speculative_draft_cost ms (an MTP head)"),
+    Knob("speculative_draft_cost", float, 0.0, 1000.0,
+         help="cost of one drafted position, in the unit of speculative_draft_cost_mode"),
 )
 
 KNOB_INDEX = {k.name: i for i, k in enumerate(KNOBS)}
@@ -148,6 +164,10 @@ class PolicyConfig:
     deadline_margin_ms: float = 50.0
     tenant_kv_quota: float = 1.0
     tenant_token_quota: float = 1.0
+    speculative_mode: str = "off"
+    num_speculative_tokens: int = 4
+    speculative_draft_cost_mode: str = "fraction"
+    speculative_draft_cost: float = 0.05
 
     def __post_init__(self) -> None:
         for f in fields(self):

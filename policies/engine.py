@@ -81,6 +81,7 @@ from costmodels.steptable import step_seconds
 from policies import fairness as fm
 from policies import prefix_cache as pcm
 from policies import queues as qm
+from policies import speculative as spm
 from policies.config import (
     ADMISSION_MODES,
     FAIRNESS_COST_UNITS,
@@ -110,6 +111,10 @@ from policies.kernel_state import (
     C_PEAK,
     C_PREFILL_TOKENS,
     C_RESERVED_END,
+    C_SPEC_ACCEPTED,
+    C_SPEC_DECODES,
+    C_SPEC_DRAFTED,
+    C_SPEC_VERIFIES,
     C_STEPS,
     C_SWAP_OUTS,
     C_USED_END,
@@ -117,6 +122,7 @@ from policies.kernel_state import (
     CAP,
     COMPUTED,
     DONE,
+    DRAFT_S,
     F_BUSY,
     F_END,
     FINISH,
@@ -170,6 +176,12 @@ from policies.kernel_state import (
     SERIES_CAPACITY,
     SERIES_EVERY,
     SERIES_T0,
+    SPEC_ACCEPTED,
+    SPEC_DECODES,
+    SPEC_DRAFTED,
+    SPEC_LAG,
+    SPEC_SLOTS,
+    SPEC_VERIFIES,
     STATE,
     STATUS,
     STEPS,
@@ -217,6 +229,10 @@ I_W_OUT = KNOB_INDEX["vtc_output_weight"]
 I_AGING = KNOB_INDEX["aging_rate"]
 I_WAIT_ACTION = KNOB_INDEX["max_wait_action"]
 I_DEADLINE_MARGIN = KNOB_INDEX["deadline_margin_ms"]
+I_SPEC_MODE = KNOB_INDEX["speculative_mode"]
+I_SPEC_GAMMA = KNOB_INDEX["num_speculative_tokens"]
+I_DRAFT_MODE = KNOB_INDEX["speculative_draft_cost_mode"]
+I_DRAFT_COST = KNOB_INDEX["speculative_draft_cost"]
 
 assert SCHEDULING_POLICIES == qm.QUEUE_ORDERS and FAIRNESS_COST_UNITS == fm.FAIRNESS_COST_UNITS
 EDF = SCHEDULING_POLICIES.index("edf")
@@ -276,6 +292,32 @@ class Sharing(NamedTuple):
     prefix: np.ndarray  # f8[N_PREFIX]
     caching: bool
     quotas: bool  # any tenant quota or class budget binds: lanes may be blocked
+
+
+class Spec(NamedTuple):
+    """Speculative decoding state (``policies.speculative``): the acceptance profile and
+    per-slot buffers of the step's decode requests (length n when on, 0 when off)."""
+
+    profiles: np.ndarray  # f8[P, gamma], conditional acceptance per position
+    rows: np.ndarray  # i8[n], profile row of each request
+    reqs: np.ndarray  # i8[n], request of each decode slot
+    tok: np.ndarray  # i8[n], its token index (tokens generated) at the verify
+    lim: np.ndarray  # i8[n], most drafts it may verify
+    slack: np.ndarray  # i8[n], free KV slots in the blocks it holds
+    ell: np.ndarray  # i8[n], drafts verified
+    accepted: np.ndarray  # i8[n], drafts accepted
+    surv: np.ndarray  # f8[n, gamma], seen survival
+    alpha: np.ndarray  # f8[n], smartspec's acceptance estimate per slot
+    hits: np.ndarray  # f8[n], smartspec's moving counts per request
+    trials: np.ndarray  # f8[n]
+    est: np.ndarray  # f8[2], run-wide counts
+    heap: np.ndarray  # i8[n + 1]
+    scratch: np.ndarray  # i8[n]
+    mode: int
+    gamma: int
+    seed: int
+    spread: float
+    bias: float
 
 
 # ======================================================================================
@@ -822,6 +864,96 @@ def _decay_ratio(gf, cfg):
 
 
 # ======================================================================================
+# speculative decoding: verify budgets after the batch is formed, outcomes at its end
+# ======================================================================================
+@njit(cache=True, nogil=True)
+def _plan_verify(ri, g, gf, sx, sp, batch, tables, prompt, cfg):
+    """Give the batch's decodes their verify budgets (``policies.speculative``) from the
+    token budget and KV the formed batch left, taking blocks for the draft tokens."""
+    block_size = int(cfg[I_BLOCK_SIZE])
+    pc = sx.pc
+    hash_tokens = pc.block_tokens
+    n_req = 0
+    for i in range(g[N_BATCH]):
+        r = batch[i]
+        if ri[SCHED, r] == 1 and _is_decode(ri, prompt, r, 1):
+            sp.reqs[n_req] = r
+            sp.tok[n_req] = ri[GENERATED, r]
+            sp.lim[n_req] = max(0, min(sp.gamma, ri[MAX_OUT, r] - ri[GENERATED, r] - 1))
+            sp.slack[n_req] = pc.held[r] * hash_tokens + ri[HELD, r] * block_size - ri[COMPUTED, r] - 1
+            n_req += 1
+    g[SPEC_SLOTS] = n_req
+    if n_req == 0:
+        return
+    if sp.mode == spm.MODE_DSPARK or sp.mode == spm.MODE_DSPARK_LAGGED:
+        spm.draft_confidences(sp.reqs, sp.tok, n_req, sp.profiles, sp.rows, sp.seed, sp.spread, sp.bias, sp.gamma,
+                              sp.surv)
+    elif sp.mode == spm.MODE_SMARTSPEC:
+        spm.acceptance_estimate(sp.hits, sp.trials, sp.est, sp.reqs, n_req, sp.alpha)
+    draft_pp = spm.draft_seconds_per_position(tables, int(cfg[I_DRAFT_MODE]), cfg[I_DRAFT_COST], n_req,
+                                              g[B_KV_DECODE])
+    free_blocks = max(0, g[FREE] - pc.stats[pcm.S_EVICTABLE] * pc.entry_blocks)
+    lag = SPEC_LAG + g[STEPS] % 2  # written two steps ago, rewritten now
+    x, _, positions, k_now = spm.verify_budgets(
+        sp.mode, sp.gamma, n_req, sp.surv, sp.alpha, sp.lim, tables, g[B_TOKENS], g[B_LOGITS], g[B_DECODES],
+        g[B_KV_DECODE], g[B_PAIRS], draft_pp, g[BUDGET], sp.slack, free_blocks, block_size, g[lag], sp.ell,
+        sp.heap, sp.scratch)
+    g[lag] = k_now
+    for k in range(n_req):
+        m = sp.ell[k]
+        if m == 0:
+            continue
+        r = sp.reqs[k]
+        take = pcm.private_blocks(ri[COMPUTED, r] + 1 + m, pc.held[r], hash_tokens, block_size) - ri[HELD, r]
+        g[FREE] -= take
+        g[USED] += take
+        ri[HELD, r] += take
+        if sx.quotas:
+            fm.hold_kv(sx.sh, sx.tenant[r], sx.klass[r], take)
+        g[SPEC_VERIFIES] += 1
+    if g[USED] > g[PEAK]:
+        g[PEAK] = g[USED]
+    g[BUDGET] -= x
+    g[B_TOKENS] += x
+    g[B_LOGITS] += x
+    g[B_KV_DECODE] += x
+    gf[DRAFT_S] = positions * draft_pp
+    g[SPEC_DECODES] += n_req
+    g[SPEC_DRAFTED] += x
+
+
+@njit(cache=True, nogil=True)
+def _settle_verify(ri, g, sx, sp, cfg):
+    """Sample the verifies and keep the accepted drafts: each request advances by them on
+    top of its own token (up to its output length), and the rejected drafts' KV is freed."""
+    n_req = g[SPEC_SLOTS]
+    spm.sample_verify(sp.reqs, sp.tok, sp.ell, n_req, sp.profiles, sp.rows, sp.seed, sp.spread, sp.accepted)
+    if sp.mode == spm.MODE_SMARTSPEC:
+        spm.observe_acceptance(sp.hits, sp.trials, sp.est, sp.reqs, sp.ell, sp.accepted, n_req)
+    block_size = int(cfg[I_BLOCK_SIZE])
+    pc = sx.pc
+    tokens_unit = int(cfg[I_COST_UNIT]) == fm.TOKENS
+    for k in range(n_req):
+        if sp.ell[k] == 0:
+            continue
+        r = sp.reqs[k]
+        kept = min(sp.accepted[k], ri[TARGET, r] - ri[GENERATED, r] - 1)
+        ri[GENERATED, r] += kept
+        ri[SCHED, r] += kept
+        g[SPEC_ACCEPTED] += kept
+        extra = ri[HELD, r] - pcm.private_blocks(ri[COMPUTED, r] + 1 + kept, pc.held[r], pc.block_tokens, block_size)
+        g[FREE] += extra
+        g[USED] -= extra
+        ri[HELD, r] -= extra
+        if sx.quotas:
+            fm.hold_kv(sx.sh, sx.tenant[r], sx.klass[r], -extra)
+        _cover_reservation(ri, g, r)
+        if tokens_unit and kept > 0:
+            fm.charge(sx.sh, sx.tenant[r], cfg[I_W_OUT] * kept)
+    g[SPEC_SLOTS] = 0
+
+
+# ======================================================================================
 # boundary events: arrivals, deadlines, max wait
 # ======================================================================================
 @njit(cache=True, nogil=True)
@@ -1144,7 +1276,7 @@ def _admission_stuck(g):
 @njit(cache=True, nogil=True)
 def simulate_kernel(arrival, prompt, output, max_tokens, priority, deadline, tables, cfg,
                     cap_blocks, host_blocks, kv_bytes, swap_bw, seed, series_every, fast_forward,
-                    sharing_in, tenant_params, class_params,
+                    sharing_in, tenant_params, class_params, spec_profiles, spec_rows, spec_spread, spec_bias,
                     out_i, out_f, out_counts, out_fcounts, series, out_cached, out_service, out_prefix):
     """One replay of the trace under config vector ``cfg``; fills the ``out_*`` buffers.
 
@@ -1153,7 +1285,8 @@ def simulate_kernel(arrival, prompt, output, max_tokens, priority, deadline, tab
     series[SERIES_CAPACITY, 4]: (t, KV blocks used, running, waiting); out_cached[n]:
     cached prompt tokens at first schedule; out_service[T]: service charged per tenant;
     out_prefix[N_PREFIX]: prefix-cache figures (P_*). ``sharing_in`` is ``sharing_inputs``;
-    ``tenant_params``/``class_params`` are ``policies.fairness.side_params`` for this config.
+    ``tenant_params``/``class_params`` are ``policies.fairness.side_params`` for this config;
+    ``spec_*`` the acceptance model (``policies.speculative.AcceptanceModel``).
     """
     n = arrival.shape[0]
     ri = np.zeros((N_RI, n), dtype=np.int64)
@@ -1187,6 +1320,9 @@ def simulate_kernel(arrival, prompt, output, max_tokens, priority, deadline, tab
     gf[SERIES_EVERY] = series_every
     sx = _new_sharing(sharing_in, arrival, priority, deadline, tenant_params, class_params, cfg)
     stuck_modes = _stuck_modes(cfg, sx.quotas)
+    sp = _new_spec(spec_profiles, spec_rows, spec_spread, spec_bias, seed, cfg, n)
+    speculating = sp.mode != spm.MODE_OFF
+    fast_forward = fast_forward and not speculating  # every speculative step draws its own outcomes
 
     # helpers are called only when they have work: every array argument costs refcounting
     while g[N_DONE] < n:
@@ -1224,7 +1360,13 @@ def simulate_kernel(arrival, prompt, output, max_tokens, priority, deadline, tab
                 continue  # the step only preempted or rejected (edf); admission resumes at once
             out_counts[C_ERROR] = ERROR_STALLED
             break
+        if speculating and g[B_DECODES] > 0:
+            gf[DRAFT_S] = 0.0
+            _plan_verify(ri, g, gf, sx, sp, batch, tables, prompt, cfg)
         dt, oor = step_seconds(tables, g[B_TOKENS], g[B_LOGITS], g[B_DECODES], g[B_KV_DECODE], g[B_PAIRS])
+        if speculating and g[SPEC_SLOTS] > 0:
+            dt += gf[DRAFT_S]
+            _settle_verify(ri, g, sx, sp, cfg)
         _run_step(ri, rf, g, gf, sx, series, prompt, deadline, cfg, batch, run, hist, dt, oor, kv_bytes)
 
     for r in range(n):
@@ -1245,6 +1387,10 @@ def simulate_kernel(arrival, prompt, output, max_tokens, priority, deadline, tab
     out_counts[C_USED_END] = g[USED]
     out_counts[C_RESERVED_END] = g[RESERVED_TOTAL]
     out_counts[C_HOST_USED_END] = host_blocks - g[HOST_FREE]
+    out_counts[C_SPEC_DECODES] = g[SPEC_DECODES]
+    out_counts[C_SPEC_VERIFIES] = g[SPEC_VERIFIES]
+    out_counts[C_SPEC_DRAFTED] = g[SPEC_DRAFTED]
+    out_counts[C_SPEC_ACCEPTED] = g[SPEC_ACCEPTED]
     out_fcounts[F_BUSY] = gf[BUSY]
     out_fcounts[F_END] = gf[CLOCK]
     out_cached[:] = sx.cached_first
@@ -1256,14 +1402,14 @@ def simulate_kernel(arrival, prompt, output, max_tokens, priority, deadline, tab
 @njit(cache=True, parallel=True)
 def simulate_many_kernel(arrival, prompt, output, max_tokens, priority, deadline, tables, cfgs,
                          caps, hosts, kv_bytes, swap_bw, seed, series_every, fast_forward,
-                         sharing_in, tenant_params, class_params,
+                         sharing_in, tenant_params, class_params, spec_profiles, spec_rows, spec_spread, spec_bias,
                          out_i, out_f, out_counts, out_fcounts, series, out_cached, out_service, out_prefix):
     """``simulate_kernel`` for every row of ``cfgs``, in parallel; each writes only its slot."""
     for m in prange(cfgs.shape[0]):
         simulate_kernel(arrival, prompt, output, max_tokens, priority, deadline, tables, cfgs[m],
                         caps[m], hosts[m], kv_bytes, swap_bw, seed, series_every[m], fast_forward,
-                        sharing_in, tenant_params[m], class_params[m],
-                        out_i[m], out_f[m], out_counts[m], out_fcounts[m], series[m],
+                        sharing_in, tenant_params[m], class_params[m], spec_profiles, spec_rows, spec_spread,
+                        spec_bias, out_i[m], out_f[m], out_counts[m], out_fcounts[m], series[m],
                         out_cached[m], out_service[m], out_prefix[m])
 
 
@@ -1369,6 +1515,27 @@ def _new_sharing(sin, arrival, priority, deadline, tenant_params, class_params, 
     )
 
 
+@njit(cache=True, nogil=True)
+def _new_spec(profiles, rows, spread, bias, seed, cfg, n):
+    mode = int(cfg[I_SPEC_MODE])
+    gamma = int(cfg[I_SPEC_GAMMA])
+    m = n if mode != spm.MODE_OFF else 0  # nothing to allocate when off
+    return Spec(profiles, rows, np.zeros(m, dtype=np.int64), np.zeros(m, dtype=np.int64),
+                np.zeros(m, dtype=np.int64), np.zeros(m, dtype=np.int64), np.zeros(m, dtype=np.int64),
+                np.zeros(m, dtype=np.int64), np.zeros((m, gamma)), np.zeros(m), np.zeros(m), np.zeros(m),
+                np.zeros(2), np.zeros(m + 1, dtype=np.int64), np.zeros(m, dtype=np.int64),
+                mode, gamma, seed, spread, bias)
+
+
+def _spec_inputs(trace, configs: Sequence[PolicyConfig], acceptance: spm.AcceptanceModel | None):
+    """(profiles, rows, spread, bias) for the kernel: the acceptance model's side arrays,
+    as wide as the longest draft among the configs (the default model when none is given)."""
+    model = acceptance if acceptance is not None else spm.AcceptanceModel()
+    gamma = max(c.num_speculative_tokens for c in configs)
+    profiles, rows = model.arrays(trace, gamma)
+    return profiles, rows, float(model.spread), float(model.bias)
+
+
 def _side_params(trace, config: PolicyConfig, sharing: fm.SharingSpec | None):
     return fm.side_params(trace.tenant_names, trace.slo_class_names, sharing,
                           kv_quota=config.tenant_kv_quota, token_quota=config.tenant_token_quota)
@@ -1411,6 +1578,10 @@ def _result(trace, out_i, out_f, counts, fcounts, series, cached, service, prefi
         prefix_query_tokens=int(prefix[P_QUERY_TOKENS]),
         prefill_time_saved_s=float(prefix[P_SAVED_S]),
         prefix_evictions=int(prefix[P_EVICTIONS]),
+        spec_decodes=int(counts[C_SPEC_DECODES]),
+        spec_verifies=int(counts[C_SPEC_VERIFIES]),
+        spec_drafted_tokens=int(counts[C_SPEC_DRAFTED]),
+        spec_accepted_tokens=int(counts[C_SPEC_ACCEPTED]),
     )
 
 
@@ -1427,13 +1598,16 @@ def _fast_forward_enabled() -> bool:
 
 
 def simulate(trace, cost_model: CostModel, config: PolicyConfig, seed: int = 0, *,
-             series_every_s: float | None = None, sharing: fm.SharingSpec | None = None) -> SimResult:
+             series_every_s: float | None = None, sharing: fm.SharingSpec | None = None,
+             acceptance: spm.AcceptanceModel | None = None) -> SimResult:
     """Replay ``trace`` through one replica running ``config``; deterministic for a seed.
 
     ``series_every_s`` is the spacing of the sampled KV/running/waiting series (default:
     about 500 samples over the arrival span); on very long runs it doubles as needed to
     stay within ``SERIES_CAPACITY`` samples. ``sharing`` gives per-tenant weights and
-    quotas and per-class budgets by name (``policies.fairness.SharingSpec``).
+    quotas and per-class budgets by name (``policies.fairness.SharingSpec``); ``acceptance``
+    is the drafter's acceptance profile when ``config.speculative_mode`` is not off
+    (``policies.speculative.AcceptanceModel``; default: its default profile).
     """
     cap, host = validate(trace, cost_model, config)
     every = default_series_every(trace) if series_every_s is None else float(series_every_s)
@@ -1444,12 +1618,13 @@ def simulate(trace, cost_model: CostModel, config: PolicyConfig, seed: int = 0, 
     simulate_kernel(*_trace_arrays(trace), cost_model.tables, config.to_vector(), cap, host,
                     cost_model.kv_bytes_per_token, cost_model.swap_bytes_per_s, seed, every,
                     _fast_forward_enabled(), sharing_inputs(trace, cost_model), tenant_params, class_params,
-                    *(b[0] for b in bufs))
+                    *_spec_inputs(trace, [config], acceptance), *(b[0] for b in bufs))
     return _result(trace, *(b[0] for b in bufs), tenant_params[:, fm.T_WEIGHT])
 
 
 def simulate_many(trace, cost_model: CostModel, configs: Sequence[PolicyConfig], seed: int = 0, *,
-                  sharing: fm.SharingSpec | None = None) -> list[SimResult]:
+                  sharing: fm.SharingSpec | None = None,
+                  acceptance: spm.AcceptanceModel | None = None) -> list[SimResult]:
     """``simulate`` for each config, in parallel across cores; results in config order."""
     if not configs:
         return []
@@ -1466,7 +1641,7 @@ def simulate_many(trace, cost_model: CostModel, configs: Sequence[PolicyConfig],
     simulate_many_kernel(*_trace_arrays(trace), cost_model.tables, cfgs, caps, hosts,
                          cost_model.kv_bytes_per_token, cost_model.swap_bytes_per_s, seed, every,
                          _fast_forward_enabled(), sharing_inputs(trace, cost_model), tenant_params, class_params,
-                         *bufs)
+                         *_spec_inputs(trace, configs, acceptance), *bufs)
     return [_result(trace, *(b[k] for b in bufs), tenant_params[k, :, fm.T_WEIGHT]) for k in range(m)]
 
 
@@ -1481,7 +1656,7 @@ def warmup() -> None:
     cost = CostModel.synthetic(kv_capacity_tokens=256, swap_capacity_tokens=256)
     base = PolicyConfig(max_num_batched_tokens=64, max_num_seqs=4, gpu_memory_utilization=1.0)
     configs = [base, base.replace(schedule_mode="prefill_first", admission_mode="new_token_ratio"),
-               base.replace(enable_prefix_caching=True, scheduling_policy="vtc")]
+               base.replace(enable_prefix_caching=True, scheduling_policy="vtc", speculative_mode="dspark")]
     simulate(trace, cost, base)
     simulate_many(trace, cost, configs)
 

@@ -75,7 +75,14 @@ STUCK = 33
 STUCK_DONE = 34
 STUCK_SEQ = 35
 STUCK_FREE = 36
-N_G = 37
+# speculative decoding: decode slots of this step, run counters, dspark_lagged's K pipe
+SPEC_SLOTS = 37
+SPEC_DECODES = 38  # decode slots of steps that could speculate
+SPEC_VERIFIES = 39  # slots that verified at least one draft
+SPEC_DRAFTED = 40  # draft tokens verified
+SPEC_ACCEPTED = 41  # draft tokens accepted and kept
+SPEC_LAG = 42  # two slots: K computed at steps of each parity
+N_G = 44
 
 # -- gf slots: run-wide floats -----------------------------------------------------------
 T = 0  # clock, seconds on the trace clock
@@ -85,7 +92,8 @@ SWAP_S = 3  # host<->GPU copy seconds added to the step being formed
 SERIES_T0 = 4
 SERIES_EVERY = 5
 NTR_REM = 6  # new_token_ratio: tokens still admissible in the step being formed
-N_GF = 7
+DRAFT_S = 7  # drafting seconds of the step being formed
+N_GF = 8
 
 # -- counters returned to Python (out_counts) ----------------------------------------------
 C_STEPS = 0
@@ -99,7 +107,11 @@ C_USED_END = 7  # KV blocks still held at the end (0 unless something leaked)
 C_RESERVED_END = 8  # blocks still reserved at the end (0: no ghost reservations)
 C_HOST_USED_END = 9
 C_ERROR = 10  # 0, or an internal error code (the kernel could not make progress)
-N_COUNTS = 11
+C_SPEC_DECODES = 11
+C_SPEC_VERIFIES = 12
+C_SPEC_DRAFTED = 13
+C_SPEC_ACCEPTED = 14
+N_COUNTS = 15
 F_BUSY = 0
 F_END = 1
 N_FCOUNTS = 2

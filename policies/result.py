@@ -65,6 +65,11 @@ class SimResult:
     prefix_query_tokens: int = 0  # prompt tokens looked up
     prefill_time_saved_s: float = 0.0  # lone-prefill time of the cached tokens, summed over hits
     prefix_evictions: int = 0  # cached hash blocks evicted
+    # speculative decoding (issue 7)
+    spec_decodes: int = 0  # decode slots of steps that could speculate (request-steps)
+    spec_verifies: int = 0  # of those, slots that verified at least one draft token
+    spec_drafted_tokens: int = 0  # draft tokens verified
+    spec_accepted_tokens: int = 0  # draft tokens accepted and kept (the rest were wasted)
 
     @property
     def n(self) -> int:

@@ -56,11 +56,11 @@ import numpy as np
 from numba import njit
 
 from costmodels.steptable import step_seconds
+from policies.config import DRAFT_COST_MODES, SPECULATIVE_MODES
 
-SPECULATIVE_MODES = ("off", "fixed", "smartspec", "dspark", "dspark_lagged")
-DRAFT_COST_MODES = ("fraction", "mtp")
 MODE_OFF, MODE_FIXED, MODE_SMARTSPEC, MODE_DSPARK, MODE_DSPARK_LAGGED = range(5)
 DRAFT_FRACTION, DRAFT_MTP = range(2)
+assert SPECULATIVE_MODES[MODE_DSPARK_LAGGED] == "dspark_lagged" and DRAFT_COST_MODES[DRAFT_MTP] == "mtp"
 
 #: A DSpark-like drafter on chat traffic: about 3.9 tokens per verify at gamma = 7.
 DEFAULT_PROFILE = (0.85, 0.80, 0.75, 0.70, 0.65, 0.60, 0.55, 0.50)

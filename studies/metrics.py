@@ -78,6 +78,13 @@ class Report:
     per_tenant: dict[str, dict[str, Any]]
     jain_index: float
     per_class: dict[str, dict[str, Any]]
+    # speculative decoding (NaN / 0 when it is off): drafts verified per decode, tokens per
+    # verify that checked at least one draft (bonus + accepted), drafts rejected or past the
+    # output's end, and output tokens per engine step
+    mean_verify_budget: float = math.nan
+    mean_accepted_length: float = math.nan
+    verify_tokens_wasted: int = 0
+    tokens_per_step: float = math.nan
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-serialisable values; NaN becomes ``None``."""
@@ -111,6 +118,10 @@ class Report:
         ]
         reasons = ", ".join(f"{name} {count:,}" for name, count in self.reject_reasons.items())
         rows.append(("rejects", "reject reasons", reasons or "none"))
+        if self.verify_tokens_wasted or self.mean_verify_budget > 0:
+            rows.append(("speculation", "verify budget / accepted length / wasted",
+                         f"{_num(self.mean_verify_budget, 2)} / {_num(self.mean_accepted_length, 2)} / "
+                         f"{self.verify_tokens_wasted:,} tokens"))
         if self.out_of_range_steps:
             rows.append(("warning", "steps outside the profiled range", f"{self.out_of_range_steps:,}"))
         return rows
@@ -191,6 +202,10 @@ def score(result: SimResult, trace: Trace, slos: SLOSet) -> Report:
         per_tenant=per_tenant,
         jain_index=jain,
         per_class=_classes(trace, slos, lat, finished, good, generated, request_weight, duration),
+        mean_verify_budget=_ratio(result.spec_drafted_tokens, result.spec_decodes),
+        mean_accepted_length=_ratio(result.spec_verifies + result.spec_accepted_tokens, result.spec_verifies),
+        verify_tokens_wasted=int(result.spec_drafted_tokens - result.spec_accepted_tokens),
+        tokens_per_step=_ratio(int(generated.sum()), result.steps),
     )
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodels.steptable import step_seconds
+from policies.config import SPECULATIVE_MODES
 from policies.kernel_state import (
     CALIBRATION_BINS,
     MIN_CALIBRATION,
@@ -24,7 +25,15 @@ from policies.kernel_state import (
     NTR_RETRACT_STEPS,
 )
 from policies.result import Reject, State
+from policies.speculative import (
+    MODE_DSPARK,
+    MODE_DSPARK_LAGGED,
+    MODE_OFF,
+    MODE_SMARTSPEC,
+    AcceptanceModel,
+)
 
+from . import reference_speculative as rspec
 from .reference_sharing import LPM_FCFS_ABOVE, RefPrefixCache, RefShares, order_keys, private_blocks
 
 ORDERS = ("fcfs", "priority", "edf", "sjf", "lpm", "vtc")
@@ -67,7 +76,8 @@ def blocks(tokens: int, bs: int) -> int:
 
 
 class Reference:
-    def __init__(self, trace, cost, config, cap_blocks: int, host_blocks: int, tenant_params=None, class_params=None):
+    def __init__(self, trace, cost, config, cap_blocks: int, host_blocks: int, tenant_params=None, class_params=None,
+                 acceptance=None, seed: int = 0):
         self.c = config
         self.tables = cost.tables
         self.kv_bytes = cost.kv_bytes_per_token
@@ -127,6 +137,14 @@ class Reference:
         self.prefill_tokens = 0
         self.out_of_range = 0
         self.swap_outs = 0
+        # speculative decoding
+        self.spec_mode = SPECULATIVE_MODES.index(config.speculative_mode)
+        model = acceptance if acceptance is not None else AcceptanceModel()
+        self.profiles, self.profile_rows = model.arrays(trace, config.num_speculative_tokens)
+        self.spread, self.bias, self.seed = model.spread, model.bias, seed
+        self.counts = rspec.AcceptanceCounts()
+        self.lag = [0, 0]
+        self.spec = {"decodes": 0, "verifies": 0, "drafted": 0, "accepted": 0}
 
     # -- bookkeeping -----------------------------------------------------------------
     @property
@@ -512,6 +530,66 @@ class Reference:
             else:
                 self.ratio = self.init_ratio
 
+    # -- speculative decoding --------------------------------------------------------
+    def plan_verify(self, p) -> tuple[list, list, int, float]:
+        """Verify budgets of the batch's decodes from what the formed batch left:
+        (slots, drafts per slot, verify tokens, drafting seconds)."""
+        c, bs, bt = self.c, self.bs, self.cache.bt
+        slots = [r for r in self.batch if r.scheduled == 1 and self.is_decode(r, 1)]
+        if not slots:
+            return [], [], 0, 0.0
+        gamma = c.num_speculative_tokens
+        lim = [max(0, min(gamma, r.max_out - r.generated - 1)) for r in slots]
+        slack = [self.cache.held[r.id] * bt + r.held * bs - r.computed - 1 for r in slots]
+        surv = [[0.0] * gamma for _ in slots]
+        if self.spec_mode in (MODE_DSPARK, MODE_DSPARK_LAGGED):
+            surv = [rspec.survival(self.profiles[self.profile_rows[r.id]], self.seed, r.id, r.generated, gamma,
+                                   self.spread, self.bias) for r in slots]
+        alpha = [self.counts.alpha(r.id) for r in slots]
+        n = len(slots)
+        draft_pp = c.speculative_draft_cost * 1e-3
+        if c.speculative_draft_cost_mode == "fraction":  # a share of the target's decode step
+            draft_pp = c.speculative_draft_cost * step_seconds(self.tables, n, n, n, p[3], 0)[0]
+        free_blocks = max(0, self.free - self.cache.cache_blocks()[1])
+        lag = self.steps % 2
+        ell, x, _, positions, self.lag[lag], _ = rspec.verify_budgets(
+            self.spec_mode, gamma, surv, alpha, lim, self.tables, tuple(p[:5]), draft_pp, self.budget, slack,
+            free_blocks, bs, self.lag[lag])
+        for r, m in zip(slots, ell, strict=True):
+            if m:
+                take = private_blocks(r.computed + 1 + m, self.cache.held[r.id], bt, bs) - r.held
+                self.free -= take
+                self.hold(r, take)
+                self.spec["verifies"] += 1
+        self.peak = max(self.peak, self.used)
+        self.budget -= x
+        self.spec["decodes"] += n
+        self.spec["drafted"] += x
+        return slots, ell, x, positions * draft_pp
+
+    def settle_verify(self, slots, ell) -> None:
+        """Sample each verify; keep the accepted drafts (up to the output length), free the rest's KV."""
+        accepted = [rspec.accepted_drafts(self.profiles[self.profile_rows[r.id]], self.seed, r.id, r.generated, m,
+                                          self.spread) for r, m in zip(slots, ell, strict=True)]
+        if self.spec_mode == MODE_SMARTSPEC:
+            for r, m, a in zip(slots, ell, accepted, strict=True):
+                self.counts.observe(r.id, m, a)
+        for r, m, a in zip(slots, ell, accepted, strict=True):
+            if m == 0:
+                continue
+            kept = min(a, r.target - r.generated - 1)
+            r.generated += kept
+            r.scheduled += kept
+            self.spec["accepted"] += kept
+            extra = r.held - private_blocks(r.computed + 1 + kept, self.cache.held[r.id], self.cache.bt, self.bs)
+            self.free += extra
+            self.hold(r, -extra)
+            if self.c.admission_mode in ("reservation", "predicted") and r.held > r.reserved:
+                self.reserved_total += r.held - r.reserved
+                r.reserved = r.held
+            if self.c.fairness_cost_unit == "tokens" and kept > 0:
+                self.shares.charge(r.tenant, self.c.vtc_output_weight * kept)
+
     # -- end of step -----------------------------------------------------------------
     def calibrate(self, r: Req) -> None:
         self.hist[(r.generated * CALIBRATION_BINS + r.max_out - 1) // r.max_out - 1] += 1
@@ -573,7 +651,13 @@ class Reference:
             if p[0] == 0:
                 assert self.preempted_now or not (self.running or self.waiting), "the reference stalled"
                 continue
-            dt, oor = step_seconds(self.tables, p[0], p[1], p[2], p[3], p[4])
+            slots, ell, x, draft_s = [], [], 0, 0.0
+            if self.spec_mode != MODE_OFF and p[2] > 0:
+                slots, ell, x, draft_s = self.plan_verify(p)
+            dt, oor = step_seconds(self.tables, p[0] + x, p[1] + x, p[2], p[3] + x, p[4])
+            if slots:
+                dt += draft_s
+                self.settle_verify(slots, ell)
             dt = dt + self.swap_s
             self.out_of_range += bool(oor)
             t_end = self.t + dt
@@ -583,7 +667,7 @@ class Reference:
             if p[2] > 0 and c.admission_mode == "new_token_ratio":
                 low = NTR_MIN_FACTOR * self.init_ratio
                 self.ratio = max(self.ratio - (self.init_ratio - low) / NTR_DECAY_STEPS, low)
-            self.end_step(t_end, dt, p[0])
+            self.end_step(t_end, dt, p[0] + x)
             self.t = t_end
         reqs = self.reqs
         return {
@@ -608,12 +692,16 @@ class Reference:
             "prefix_query_tokens": self.query_tokens,
             "prefill_time_saved_s": self.saved_s,
             "prefix_evictions": self.cache.evictions,
+            "spec_decodes": self.spec["decodes"],
+            "spec_verifies": self.spec["verifies"],
+            "spec_drafted_tokens": self.spec["drafted"],
+            "spec_accepted_tokens": self.spec["accepted"],
         }
 
 
-def reference_simulate(trace, cost, config, sharing=None) -> dict:
+def reference_simulate(trace, cost, config, sharing=None, acceptance=None, seed=0) -> dict:
     """Run the reference; capacity as the engine computes it (``policies.engine.validate``)."""
     from policies.engine import _side_params, validate
 
     cap, host = validate(trace, cost, config)
-    return Reference(trace, cost, config, cap, host, *_side_params(trace, config, sharing)).run()
+    return Reference(trace, cost, config, cap, host, *_side_params(trace, config, sharing), acceptance, seed).run()

@@ -9,24 +9,28 @@ from hypothesis import strategies as st
 
 from policies.config import (
     ADMISSION_MODES,
+    DRAFT_COST_MODES,
     FAIRNESS_COST_UNITS,
     MAX_WAIT_ACTIONS,
     PREEMPTION_MODES,
     PREEMPTION_VICTIMS,
     SCHEDULE_MODES,
     SCHEDULING_POLICIES,
+    SPECULATIVE_MODES,
     ConfigError,
     PolicyConfig,
 )
 from policies.engine import simulate
 from policies.result import Reject, State
+from policies.speculative import AcceptanceModel
 
 from .conftest import cost_model, make_trace
 from .reference import reference_simulate
 
 PER_REQUEST = ("state", "reject_reason", "first_token_s", "finish_s", "tokens_generated", "preemptions", "queue_s",
                "cached_prompt_tokens")
-COUNTERS = ("steps", "busy_s", "prefill_tokens_computed", "out_of_range_steps", "kv_peak_blocks", "swap_outs", "end_s",
+SPEC_COUNTERS = ("spec_decodes", "spec_verifies", "spec_drafted_tokens", "spec_accepted_tokens")
+COUNTERS = SPEC_COUNTERS + ("steps", "busy_s", "prefill_tokens_computed", "out_of_range_steps", "kv_peak_blocks", "swap_outs", "end_s",
             "prefix_hit_tokens", "prefix_query_tokens", "prefix_evictions")
 
 
@@ -95,12 +99,12 @@ def configs(draw):
     )
 
 
-def assert_matches_reference(trace, cost, config):
+def assert_matches_reference(trace, cost, config, acceptance=None, seed=0):
     try:
-        expected = reference_simulate(trace, cost, config)
+        expected = reference_simulate(trace, cost, config, acceptance=acceptance, seed=seed)
     except ConfigError:
         assume(False)
-    got = simulate(trace, cost, config)
+    got = simulate(trace, cost, config, seed, acceptance=acceptance)
     for name in PER_REQUEST:
         np.testing.assert_array_equal(getattr(got, name), expected[name], err_msg=name)
     for name in COUNTERS:
@@ -123,6 +127,21 @@ def test_kernel_equals_reference(trace, config, kv_tokens, host_tokens):
     event(f"preempted: {got.preemptions.sum() > 0}, swapped: {got.swap_outs > 0}")
     event(f"order {config.scheduling_policy}, prefix hits: {got.prefix_hit_tokens > 0}, "
           f"evictions: {got.prefix_evictions > 0}")
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(traces(), configs(), st.sampled_from([250, 400, 800, 3000]), st.sampled_from(SPECULATIVE_MODES[1:]),
+       st.integers(1, 6), st.sampled_from(DRAFT_COST_MODES), st.sampled_from([0.0, 0.1, 2.0]),
+       st.sampled_from([0.0, 0.5]), st.sampled_from([-0.3, 0.0, 0.4]), st.integers(0, 2**31))
+def test_kernel_equals_reference_with_speculation(trace, config, kv_tokens, mode, gamma, draft_mode, draft_cost,
+                                                  spread, bias, seed):
+    config = config.replace(speculative_mode=mode, num_speculative_tokens=gamma,
+                            speculative_draft_cost_mode=draft_mode, speculative_draft_cost=draft_cost)
+    acceptance = AcceptanceModel(default=[0.9, 0.75, 0.5, 0.5, 0.3, 0.2][:gamma], spread=spread, bias=bias)
+    got = assert_matches_reference(trace, cost_model(kv_tokens, 64), config, acceptance, seed)
+    assert got.spec_accepted_tokens <= got.spec_drafted_tokens
+    event(f"verified: {got.spec_drafted_tokens > 0}, accepted: {got.spec_accepted_tokens > 0}, "
+          f"preempted: {got.preemptions.sum() > 0}")
 
 
 @pytest.mark.parametrize("schedule_mode", SCHEDULE_MODES)
