@@ -8,11 +8,10 @@ through its own ``config.json``.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from costmodels.costmodel import CostModelError
+from costmodels.costmodel import CostModelError, read_json_file
 
 MODELS_DIR = Path(__file__).resolve().parent / "data" / "models"
 
@@ -122,13 +121,7 @@ class ModelArch:
         """Read a HuggingFace config.json (path or parsed dict); refuse what is not a dense GQA decoder."""
         where = str(config) if not isinstance(config, dict) else (name or "config")
         if not isinstance(config, dict):
-            path = Path(config)
-            if not path.is_file():
-                raise CostModelError(f"model config {path} does not exist")
-            try:
-                config = json.loads(path.read_text())
-            except json.JSONDecodeError as exc:
-                raise CostModelError(f"model config {path}: not valid JSON ({exc})") from exc
+            config = read_json_file(config, "model config")
         config = config.get("text_config", config)
         for moe_key in ("num_experts", "num_local_experts", "n_routed_experts"):
             if config.get(moe_key):

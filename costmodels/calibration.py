@@ -27,7 +27,7 @@ import polars as pl
 from scipy.optimize import least_squares
 
 from costmodels.architecture import ALIASES
-from costmodels.costmodel import CostModel, CostModelError
+from costmodels.costmodel import CostModel, CostModelError, read_json_file
 from costmodels.steptable import StepTables, step_seconds
 
 BUNDLED = Path(__file__).resolve().parent / "data" / "calibration.json"
@@ -182,12 +182,7 @@ def save_calibration(entries: list[dict], path: str | Path) -> None:
 
 def load_calibration(path: str | Path) -> list[dict]:
     path = Path(path)
-    if not path.is_file():
-        raise CostModelError(f"calibration file {path} does not exist")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise CostModelError(f"calibration file {path}: not valid JSON ({exc})") from exc
+    data = read_json_file(path, "calibration file")
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise CostModelError(f"calibration file {path}: expected format {FORMAT!r}")
     for i, e in enumerate(data["entries"]):

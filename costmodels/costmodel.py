@@ -8,13 +8,26 @@ Memory figures are per GPU; KV capacity in tokens is the same on every GPU of th
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from costmodels.steptable import StepTables, linear_tables, validate_tables
 
 
 class CostModelError(ValueError):
     """A cost model that cannot be built: unknown model or GPU, impossible budget, bad CSV."""
+
+
+def read_json_file(path: str | Path, what: str):
+    """Parse a JSON file, or raise CostModelError naming ``what`` the file was meant to be."""
+    path = Path(path)
+    if not path.is_file():
+        raise CostModelError(f"{what} {path} does not exist")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise CostModelError(f"{what} {path}: not valid JSON ({exc})") from exc
 
 
 @dataclass(frozen=True)
