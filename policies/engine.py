@@ -642,12 +642,12 @@ def _reservation_blocks(ri, g, prompt, cfg, r):
 
 
 @njit(cache=True, nogil=True)
-def _admissible(ri, g, gf, sx, prompt, cfg, r, held, idle_blocks):
+def _admissible(ri, g, gf, pc, prompt, cfg, r, held, idle_blocks):
     """Whether waiting r may start now: watermark over its whole prompt (past its cached
     prefix), then the mode's rule."""
     block_size = int(cfg[I_BLOCK_SIZE])
     generated = ri[GENERATED, r]
-    if g[FREE] - _need_blocks(ri, sx.pc, r, prompt[r] + generated, held, idle_blocks, block_size) < g[HEADROOM]:
+    if g[FREE] - _need_blocks(ri, pc, r, prompt[r] + generated, held, idle_blocks, block_size) < g[HEADROOM]:
         return False
     mode = int(cfg[I_ADMISSION])
     if mode == ADMIT_RESERVATION or mode == ADMIT_PREDICTED:
@@ -740,7 +740,7 @@ def _admit_waiting(ri, rf, g, gf, sx, run, batch, tables, prompt, cfg, kv_bytes,
                     ri[COMPUTED, r] = 0 if lookup else ri[COMPUTED, r]
                     sx.lane_blocked[sx.wq.lane_of[r]] = True
                     continue
-            stop = n == 0 or not _admissible(ri, g, gf, sx, prompt, cfg, r, held, idle)
+            stop = n == 0 or not _admissible(ri, g, gf, pc, prompt, cfg, r, held, idle)
         if stop:
             if lookup:
                 ri[COMPUTED, r] = 0
@@ -748,32 +748,32 @@ def _admit_waiting(ri, rf, g, gf, sx, run, batch, tables, prompt, cfg, kv_bytes,
         qm.remove(sx.wq, r)
         fm.dequeue(sx.sh, sx.tenant[r])
         if lookup:
-            _take_cached_prefix(ri, rf, g, gf, sx, tables, prompt, r, held, cached, idle, n)
+            _take_cached_prefix(ri, rf, g, pc, sx.offsets, sx.prefix, sx.cached_first, tables, prompt, r, held, cached,
+                                idle, n)
         _start(ri, rf, g, gf, run, cfg, prompt, kv_bytes, swap_bw, r)
         _schedule_shared(ri, g, sx, batch, prompt, cfg, r, n)
         rem_input -= n
 
 
 @njit(cache=True, nogil=True)
-def _take_cached_prefix(ri, rf, g, gf, sx, tables, prompt, r, held, cached, idle_blocks, n):
+def _take_cached_prefix(ri, rf, g, pc, offsets, prefix, cached_first, tables, prompt, r, held, cached, idle_blocks, n):
     """Reference r's cached prefix (its idle entries stop being evictable) and count the
     lookup: tokens hit and looked up, and the lone-prefill time the hit saved this chunk."""
-    pc = sx.pc
     if held > 0:
-        pcm.acquire(pc, sx.offsets, r, held)
+        pcm.acquire(pc, offsets, r, held)
         g[FREE] -= idle_blocks
         g[USED] += idle_blocks
         if g[USED] > g[PEAK]:
             g[PEAK] = g[USED]
-    sx.prefix[P_HIT_TOKENS] += cached
-    sx.prefix[P_QUERY_TOKENS] += prompt[r]
+    prefix[P_HIT_TOKENS] += cached
+    prefix[P_QUERY_TOKENS] += prompt[r]
     if math.isnan(rf[FIRST_SCHED, r]):
-        sx.cached_first[r] = cached
+        cached_first[r] = cached
     if cached > 0:
         full = cached + n
         without, _ = step_seconds(tables, full, 0, 0, 0, full * (full + 1) // 2)
         with_cache, _ = step_seconds(tables, n, 0, 0, 0, n * cached + n * (n + 1) // 2)
-        sx.prefix[P_SAVED_S] += without - with_cache
+        prefix[P_SAVED_S] += without - with_cache
 
 
 # ======================================================================================
@@ -957,7 +957,7 @@ def _settle_verify(ri, g, sx, sp, cfg):
 # boundary events: arrivals, deadlines, max wait
 # ======================================================================================
 @njit(cache=True, nogil=True)
-def _arrival_reject(ri, g, sx, tables, prompt, deadline, cfg, r, t):
+def _arrival_reject(ri, g, pc, tables, prompt, deadline, cfg, r, t):
     """Reason to turn r away on arrival, or R_NONE."""
     block_size = int(cfg[I_BLOCK_SIZE])
     p = prompt[r]
@@ -967,7 +967,7 @@ def _arrival_reject(ri, g, sx, tables, prompt, deadline, cfg, r, t):
     limit = g[CAP] - g[HEADROOM]
     mode = int(cfg[I_ADMISSION])
     # the mode's need when the engine is empty, at the worst point of this request's life
-    if _need_blocks(ri, sx.pc, r, p + max_out - 1, 0, 0, block_size) > limit:
+    if _need_blocks(ri, pc, r, p + max_out - 1, 0, 0, block_size) > limit:
         return R_EXCEEDS
     if (mode == ADMIT_RESERVATION or mode == ADMIT_PREDICTED) and _blocks(p + max_out, block_size) > limit:
         return R_EXCEEDS
@@ -995,7 +995,7 @@ def _arrive(ri, rf, g, sx, run, dheap, zeros, tables, arrival, prompt, output, m
         max_out = min(max_tokens[r], g[MAX_LEN] - prompt[r])
         ri[MAX_OUT, r] = max_out
         ri[TARGET, r] = max(1, min(output[r], max_out))
-        reason = _arrival_reject(ri, g, sx, tables, prompt, deadline, cfg, r, t)
+        reason = _arrival_reject(ri, g, sx.pc, tables, prompt, deadline, cfg, r, t)
         if reason != R_NONE:
             _end_request(ri, rf, g, sx, run, r, S_REJECTED, reason, t)
             continue
@@ -1135,46 +1135,47 @@ def _sample_until(g, gf, series, t_stop):
 
 
 @njit(cache=True, nogil=True)
-def _run_step(ri, rf, g, gf, sx, series, prompt, deadline, cfg, batch, run, hist, dt_compute, oor, kv_bytes):
-    """Book one formed step of dt_compute (+ copies) seconds and advance to its end."""
+def _book_step(g, gf, series, cfg, dt_compute, oor):
+    """Book one formed step of dt_compute (+ copies) seconds; return its end and length.
+    The caller then runs ``_end_step`` and moves the clock (kept apart so that this
+    per-step bookkeeping does not carry the sharing state)."""
     dt = dt_compute + gf[SWAP_S]
     if oor:
         g[OUT_OF_RANGE] += 1
-    t = gf[CLOCK]
-    _sample_until(g, gf, series, t + dt)
-    t_end = t + dt
+    t_end = gf[CLOCK] + dt
+    if t_end > gf[SERIES_T0] + g[SAMPLE_K] * gf[SERIES_EVERY]:  # a series grid time passes
+        _sample_until(g, gf, series, t_end)
     g[STEPS] += 1
     gf[BUSY] += dt
     g[PREFILL_TOKENS] += g[B_PREFILL]
     if g[B_DECODES] > 0 and int(cfg[I_ADMISSION]) == ADMIT_NTR:
         _decay_ratio(gf, cfg)
-    _end_step(ri, rf, g, gf, sx, run, batch, hist, prompt, deadline, cfg, t_end, dt, kv_bytes)
-    gf[CLOCK] = t_end
+    return t_end, dt
 
 
 # ======================================================================================
 # fast-forward over pure-decode stretches
 # ======================================================================================
 @njit(cache=True, nogil=True)
-def _fast_forward(ri, g, gf, sx, series, run, residues, tables, arrival, prompt, cfg, next_deadline, kv_bytes):
+def _fast_forward(ri, g, gf, series, run, residues, tables, arrival, prompt, cfg, next_deadline,
+                  cached_held, hash_tokens, truly_free):
     """Run consecutive all-decode steps that the step-by-step loop would form identically.
 
     Applies while nothing waits (or admission is stuck, ``_admission_stuck``), every
     running request is decoding, none finishes, no arrival or deadline is due at a
-    boundary and the new blocks fit. Each step costs one
-    step-time lookup; blocks come from a histogram of positions modulo the block size.
-    Decode blocks never complete a prompt hash block, so the prefix cache only matters
-    through the blocks free without evicting; tenants are charged once at the end.
-    Returns the number of steps taken.
+    boundary and the new blocks fit (``truly_free``: free without evicting cached
+    prefixes). Each step costs one step-time lookup; blocks come from a histogram of
+    positions modulo the block size. Decode blocks never complete a prompt hash block, so
+    the prefix cache only matters through ``truly_free``. Takes no sharing state (every
+    array argument costs refcounting on each call); ``_settle_fast_forward`` applies the
+    per-request effects. Returns the steps taken, their summed seconds and the sum of
+    step index times seconds (KV byte-seconds).
     """
     k = g[N_RUN]
-    if k == 0:
-        return 0
     prefill_first = int(cfg[I_SCHEDULE_MODE]) == PREFILL_FIRST
-    if not prefill_first and k > int(cfg[I_MAX_BATCHED]):
-        return 0
+    if k == 0 or (not prefill_first and k > int(cfg[I_MAX_BATCHED])):
+        return 0, 0.0, 0.0
     block_size = int(cfg[I_BLOCK_SIZE])
-    pc = sx.pc
     residues[:block_size] = 0
     kv = 0
     run_len = np.iinfo(np.int64).max
@@ -1182,61 +1183,88 @@ def _fast_forward(ri, g, gf, sx, series, run, residues, tables, arrival, prompt,
         r = run[i]
         c = ri[COMPUTED, r]
         if not _is_decode(ri, prompt, r, 1):
-            return 0
-        residues[(c - pc.held[r] * pc.block_tokens) % block_size] += 1
+            return 0, 0.0, 0.0
+        residues[(c - cached_held[r] * hash_tokens) % block_size] += 1
         kv += c + 1
         run_len = min(run_len, ri[TARGET, r] - ri[GENERATED, r] - 1)  # the finishing step runs normally
     n = arrival.shape[0]
     next_arrival = arrival[g[NEXT_ARRIVAL]] if g[NEXT_ARRIVAL] < n else np.inf
     ntr = int(cfg[I_ADMISSION]) == ADMIT_NTR
     t = gf[CLOCK]
+    busy = gf[BUSY]
+    free = g[FREE]
+    used = g[USED]
+    peak = g[PEAK]
+    out_of_range = 0
+    t_sample = gf[SERIES_T0] + g[SAMPLE_K] * gf[SERIES_EVERY]  # next series grid time
     j = 0
     sum_dt = 0.0
     sum_j_dt = 0.0  # for KV byte-seconds: context grows by one token per step
-    truly_free = g[FREE] - pc.stats[pcm.S_EVICTABLE] * pc.entry_blocks
     while j < run_len and next_arrival > t and next_deadline > t:
         need = residues[(block_size - j % block_size) % block_size]
         if need > truly_free:
             break
         truly_free -= need
-        g[FREE] -= need
-        g[USED] += need
-        if g[USED] > g[PEAK]:
-            g[PEAK] = g[USED]
+        free -= need
+        used += need
+        peak = max(peak, used)
         dt, oor = step_seconds(tables, k, k, k, kv, 0)
         if oor:
-            g[OUT_OF_RANGE] += 1
-        _sample_until(g, gf, series, t + dt)
+            out_of_range += 1
+        if t + dt > t_sample:
+            g[USED] = used
+            _sample_until(g, gf, series, t + dt)
+            t_sample = gf[SERIES_T0] + g[SAMPLE_K] * gf[SERIES_EVERY]
         t = t + dt
-        g[STEPS] += 1
-        gf[BUSY] += dt
+        busy += dt
         if ntr:
             _decay_ratio(gf, cfg)
         kv += k
         sum_dt += dt
         sum_j_dt += j * dt
         j += 1
+    g[FREE] = free
+    g[USED] = used
+    g[PEAK] = peak
+    g[STEPS] += j
+    g[OUT_OF_RANGE] += out_of_range
+    gf[BUSY] = busy
     gf[CLOCK] = t
-    if j > 0:
-        unit = int(cfg[I_COST_UNIT])
-        for i in range(k):
-            r = run[i]
-            c = ri[COMPUTED, r]
-            ri[COMPUTED, r] += j
-            ri[GENERATED, r] += j
-            before = ri[HELD, r]
-            ri[HELD, r] = pcm.private_blocks(ri[COMPUTED, r], pc.held[r], pc.block_tokens, block_size)
-            if sx.quotas:
-                fm.hold_kv(sx.sh, sx.tenant[r], sx.klass[r], ri[HELD, r] - before)
-            _cover_reservation(ri, g, r)
-            if unit == fm.TOKENS:
-                cost = cfg[I_W_OUT] * j
-            elif unit == fm.GPU_TIME:
-                cost = sum_dt / k
-            else:
-                cost = kv_bytes * ((c + 1) * sum_dt + sum_j_dt)
-            fm.charge(sx.sh, sx.tenant[r], cost)
-    return j
+    return j, sum_dt, sum_j_dt
+
+
+@njit(cache=True, nogil=True)
+def _settle_fast_forward(ri, g, sx, run, cfg, j, sum_dt, sum_j_dt, kv_bytes):
+    """Apply j fast-forwarded decode steps to every running request: tokens, blocks,
+    reservations and its tenant's usage and charge."""
+    block_size = int(cfg[I_BLOCK_SIZE])
+    unit = int(cfg[I_COST_UNIT])
+    # hoisted arrays: this loop runs over every running request after each stretch
+    cached_held = sx.pc.held
+    hash_tokens = sx.pc.block_tokens
+    tenant = sx.tenant
+    service = sx.sh.service
+    counter = sx.sh.counter
+    weight = sx.sh.tenant_params[:, fm.T_WEIGHT]
+    k = g[N_RUN]
+    for i in range(k):
+        r = run[i]
+        c = ri[COMPUTED, r]
+        ri[COMPUTED, r] += j
+        ri[GENERATED, r] += j
+        before = ri[HELD, r]
+        ri[HELD, r] = pcm.private_blocks(ri[COMPUTED, r], cached_held[r], hash_tokens, block_size)
+        if sx.quotas:
+            fm.hold_kv(sx.sh, tenant[r], sx.klass[r], ri[HELD, r] - before)
+        _cover_reservation(ri, g, r)
+        if unit == fm.TOKENS:
+            cost = cfg[I_W_OUT] * j
+        elif unit == fm.GPU_TIME:
+            cost = sum_dt / k
+        else:
+            cost = kv_bytes * ((c + 1) * sum_dt + sum_j_dt)
+        service[tenant[r]] += cost  # fm.charge on the hoisted arrays
+        counter[tenant[r]] += cost / weight[tenant[r]]
 
 
 @njit(cache=True, nogil=True)
@@ -1323,6 +1351,10 @@ def simulate_kernel(arrival, prompt, output, max_tokens, priority, deadline, tab
     sp = _new_spec(spec_profiles, spec_rows, spec_spread, spec_bias, seed, cfg, n)
     speculating = sp.mode != spm.MODE_OFF
     fast_forward = fast_forward and not speculating  # every speculative step draws its own outcomes
+    cached_held = sx.pc.held
+    cache_stats = sx.pc.stats
+    hash_tokens = sx.pc.block_tokens
+    entry_blocks = sx.pc.entry_blocks
 
     # helpers are called only when they have work: every array argument costs refcounting
     while g[N_DONE] < n:
@@ -1340,8 +1372,12 @@ def simulate_kernel(arrival, prompt, output, max_tokens, priority, deadline, tab
             gf[CLOCK] = t_next
             continue
         if fast_forward and (g[N_WAIT] == 0 or _admission_stuck(g)) and int(cfg[I_POLICY]) != VTC:  # VTC: exact counters
-            if _fast_forward(ri, g, gf, sx, series, run, residues, tables, arrival, prompt, cfg,
-                             _next_deadline(ri, dheap, zeros, deadline), kv_bytes) > 0:
+            next_deadline = _next_deadline(ri, dheap, zeros, deadline) if dheap[0] > 0 else np.inf
+            j, sum_dt, sum_j_dt = _fast_forward(ri, g, gf, series, run, residues, tables, arrival, prompt, cfg,
+                                                next_deadline, cached_held, hash_tokens,
+                                                g[FREE] - cache_stats[pcm.S_EVICTABLE] * entry_blocks)
+            if j > 0:
+                _settle_fast_forward(ri, g, sx, run, cfg, j, sum_dt, sum_j_dt, kv_bytes)
                 continue
         g[PREEMPTED_NOW] = 0
         gf[SWAP_S] = 0.0
@@ -1367,7 +1403,9 @@ def simulate_kernel(arrival, prompt, output, max_tokens, priority, deadline, tab
         if speculating and g[SPEC_SLOTS] > 0:
             dt += gf[DRAFT_S]
             _settle_verify(ri, g, sx, sp, cfg)
-        _run_step(ri, rf, g, gf, sx, series, prompt, deadline, cfg, batch, run, hist, dt, oor, kv_bytes)
+        t_end, dt = _book_step(g, gf, series, cfg, dt, oor)
+        _end_step(ri, rf, g, gf, sx, run, batch, hist, prompt, deadline, cfg, t_end, dt, kv_bytes)
+        gf[CLOCK] = t_end
 
     for r in range(n):
         out_i[O_STATE, r] = ri[STATE, r]
