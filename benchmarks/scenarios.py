@@ -8,13 +8,24 @@ table per scenario and writes ``scenarios.md`` and ``scenarios.json`` to ``--out
 Scenarios whose knobs the engine lacks, or that need features it lacks, are listed as
 pending, never approximated. Deterministic for a seed.
 
+A fleet scenario (``replicas`` > 1 or ``failures``) runs every policy through the fleet
+kernel, the standard ones behind the scenario's router, the tuned one behind the router
+its study chose (the study searches the router, under the same failures). With failures,
+the tables add requests re-routed, re-prefill tokens and goodput during and after the
+failures, and a reference row: vLLM defaults on the same fleet without the failure, its
+goodput "during" and "after" measured over the same windows.
+
     python benchmarks/scenarios.py [--quick] [--trials 30] [--only steady,bursty] [--scenarios FILE.toml]
     python benchmarks/scenarios.py --summarize benchmarks/results/scenarios.json
+
+``--only`` reruns the named scenarios and replaces their entries in an existing
+``scenarios.json`` in ``--out`` (the others are kept as they were), then rewrites both files.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -24,18 +35,22 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import numpy as np  # noqa: E402
 import optuna  # noqa: E402
 
 from costmodels import build  # noqa: E402
 from optimizer.evaluate import Evaluator  # noqa: E402
+from optimizer.failplan import FailurePlan  # noqa: E402
 from optimizer.objective import objective_for  # noqa: E402
 from optimizer.spec import StudySpec  # noqa: E402
 from optimizer.study import best_goodput_trial, enqueue_baselines, make_sampler, run  # noqa: E402
 from policies.config import KNOB_BY_NAME, ConfigError, PolicyConfig  # noqa: E402
 from policies.engine import simulate_many  # noqa: E402
+from policies.failures import FailureError  # noqa: E402
+from policies.fleet import simulate_fleet_many  # noqa: E402
 from policies.presets import preset  # noqa: E402
 from studies.metrics import score  # noqa: E402
-from studies.scenarios import SCENARIOS, build_trace, load_scenarios, scenario_slos  # noqa: E402
+from studies.scenarios import SCENARIOS, ScenarioError, build_trace, load_scenarios, scenario_slos  # noqa: E402
 
 MODEL, GPU = "meta-llama/Llama-3.1-8B", "h100"
 STANDARD = {"fifo-no-batching": {"base": "vllm-default", "set": {"max_num_seqs": 1}},
@@ -52,28 +67,53 @@ COLUMNS = (  # (header, Report field or derived key, format)
     ("KV peak", "kv_peak_fraction", "{:.0%}"), ("preempt", "preemptions", "{:,}"),
     ("cache saved tok", "prefix_tokens_saved", "{:,}"), ("tenant shares", "tenant_shares", "{}"),
 )
+FAILURE_COLUMNS = (("re-routed", "failure_affected", "{:,}"), ("re-prefill tok", "reprefill_tokens", "{:,}"),
+                   ("goodput during / after failure /s", ("goodput_during_failures", "goodput_after_failures"),
+                    "{:.2f} / {:.2f}"))
 SECONDS = {"p50_e2el_ms", "p99_e2el_ms", "p50_queue_ms", "p99_queue_ms"}
+#: The fleet reference row of a scenario with failures: vLLM defaults without them.
+NO_FAILURE = "vllm-default, no failure"
 
 
 def policies_for(data: dict[str, Any]) -> tuple[dict[str, PolicyConfig], dict[str, str]]:
-    """(name -> config) for the standard and the scenario's policies, and (name -> why pending)."""
+    """(name -> config) for the standard and the scenario's policies, and (name -> why pending).
+
+    Every policy sits behind the scenario's router unless it sets its own."""
     configs, pending = {}, {}
+    routed = {"router": data["router"]} if "router" in data else {}
     for name, body in {**STANDARD, **data.get("policies", {})}.items():
         missing = sorted(set(body.get("set", {})) - set(KNOB_BY_NAME))
         if missing:
             pending[name] = f"needs knob(s) {missing}, not in this engine yet"
             continue
         try:
-            configs[name] = preset(body.get("base", "vllm-default"), GPU).replace(**body.get("set", {}))
+            configs[name] = preset(body.get("base", "vllm-default"), GPU).replace(**{**routed, **body.get("set", {})})
         except ConfigError as exc:  # e.g. a queue order this engine does not have yet
             pending[name] = f"not runnable on this engine yet ({exc})"
     return configs, pending
 
 
-def tune(name: str, trace, cost, slos, trials: int, seed: int) -> tuple[PolicyConfig, dict[str, Any]]:
-    """The best feasible config of a ``trials``-trial study on this trace (baselines included)."""
+def failure_plan(name: str, data: dict[str, Any]) -> FailurePlan | None:
+    """The scenario's failures, parsed and checked against its replicas; errors name the scenario."""
+    if "failures" not in data:
+        return None
+    try:
+        plan = FailurePlan.from_mapping(data["failures"], f"scenario {name!r} failures")
+    except FailureError as exc:
+        raise ScenarioError(str(exc)) from None
+    replicas = int(data.get("replicas", 1))
+    if plan.highest_replica >= replicas:
+        raise ScenarioError(f"scenario {name!r} failures: a window names replica {plan.highest_replica}, but the "
+                            f"scenario has {replicas} replica(s)")
+    return plan
+
+
+def tune(name: str, trace, cost, slos, trials: int, seed: int, replicas: int = 1,
+         failures: FailurePlan | None = None) -> tuple[PolicyConfig, dict[str, Any]]:
+    """The best feasible config of a ``trials``-trial study on this trace (baselines included),
+    on the scenario's fleet and under its failures."""
     spec = StudySpec(trace=Path(f"scenario-{name}"), model=MODEL, gpu=GPU, slos=slos, trials=trials, seed=seed,
-                     batch_size=2)
+                     batch_size=2, replicas=replicas, failures=failures)
     evaluator = Evaluator(spec, trace=trace, cost_model=cost)
     study = optuna.create_study(directions=list(objective_for(spec).directions), sampler=make_sampler(spec, seed))
     enqueue_baselines(study, spec, evaluator.baselines())
@@ -83,7 +123,7 @@ def tune(name: str, trace, cost, slos, trials: int, seed: int) -> tuple[PolicyCo
     base = preset("vllm-default", GPU).to_dict()
     changed = {k: v for k, v in config.to_dict().items() if v != base[k]}
     return config, {"trials": stats.told, "best_trial": best.number, "baseline": best.user_attrs.get("baseline"),
-                    "changed_vs_vllm_default": changed}
+                    "router": config.router, "changed_vs_vllm_default": changed}
 
 
 def run_scenario(name: str, data: dict[str, Any], cost, *, trials: int, seed: int = 0) -> dict[str, Any]:
@@ -97,17 +137,34 @@ def run_scenario(name: str, data: dict[str, Any], cost, *, trials: int, seed: in
         out["pending"]["*"] = f"needs knob(s) {missing}, not in this engine yet"
         return out
     trace, slos = build_trace(name, data), scenario_slos(name, data)
+    replicas, plan = int(data.get("replicas", 1)), failure_plan(name, data)
     configs, out["pending"] = policies_for(data)
     if trials > 0:
-        configs["tuned"], out["tuning"] = tune(name, trace, cost, slos, trials, seed)
+        configs["tuned"], out["tuning"] = tune(name, trace, cost, slos, trials, seed, replicas, plan)
     out["requests"] = trace.n
-    results = simulate_many(trace, cost, list(configs.values()), seed=seed)
+    if replicas > 1 or plan is not None:
+        out["fleet"] = {"replicas": replicas, "router": data.get("router", "round_robin"),
+                        "failures": None if plan is None else plan.to_dict()}
+        failures = None if plan is None else plan.schedule(replicas, trace.arrival_s, seed)
+        results = simulate_fleet_many(trace, cost, list(configs.values()), seed=seed, replicas=replicas,
+                                      failures=failures)
+        if failures is not None:
+            healthy = simulate_fleet_many(trace, cost, [configs["vllm-default"]], seed=seed, replicas=replicas)[0]
+            same_windows = dataclasses.replace(healthy, failure_replica=failures.replica.astype(np.int32),
+                                               failure_down_s=failures.t_down, failure_up_s=failures.t_up)
+            out["reference"] = {NO_FAILURE: _report(same_windows, trace, slos)}
+    else:
+        results = simulate_many(trace, cost, list(configs.values()), seed=seed)
     for policy, result in zip(configs, results, strict=True):
-        report = score(result, trace, slos).to_dict()
-        report["tenant_shares"] = ", ".join(f"{t} {v['share']:.0%}" for t, v in report["per_tenant"].items()
-                                            if v["share"] is not None) if len(report["per_tenant"]) > 1 else "-"
-        out["policies"][policy] = report
+        out["policies"][policy] = _report(result, trace, slos)
     return out
+
+
+def _report(result, trace, slos) -> dict[str, Any]:
+    report = score(result, trace, slos).to_dict()
+    report["tenant_shares"] = ", ".join(f"{t} {v['share']:.0%}" for t, v in report["per_tenant"].items()
+                                        if v["share"] is not None) if len(report["per_tenant"]) > 1 else "-"
+    return report
 
 
 def _cell(report: dict[str, Any], key, fmt: str) -> str:
@@ -123,16 +180,25 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [f"### {result['scenario']}", "", result["about"], ""]
     if "*" in result["pending"]:
         return "\n".join(lines + [f"*Pending: {result['pending']['*']}.*", ""])
-    lines.append(f"{result['requests']:,} requests.")
+    fleet = result.get("fleet")
+    lines.append(f"{result['requests']:,} requests"
+                 + ("" if fleet is None else f" on {fleet['replicas']} replicas behind {fleet['router']} (the standard "
+                                             f"policies), failures {fleet['failures']}") + ".")
     if "tuning" in result:
         t = result["tuning"]
         changed = ", ".join(f"{k}={v}" for k, v in t["changed_vs_vllm_default"].items()) or "none"
         lines.append(f"Tuned: best of {t['trials']} trials (trial {t['best_trial']}"
                      f"{', a baseline: ' + t['baseline'] if t['baseline'] else ''}); vs vLLM defaults: {changed}.")
-    lines += ["", "| " + " | ".join(h for h, _, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    for policy, report in result["policies"].items():
-        cells = [policy] + [_cell(report, key, fmt) for _, key, fmt in COLUMNS[1:]]
+        if fleet is not None:
+            lines.append(f"The tuned policy routes with {t['router']}.")
+    columns = COLUMNS + (FAILURE_COLUMNS if "reference" in result else ())
+    lines += ["", "| " + " | ".join(h for h, _, _ in columns) + " |", "|" + "---|" * len(columns)]
+    for policy, report in {**result["policies"], **result.get("reference", {})}.items():
+        cells = [policy] + [_cell(report, key, fmt) for _, key, fmt in columns[1:]]
         lines.append("| " + " | ".join(cells) + " |")
+    if "reference" in result:
+        lines.append(f"\n*{NO_FAILURE}: the same fleet and traffic without the failure; its goodput during and "
+                     "after is measured over the same windows.*")
     lines += [f"\n*Pending policy {p}: {why}.*" for p, why in result["pending"].items()]
     return "\n".join(lines + [""])
 
@@ -184,17 +250,17 @@ def main() -> None:
               f"{trials} trials per scenario. Command: `python benchmarks/scenarios.py"
               f"{' --quick' if args.quick else ''}`\n")
     print(header)
-    sections, results = [header], []
+    saved = args.out / "scenarios.json"
+    results = {r["scenario"]: r for r in json.loads(saved.read_text())} if args.only and saved.exists() else {}
     for name, data in scenarios.items():
         t0 = time.perf_counter()
-        result = run_scenario(name, data, cost, trials=trials, seed=args.seed)
-        results.append(result)
-        sections.append(markdown(result))
-        print(sections[-1])
+        results[name] = run_scenario(name, data, cost, trials=trials, seed=args.seed)
+        print(markdown(results[name]))
         print(f"({time.perf_counter() - t0:.1f} s)\n", flush=True)
-    sections.insert(1, "Weighted goodput per second (SLO attainment); details per scenario below.\n\n"
-                    + summary(results) + "\n")
-    print(sections[1])
+    results = list(results.values())
+    table = "Weighted goodput per second (SLO attainment); details per scenario below.\n\n" + summary(results) + "\n"
+    print(table)
+    sections = [header, table, *(markdown(r) for r in results)]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "scenarios.md").write_text("\n".join(sections))
     (args.out / "scenarios.json").write_text(json.dumps(results, indent=1) + "\n")

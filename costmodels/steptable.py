@@ -325,6 +325,90 @@ def step_seconds(t, n_tokens, n_logit_seqs, n_decode, kv_decode_tokens, prefill_
     return t.scale * (total + t.overhead_s), out
 
 
+@njit(cache=True, nogil=True)
+def decode_run_base(t, n_seqs):
+    """For a run of pure-decode steps of ``n_seqs`` (>= 1) sequences, the parts of
+    ``step_seconds(t, n, n, n, kv, 0)`` that do not depend on kv: (token-linear plus
+    lm-head seconds, whether they or the batch axis left the profiled range, the decode
+    grid row, the weight within it, the largest KV profiled at this batch)."""
+    d = t.data
+    total, out = _curve(d, LINEAR, n_seqs)
+    part, past = _curve(d, HEAD, n_seqs)
+    i, batch, batch_past = _locate(d, BATCH, n_seqs)
+    measured_kv = _curve_at(d, BATCH, i, batch)
+    i, u = _cell(d, BATCH, i, batch)
+    row = int(d[DECODE]) + i * int(d[int(d[KV]) + _N])
+    return total + part, out or past or batch_past, row, u, measured_kv
+
+
+@njit(cache=True, nogil=True, inline="always")
+def decode_run_step(t, base, kv_decode_tokens):
+    """``step_seconds(t, n, n, n, kv, 0)`` from ``base = decode_run_base(t, n)``, bit for
+    bit: one KV-axis lookup per step."""
+    d = t.data
+    lh, out, row, u, measured_kv = base
+    j, kv, kv_past = _locate(d, KV, kv_decode_tokens)
+    j, v = _cell(d, KV, j, kv)
+    low = row + j
+    high = low + int(d[int(d[KV]) + _N])
+    at_low = d[low] + v * (d[low + 1] - d[low])
+    at_high = d[high] + v * (d[high + 1] - d[high])
+    part = at_low + u * (at_high - at_low)
+    return t.scale * (lh + part + t.overhead_s), out or kv_past or kv_decode_tokens > measured_kv
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _tile_start(d, axis, values, n, i):
+    """Whether grid point i opens a tile: one token past the point before it, the curve
+    rising over that token at least as much as across the tile behind it on average (a
+    jump, as profiled GEMM tables bracket each tile edge: ..., 64, 65, 80, ...)."""
+    if not (0 < i < n - 1 and d[axis + i] - d[axis + i - 1] == 1.0 and d[axis + i + 1] - d[axis + i] > 1.0):
+        return False
+    jump = d[values + i] - d[values + i - 1]
+    return jump > 0.0 and jump * (d[axis + i + 1] - d[axis + i - 1]) >= d[values + i + 1] - d[values + i - 1]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _curve_at_tile_ends(d, block, x):
+    """A block's curve at x, interpolated between tile ends: on either side of a point
+    that opens a tile, the chord from the tile end before it to the grid point after it
+    (never above the curve, by the definition of a tile start)."""
+    i, x, past = _locate(d, block, x)
+    at = int(d[block])
+    n = int(d[at + _N])
+    axis = at + _AXIS
+    values = axis + 2 * n + int(d[at + _BUCKETS])
+    lo, hi = i, i + 1
+    if _tile_start(d, axis, values, n, i):
+        lo = i - 1
+    elif _tile_start(d, axis, values, n, i + 1):
+        hi = i + 2
+    if past or (lo == i and hi == i + 1):
+        return _curve_at(d, block, i, x)
+    w = (x - d[axis + lo]) / (d[axis + hi] - d[axis + lo])
+    return d[values + lo] + w * (d[values + hi] - d[values + lo])
+
+
+@njit(cache=True, nogil=True)
+def step_seconds_at_tile_ends(t, n_tokens, n_logit_seqs, n_decode, kv_decode_tokens, prefill_pairs):
+    """``step_seconds`` with the token and logit curves read between GEMM tile ends.
+
+    Profiled tables are a staircase in tokens: flat inside a tile, a jump where the next
+    one opens. Read between tile ends, every token pays its share of the tile it falls
+    in: a curve without the jumps, never above the table, equal to it at each tile end
+    and wherever the table has no tile edges. For planners that add tokens one at a time
+    and stop at the first that does not pay (a speculative verify budget).
+    """
+    seconds, out = step_seconds(t, n_tokens, n_logit_seqs, n_decode, kv_decode_tokens, prefill_pairs)
+    if n_tokens <= 0:
+        return seconds, out
+    d = t.data
+    shift = _curve_at_tile_ends(d, LINEAR, n_tokens) - _curve(d, LINEAR, n_tokens)[0]
+    if n_logit_seqs > 0:
+        shift += _curve_at_tile_ends(d, HEAD, n_logit_seqs) - _curve(d, HEAD, n_logit_seqs)[0]
+    return seconds + t.scale * shift, out
+
+
 def linear_tables(
     per_token_s: float = 2e-6,
     per_seq_s: float = 1e-6,

@@ -8,18 +8,18 @@ every config; SimResults (per-request arrays, megabytes on a large trace) only f
 most recent ``keep_results`` ones.
 
 A fleet is ``replicas`` engines of TP ``tp`` (``optimizer.space.Fleet``; the spec's by
-default). Its cost model is built once per TP. More than one replica is simulated as
-round-robin routing to independent replicas (``optimizer.replicas``): the trace is split
-by arrival order, each replica's share runs as its own single-replica simulation (replica
-r with seed ``seed + r``), and the results merge onto the original request order.
-Replicas run one after another, each a ``simulate_many`` over the batch's configs: on 2
-cores that measured faster than a thread pool over (config, replica) runs
-(``benchmarks/replica_split.py``).
+default). Its cost model is built once per TP. One replica runs the single-replica engine
+(``policies.engine``); more than one, or any failure plan, runs the fleet kernel
+(``policies.fleet``: the config's router, migration and prefill/decode split under one
+clock, replica j seeded ``seed + j``), one ``simulate_fleet_many`` per fleet over the
+batch's configs. The study's failure plan (``optimizer.failplan``) becomes a schedule per
+(rate scale, replicas), compressed with the trace; the cache key holds that schedule, so
+runs under different failures never share an entry.
 
-The engine, scorer and cost-model builder are injectable (any object with
-``simulate``/``simulate_many``, and ``validate`` optionally; any ``score(result, trace,
-slos)``; any ``tp -> CostModel``), so the search logic is testable without the real
-kernel or profiles.
+The engines, scorer and cost-model builder are injectable (``engine``: any object with
+``simulate``/``simulate_many``, and ``validate`` optionally; ``fleet_engine``: any with
+``simulate_fleet_many``; any ``score(result, trace, slos)``; any ``tp -> CostModel``), so
+the search logic is testable without the real kernels or profiles.
 """
 
 from __future__ import annotations
@@ -33,10 +33,11 @@ from typing import Any
 import numpy as np
 
 from costmodels.costmodel import CostModelError
-from optimizer.replicas import merge_replicas, split_round_robin
+from optimizer.failplan import compressed
 from optimizer.space import Fleet, infeasibility
 from optimizer.spec import SpecError, StudySpec
-from policies.config import ConfigError, PolicyConfig
+from policies.config import ConfigError, PolicyConfig, check_fleet
+from policies.failures import FailureError, FailureSchedule
 from policies.presets import PRESETS, preset
 
 
@@ -45,7 +46,7 @@ class Evaluator:
 
     def __init__(self, spec: StudySpec, *, trace=None, cost_model=None,
                  cost_model_for: Callable[[int], Any] | None = None, engine: Any = None,
-                 scorer: Callable | None = None, keep_results: int = 32) -> None:
+                 fleet_engine: Any = None, scorer: Callable | None = None, keep_results: int = 32) -> None:
         self.spec = spec
         self.slos = spec.slos
         self.fleet = spec.fleet
@@ -56,6 +57,7 @@ class Evaluator:
             self.cost_model_at(tp)
         self.cost_model = self.cost_model_at(self.fleet.tp)
         self.engine = engine if engine is not None else importlib.import_module("policies.engine")
+        self._fleet_engine = fleet_engine
         self.scorer = scorer if scorer is not None else importlib.import_module("studies.metrics").score
         self.keep_results = keep_results
         self.engine_seconds = 0.0
@@ -63,13 +65,15 @@ class Evaluator:
         self._reports: dict[bytes, Any] = {}
         self._results: OrderedDict[bytes, Any] = OrderedDict()
         self._scaled: dict[float, Any] = {1.0: self.trace}
-        self._splits: dict[tuple[float, int], tuple[list[np.ndarray], list[Any]]] = {}
+        self._schedules: dict[tuple[float, int], FailureSchedule | None] = {}
         self._request_tokens = np.asarray(self.trace.prompt_tokens) + np.asarray(self.trace.max_tokens)
 
     # -- configs -------------------------------------------------------------------------
     def baselines(self) -> dict[str, PolicyConfig]:
-        """The engines' own defaults for the spec's GPU: every result's point of comparison."""
-        return {name: preset(name, self.spec.gpu) for name in PRESETS}
+        """The engines' own defaults for the spec's GPU (behind the deployment's router and
+        pools, when the spec fixes them): every result's point of comparison."""
+        fixed = self.spec.deployment_knobs
+        return {name: preset(name, self.spec.gpu).replace(**fixed) for name in PRESETS}
 
     def cost_model_at(self, tp: int):
         """The cost model of the study's model and GPU at TP ``tp`` (built once)."""
@@ -83,16 +87,38 @@ class Evaluator:
     def infeasibility(self, config: PolicyConfig, fleet: Fleet | None = None) -> str | None:
         """Why ``config`` cannot serve this trace on ``fleet`` (pruned before simulating), or None."""
         fleet = fleet or self.fleet
-        if fleet.replicas > self.trace.n:
-            return f"replicas={fleet.replicas} exceeds the trace's {self.trace.n} requests"
         cost_model = self.cost_model_at(fleet.tp)
         reason = infeasibility(config, cost_model, self._request_tokens, self.trace.prompt_tokens)
-        if reason is None and hasattr(self.engine, "validate"):
-            try:
+        if reason is not None:
+            return reason
+        try:
+            check_fleet(config, fleet.replicas)
+            self.failures_at(1.0, fleet.replicas)
+            if hasattr(self.engine, "validate"):
                 self.engine.validate(self.trace, cost_model, config)
-            except ConfigError as exc:
-                reason = str(exc)
-        return reason
+        except (ConfigError, FailureError) as exc:
+            return str(exc)
+        return None
+
+    def failures_at(self, rate_scale: float, replicas: int) -> FailureSchedule | None:
+        """The failure windows a fleet of ``replicas`` runs with at ``rate_scale`` (None:
+        the study declares no failures). Raises FailureError for a replica the fleet lacks."""
+        plan = self.spec.failures
+        if plan is None:
+            return None
+        key = (rate_scale, replicas)
+        if key not in self._schedules:
+            schedule = plan.schedule(replicas, np.asarray(self.trace.arrival_s), self.spec.seed)
+            t0 = float(self.trace.arrival_s[0]) if self.trace.n else 0.0
+            self._schedules[key] = compressed(schedule, t0, rate_scale)
+        return self._schedules[key]
+
+    @property
+    def fleet_engine(self):
+        """The multi-replica engine (imported on first use: one-replica studies never need it)."""
+        if self._fleet_engine is None:
+            self._fleet_engine = importlib.import_module("policies.fleet")
+        return self._fleet_engine
 
     # -- simulation ----------------------------------------------------------------------
     def trace_at(self, rate_scale: float = 1.0):
@@ -157,31 +183,28 @@ class Evaluator:
 
     def _simulate_fleet(self, trace, rate_scale: float, fleet: Fleet, configs: list[PolicyConfig]) -> list:
         cost_model, seed = self.cost_model_at(fleet.tp), self.spec.seed
-        if fleet.replicas == 1:
+        # the declared drafter's acceptance profile (an engine without speculation needs none)
+        options = {} if self.spec.speculative is None else {"acceptance": self.spec.speculative.acceptance}
+        failures = self.failures_at(rate_scale, fleet.replicas)
+        if fleet.replicas == 1 and failures is None:
             if len(configs) == 1:
-                return [self.engine.simulate(trace, cost_model, configs[0], seed=seed)]
-            return self.engine.simulate_many(trace, cost_model, configs, seed=seed)
-        rows, parts = self._split(trace, rate_scale, fleet.replicas)
-        per_replica = [self.engine.simulate_many(part, cost_model, configs, seed=seed + r)
-                       for r, part in enumerate(parts)]
-        return [merge_replicas([runs[k] for runs in per_replica], rows, trace.n) for k in range(len(configs))]
-
-    def _split(self, trace, rate_scale: float, replicas: int):
-        """Each replica's rows and sub-trace under round robin (cached per rate and replicas)."""
-        key = (rate_scale, replicas)
-        if key not in self._splits:
-            rows = split_round_robin(trace.n, replicas)
-            self._splits[key] = rows, [trace.take(r) for r in rows]
-        return self._splits[key]
+                return [self.engine.simulate(trace, cost_model, configs[0], seed=seed, **options)]
+            return self.engine.simulate_many(trace, cost_model, configs, seed=seed, **options)
+        return self.fleet_engine.simulate_fleet_many(trace, cost_model, configs, seed=seed, replicas=fleet.replicas,
+                                                     failures=failures, **options)
 
     def _trim(self, protect: int) -> None:
         """Drop the oldest SimResults beyond ``keep_results`` (never the newest ``protect``)."""
         while len(self._results) > max(self.keep_results, protect):
             self._results.popitem(last=False)
 
-    @staticmethod
-    def _key(config: PolicyConfig, fleet: Fleet, rate_scale: float) -> bytes:
-        return config.to_vector().tobytes() + np.array([rate_scale, fleet.tp, fleet.replicas]).tobytes()
+    def _key(self, config: PolicyConfig, fleet: Fleet, rate_scale: float) -> bytes:
+        key = config.to_vector().tobytes() + np.array([rate_scale, fleet.tp, fleet.replicas]).tobytes()
+        failures = self.failures_at(rate_scale, fleet.replicas)
+        if failures is not None:
+            key += b"failures" + b"".join(np.asarray(c).tobytes()
+                                         for c in (failures.replica, failures.t_down, failures.t_up))
+        return key
 
 
 def load_study_trace(spec: StudySpec):

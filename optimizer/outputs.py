@@ -35,7 +35,6 @@ from optuna.trial import FrozenTrial, TrialState
 from optimizer import plots
 from optimizer.capacity import capacity_many
 from optimizer.exports import Deployment, TrafficShape, goodput_bounds, write_exports
-from optimizer.replicas import ROUTING_LABEL
 from optimizer.review import (
     Capacity,
     ConfigFigures,
@@ -45,6 +44,7 @@ from optimizer.review import (
     ReviewInputs,
     diagnose,
     gain_ratio,
+    routing_label,
     write_review,
 )
 from optimizer.space import Fleet
@@ -52,6 +52,9 @@ from policies.config import PolicyConfig
 from policies.result import State
 from studies.metrics import json_safe, request_latencies
 
+#: Report fields that say what failures cost (see studies.metrics).
+FAILURE_FIGURES = ("failure_windows", "failure_affected", "reprefill_tokens", "goodput_during_failures",
+                   "goodput_after_failures")
 #: Report fields compared between the recommendation and each baseline, and their direction.
 GAIN_METRICS = {"weighted_goodput": "maximize", "request_goodput": "maximize", "token_goodput": "maximize",
                 "slo_attainment": "maximize", "p99_ttft_ms": "minimize", "p99_tpot_ms": "minimize"}
@@ -183,9 +186,10 @@ def fleet_front(trials: Sequence[FrozenTrial]) -> list[FleetPoint]:
     for gpus in sorted(best):
         t = best[gpus]
         report = trial_report(t)
+        router = (t.user_attrs.get("config") or {}).get("router", "round_robin")
         points.append(FleetPoint(gpus, int(t.user_attrs.get("tp", 1)), int(t.user_attrs.get("replicas", 1)),
                                  _goodput(t), _num(report.get("slo_attainment")), t.number,
-                                 pareto=_goodput(t) > top, gain=gain_ratio(_goodput(t), top)))
+                                 pareto=_goodput(t) > top, gain=gain_ratio(_goodput(t), top), router=router))
         top = max(top, _goodput(t))
     return points
 
@@ -398,6 +402,7 @@ def write_run_outputs(run_dir, study, spec, evaluator) -> RunOutputs:
                if path.suffix == ".png"},
         notes=_notes(best, recommended, evaluated, spec),
         fleet_front=fleet_front(trials),
+        failures=None if spec.failures is None else spec.failures.describe(),
     )
     files["capacity-review.md"], files["capacity-review.html"] = write_review(run_dir, review)
 
@@ -414,7 +419,8 @@ def deployment_of(spec, evaluator, fleet: Fleet | None = None) -> Deployment:
     fleet = fleet or spec.fleet
     cost_model = evaluator.cost_model_at(fleet.tp)
     reserved = cost_model.reserved_bytes / cost_model.gpu_memory_bytes if cost_model.gpu_memory_bytes else 0.0
-    return Deployment(spec.model, tp=fleet.tp, replicas=fleet.replicas, gpu=spec.gpu, reserved_fraction=reserved)
+    return Deployment(spec.model, tp=fleet.tp, replicas=fleet.replicas, gpu=spec.gpu, reserved_fraction=reserved,
+                      drafter=spec.speculative)
 
 
 def _figures(e: Evaluated) -> ConfigFigures:
@@ -475,9 +481,13 @@ def _notes(best: FrozenTrial, recommended: Evaluated, evaluated: Sequence[Evalua
         notes.append(f"The recommendation runs on {recommended.fleet.describe()}; the baselines on the "
                      f"deployment's {spec.fleet.describe()}.")
     if any(e.fleet.replicas > 1 for e in evaluated):
-        notes.append(f"Several replicas are simulated as {ROUTING_LABEL}: request i (in arrival order) goes to "
-                     "replica i mod R, and each replica schedules its share alone. Smarter routers "
-                     "(least-loaded, prefix-aware) are not modelled. KV high-water sums the replicas' peaks.")
+        notes.append("Replicas are simulated as one fleet under one clock, each request routed by the config's "
+                     "router as it arrives: "
+                     + "; ".join(f"{e.name}: {routing_label(e.config, e.fleet.replicas)}" for e in evaluated)
+                     + ". The fleet's KV high-water is the sum of the replicas' peaks.")
+    if spec.failures is not None:
+        notes.append(f"Every simulation ran with the study's failures ({spec.failures.describe()}), compressed "
+                     "with the trace at other arrival rates.")
     out_of_range = recommended.report.get("out_of_range_steps")
     if out_of_range:
         notes.append(f"{out_of_range} simulated steps fell outside the profiled step-time tables; "
@@ -485,8 +495,15 @@ def _notes(best: FrozenTrial, recommended: Evaluated, evaluated: Sequence[Evalua
     return notes
 
 
-def _fleet_dict(fleet: Fleet) -> dict[str, int]:
-    return {"tp": fleet.tp, "replicas": fleet.replicas, "gpus": fleet.gpus}
+def _fleet_dict(fleet: Fleet, config: PolicyConfig, report: Mapping[str, Any]) -> dict[str, Any]:
+    """The fleet a config ran on: GPUs, the router simulated, per-replica and failure figures."""
+    out: dict[str, Any] = {"tp": fleet.tp, "replicas": fleet.replicas, "gpus": fleet.gpus,
+                           "routing": routing_label(config, fleet.replicas)}
+    if report.get("per_replica"):
+        out["per_replica"] = report["per_replica"]
+    if report.get("failure_windows"):
+        out["failures"] = {k: report.get(k) for k in FAILURE_FIGURES}
+    return out
 
 
 def _capacity_dict(c: Capacity) -> dict[str, Any]:
@@ -499,7 +516,7 @@ def _summary(study, spec, evaluator, best: FrozenTrial, names, dirs, recommended
     entries = {}
     for b in baselines:
         entry: dict[str, Any] = {"trial": b.trial.number if b.trial else None, "config": b.config.to_dict(),
-                                 "fleet": _fleet_dict(b.fleet), "report": b.report, "capacity": _capacity_dict(b.capacity),
+                                 "fleet": _fleet_dict(b.fleet, b.config, b.report), "report": b.report, "capacity": _capacity_dict(b.capacity),
                                  "gains": gains(recommended.report, b.report)}
         if b.trial is not None:
             entry["values"] = dict(zip(names, b.trial.values, strict=True))
@@ -518,11 +535,14 @@ def _summary(study, spec, evaluator, best: FrozenTrial, names, dirs, recommended
         "best": {"trial": best.number, "baseline": baseline_name(best), "feasible": is_feasible(best),
                  "values": dict(zip(names, best.values, strict=True)), "constraints": dict(best.constraints),
                  "params": dict(best.params), "config": recommended.config.to_dict(),
-                 "fleet": _fleet_dict(recommended.fleet), "report": recommended.report,
+                 "fleet": _fleet_dict(recommended.fleet, recommended.config, recommended.report),
+                 "report": recommended.report,
                  "capacity": _capacity_dict(recommended.capacity)},
         "baselines": entries,
         "deployment": {"model": spec.model, "gpu": spec.gpu, "tp": spec.tp, "replicas": spec.replicas,
-                       "framework": spec.framework, "routing": ROUTING_LABEL},
+                       "framework": spec.framework,
+                       "routing": routing_label(recommended.config, recommended.fleet.replicas),
+                       "failures": None if spec.failures is None else spec.failures.to_dict()},
         "fleet_front": [dataclasses.asdict(p) for p in fleet_front(study.get_trials(deepcopy=False))],
         "slo": spec.slos.describe(),
         "capacity_target": spec.capacity_target,

@@ -2,7 +2,8 @@
 
 How many GPUs this traffic needs at these SLOs, the headroom left at the current rate, what
 limits the best config (compute, KV cache or queueing), the gain over the engine defaults,
-and the plots. The document is built once as a list of blocks and rendered twice, so the
+the fleet (the router simulated, each replica's share, and what failures cost when the
+study declares them), and the plots. The document is built once as a list of blocks and rendered twice, so the
 Markdown and HTML never disagree.
 """
 
@@ -16,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from optimizer.exports import Deployment
-from optimizer.replicas import ROUTING_LABEL
-from policies.config import KNOBS, PolicyConfig
+from policies.config import KNOBS, PolicyConfig, active_fleet_knobs
 from policies.result import SimResult
 from studies.slo import SLOSet
 
@@ -94,8 +94,20 @@ def diagnose(s: LoadSignals) -> Diagnosis:
     return Diagnosis("none", "Not saturated: compute, KV and queueing all have room at this rate.", evidence)
 
 
+def routing_label(config: PolicyConfig, replicas: int) -> str:
+    """How a fleet of ``replicas`` routes under ``config``: the router simulated and the
+    fleet knobs that act with it."""
+    if replicas <= 1:
+        return "one replica, no routing"
+    settings = [f"{k}={_show(getattr(config, k))}" for k in active_fleet_knobs(config) if k != "router"]
+    return f"{config.router} router" + (f" ({', '.join(settings)})" if settings else "")
+
+
 def simulated_replicas(result: SimResult) -> int:
-    """Replicas the run simulated, from the replica each request finished on (at least 1)."""
+    """Replicas the run simulated: the fleet's per-replica figures, else the highest replica a
+    request finished on (at least 1)."""
+    if len(result.replica_routed):
+        return len(result.replica_routed)
     return max(1, int(result.replica.max()) + 1) if len(result.replica) else 1
 
 
@@ -172,6 +184,7 @@ class FleetPoint:
     trial: int
     pareto: bool  # more goodput than every smaller GPU count
     gain: float | None = None  # goodput / the best smaller GPU count's - 1 (None at the smallest)
+    router: str = "round_robin"  # the trial's router (acts only with more than one replica)
 
 
 @dataclass(frozen=True)
@@ -187,6 +200,7 @@ class ReviewInputs:
     plots: Mapping[str, str] = field(default_factory=dict)  # caption -> relative PNG path
     notes: Sequence[str] = ()
     fleet_front: Sequence[FleetPoint] = ()  # best trial per GPU count, when the study searched the fleet
+    failures: str | None = None  # the study's failure plan, described
 
 
 Block = tuple[str, Any]  # ("h1" | "h2" | "p" | "ul" | "table" | "img", payload)
@@ -205,7 +219,8 @@ def build_review(r: ReviewInputs) -> list[Block]:
         ("h1", r.title),
         ("p", f"Traffic: {r.trace_description}. Model {d.model} on {d.gpu.upper()}, "
               f"{d.replicas} replica(s) x TP {d.tp} = {d.gpus} GPU(s)"
-              + (f" ({ROUTING_LABEL})" if d.replicas > 1 else "")
+              + (f", {routing_label(best.config, d.replicas)}" if d.replicas > 1 else "")
+              + (f", failures: {r.failures}" if r.failures else "")
               + f". SLOs: {r.slos.describe()}. Target: SLO attainment >= {r.target_attainment:.0%}."),
         ("h2", "How many GPUs"),
         ("table", _capacity_table([best, *r.baselines])),
@@ -215,7 +230,7 @@ def build_review(r: ReviewInputs) -> list[Block]:
     if r.fleet_front:
         blocks += [("h2", "Goodput vs GPUs"),
                    ("p", "The best feasible config the search found at each GPU count (replicas x TP, "
-                         f"{ROUTING_LABEL}). Pareto-optimal counts buy more goodput than every smaller one; "
+                         "behind the router it chose). Pareto-optimal counts buy more goodput than every smaller one; "
                          "\"vs fewer GPUs\" says how much, against the best smaller count."),
                    ("table", _front_table(r.fleet_front))]
     blocks.append(("h2", "What limits the best config"))
@@ -229,6 +244,7 @@ def build_review(r: ReviewInputs) -> list[Block]:
     if r.objectives:
         blocks.append(("p", "Objectives of the best trial: " + "; ".join(
             f"{name} = {_fmt(value, 4)} ({direction})" for name, value, direction in r.objectives) + "."))
+    blocks += _fleet_blocks(best, r.baselines)
     changed = _changed_knobs(best, r.baselines)
     blocks += [("h2", "Best config"), ("table", changed)]
     if r.notes:
@@ -259,13 +275,45 @@ def _capacity_table(rows: Sequence[ConfigFigures]) -> list[list[str]]:
 
 
 def _front_table(points: Sequence[FleetPoint]) -> list[list[str]]:
-    table = [["GPUs", "replicas x TP", "weighted goodput (/s)", "vs fewer GPUs", "SLO attainment", "trial",
+    table = [["GPUs", "replicas x TP", "router", "weighted goodput (/s)", "vs fewer GPUs", "SLO attainment", "trial",
               "Pareto-optimal"]]
     for p in points:
-        table.append([str(p.gpus), f"{p.replicas} x TP {p.tp}", _fmt(p.weighted_goodput, 3),
+        table.append([str(p.gpus), f"{p.replicas} x TP {p.tp}", p.router if p.replicas > 1 else "-",
+                      _fmt(p.weighted_goodput, 3),
                       "-" if p.gain is None else f"{p.gain:+.1%}", _pct(p.slo_attainment), str(p.trial),
                       "yes" if p.pareto else "no"])
     return table
+
+
+_FAILURE_ROWS = (("failure_windows", "failure windows", "{:,}"), ("failure_affected", "requests re-routed", "{:,}"),
+                 ("reprefill_tokens", "re-prefill tokens", "{:,}"),
+                 ("goodput_during_failures", "goodput during failures (req/s)", "{:.3f}"),
+                 ("goodput_after_failures", "goodput after recovery (req/s)", "{:.3f}"))
+
+
+def _fleet_blocks(best: ConfigFigures, baselines: Sequence[ConfigFigures]) -> list[Block]:
+    """The fleet section (runs of the fleet kernel only): each replica's share under the best
+    config, and what failures cost."""
+    per_replica = best.report.get("per_replica") or {}
+    if not per_replica and not best.report.get("failure_windows"):
+        return []
+    blocks: list[Block] = [("h2", "Fleet")]
+    if per_replica:
+        blocks.append(("p", f"{best.name} behind the {routing_label(best.config, len(per_replica))}: what each "
+                            "replica received and served."))
+        table = [["replica", "requests routed", "finished there", "prefix hit rate", "KV high-water"]]
+        table += [[j, f"{e['routed']:,}", f"{e['finished']:,}", _pct(_num(e.get("prefix_hit_rate"))),
+                   _pct(_num(e.get("kv_peak_fraction")))] for j, e in per_replica.items()]
+        blocks.append(("table", table))
+    if best.report.get("failure_windows"):
+        rows = [best, *baselines]
+        table = [["failures", *[f.name for f in rows]]]
+        for key, label, fmt in _FAILURE_ROWS:
+            table.append([label, *["n/a" if f.report.get(key) is None else fmt.format(f.report[key]) for f in rows]])
+        blocks += [("p", "Requests on a failed replica are re-routed and prefilled again from scratch; goodput "
+                         "during failures counts good requests finishing while a replica is down, after recovery "
+                         "those finishing once every replica is back."), ("table", table)]
+    return blocks
 
 
 def _capacity_sentence(name: str, c: Capacity, target: float) -> str:

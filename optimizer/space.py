@@ -25,6 +25,17 @@ short for ``choices``), ``tp = {low = 1, high = 4}`` (the valid degrees in that 
 ``replicas = {low = 1, high = 8}``; ``value`` and ``search = false`` fix them as for
 knobs. ``others`` does not touch them.
 
+Fleet knobs (``policies.config.FLEET_KNOBS``: router and its thresholds, hash ring, migration,
+prefill/decode split) are searched only in trials whose fleet has more than one replica;
+one replica keeps the base values, which it ignores. ``prefill_replicas`` is searched from
+0 (colocated, its off value) or up to the trial's replicas - 1 (one decode replica at least).
+
+Speculative decoding is searched only when the study declares a drafter
+(``optimizer.drafter``), whose acceptance profile every speculative figure depends on:
+``build_space(..., drafter_tokens=N)`` then searches ``speculative_mode`` over every
+verify-budget policy and, unless it is off, ``num_speculative_tokens`` from 1 to N (the
+longest draft the drafter proposes). The draft cost is the drafter's and stays fixed.
+
 ``infeasibility`` prunes configs that cannot serve the trace by construction before any
 simulation runs.
 """
@@ -33,13 +44,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
-from policies.config import KNOB_BY_NAME, KNOBS, PolicyConfig
+from policies.config import (
+    FLEET_KNOBS,
+    KNOB_BY_NAME,
+    KNOBS,
+    MAX_REPLICAS,
+    SPECULATIVE_MODES,
+    PolicyConfig,
+)
 
 
 class SpaceError(ValueError):
@@ -70,18 +88,33 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "max_wait_s": {"search": False},
     "kv_high_water": {"search": False},
     "max_model_len": {"search": False},
-    # Speculative decoding needs a drafter the deployment may not have, and its draft cost
-    # is the drafter's, not a scheduling choice: a study opens speculative_mode (e.g.
-    # choices = ["off", "fixed", "dspark"]) and num_speculative_tokens deliberately.
+    # Speculative decoding needs a drafter the deployment may not have: searched only when
+    # the study declares one (speculative_defaults). Its draft cost is the drafter's.
     "speculative_mode": {"search": False},
     "speculative_draft_cost_mode": {"search": False},
+    # Fleet: each router's thresholds only under that router. Migration's pause and the
+    # interconnect are the hardware's, not scheduling choices.
+    "router_cache_threshold": {"low": 0.05, "high": 0.95, "when": {"router": ["cache_aware"]}},
+    "router_balance_abs": {"low": 1, "high": 1024, "log": True, "when": {"router": ["cache_aware"]}},
+    "router_balance_rel": {"low": 1.0, "high": 4.0, "when": {"router": ["cache_aware"]}},
+    "router_queue_weight": {"low": 0.1, "high": 10.0, "log": True, "when": {"router": ["unified"]}},
+    "hash_virtual_nodes": {"low": 16, "high": 1024, "log": True, "when": {"router": ["consistent_hash"]}},
+    "hash_prefix_blocks": {"low": 1, "high": 16, "log": True, "when": {"router": ["consistent_hash"]}},
+    "hash_by_tenant": {"when": {"router": ["consistent_hash"]}},
+    "hash_overflow_factor": {"low": 1.0, "high": 4.0, "when": {"router": ["consistent_hash"]}},
+    "migration_threshold": {"low": 0.5, "high": 50.0, "log": True, "when": {"migration": [True]}},
+    "migration_interval_s": {"low": 0.01, "high": 1.0, "log": True, "when": {"migration": [True]}},
+    "migration_pause_ms": {"search": False},
+    "interconnect_gbps": {"search": False},
+    "prefill_replicas": {"low": 1, "high": MAX_REPLICAS - 1, "off": True},
 }
+#: Knobs whose range is capped at the trial's replicas - 1.
+_BELOW_REPLICAS = frozenset({"prefill_replicas"})
 
 _OVERRIDE_KEYS = {"low", "high", "log", "choices", "value", "search", "off", "when"}
 
 #: TP degrees a fleet may use (a node of 8 GPUs), and the fleet's default search ranges.
 TP_DEGREES = (1, 2, 4, 8)
-MAX_REPLICAS = 1024
 #: Replicas searched by default: 1 to this many (or the deployment's replicas, if more).
 DEFAULT_MAX_REPLICAS = 8
 _FLEET_KEYS = {"low", "high", "log", "choices", "value", "search"}
@@ -121,13 +154,26 @@ class Param:
     choices: tuple = ()
     off: bool = False
     when: tuple[tuple[str, tuple], ...] = ()
+    fleet: bool = False  # searched only when the trial's fleet has more than one replica
+    below_replicas: bool = False  # high capped at the trial's replicas - 1
 
     @property
     def gate(self) -> str:
         return f"{self.name}:on"
 
-    def active(self, values: Mapping[str, Any]) -> bool:
+    def active(self, values: Mapping[str, Any], replicas: int = 1) -> bool:
+        """Whether a trial with these knob values, on ``replicas`` replicas, asks for this param."""
+        if self.fleet and replicas <= 1:
+            return False
+        if self.below_replicas and replicas - 1 < self.low:
+            return False
         return all(values[parent] in allowed for parent, allowed in self.when)
+
+    def within(self, replicas: int) -> Param:
+        """This param on a fleet of ``replicas``: a replica-bounded range capped at replicas - 1."""
+        if self.below_replicas and self.high > replicas - 1:
+            return replace(self, high=replicas - 1)
+        return self
 
     def suggest(self, trial) -> Any:
         if self.kind == "categorical":
@@ -154,8 +200,12 @@ class Param:
         else:
             text = f"[{self.low:g}, {self.high:g}]" + (" log" if self.log else "")
             text += " or 0 (off)" if self.off else ""
+        if self.below_replicas:
+            text += " (high at most replicas - 1)"
         for parent, allowed in self.when:
             text += f" when {parent} in {list(allowed)}"
+        if self.fleet:
+            text += " when replicas > 1"
         return text
 
 
@@ -182,11 +232,17 @@ class SearchSpace:
         return {k.name: getattr(self.base, k.name) for k in KNOBS if k.name not in searched}
 
     def suggest(self, trial) -> PolicyConfig:
-        """Ask the trial for every active param and build the config."""
+        """Ask the trial for every active param and build the config.
+
+        Fleet knobs depend on the trial's replicas, so the fleet is asked first; Optuna
+        answers a param the same way however often a trial asks, so ``suggest_fleet``
+        afterwards returns the same fleet.
+        """
+        replicas = self.suggest_fleet(trial).replicas
         values = self.base.to_dict()
         for p in self.params:
-            if p.active(values):
-                values[p.name] = p.suggest(trial)
+            if p.active(values, replicas):
+                values[p.name] = p.within(replicas).suggest(trial)
         return PolicyConfig(**values)
 
     def suggest_fleet(self, trial) -> Fleet:
@@ -216,8 +272,8 @@ class SearchSpace:
 
     def _expressible(self, config: PolicyConfig, fleet: Fleet | None) -> list[tuple[Param, Any]]:
         values = config.to_dict()
-        pairs = [(p, values[p.name]) for p in self.params if p.active(values)]
         fleet = fleet or self.base_fleet
+        pairs = [(p.within(fleet.replicas), values[p.name]) for p in self.params if p.active(values, fleet.replicas)]
         pairs += [(p, getattr(fleet, p.name)) for p in self.fleet_params]
         return [(p, value) for p, value in pairs if p.params_for(value)]
 
@@ -229,14 +285,24 @@ class SearchSpace:
                 for name in (*(k.name for k in KNOBS), "tp", "replicas")]
 
 
+def speculative_defaults(drafter_tokens: int) -> dict[str, dict[str, Any]]:
+    """Default search of the verify-budget knobs for a drafter proposing up to ``drafter_tokens`` drafts."""
+    return {"speculative_mode": {"choices": list(SPECULATIVE_MODES)},
+            "num_speculative_tokens": {"low": 1, "high": drafter_tokens,
+                                       "when": {"speculative_mode": [m for m in SPECULATIVE_MODES if m != "off"]}}}
+
+
 def build_space(overrides: Mapping[str, Any] | None = None, base: PolicyConfig | None = None,
                 fleet: Fleet | None = None, *, search_fleet: bool = False,
-                tp_degrees: Callable[[], Sequence[int]] | None = None) -> SearchSpace:
+                tp_degrees: Callable[[], Sequence[int]] | None = None,
+                drafter_tokens: int | None = None) -> SearchSpace:
     """The default space with a study's per-knob overrides; raises SpaceError on bad ones.
 
     ``fleet`` is the deployment's TP and replicas; ``search_fleet`` searches both by
     default (the goodput-gpus objective). ``tp_degrees`` lists the TP degrees valid for
     the model; it is called only when TP is searched without explicit choices.
+    ``drafter_tokens``: the declared drafter's longest draft, which opens the speculative
+    knobs (None: no drafter, they keep the base values).
     """
     overrides = dict(overrides or {})
     others = overrides.pop("others", "default")
@@ -249,9 +315,10 @@ def build_space(overrides: Mapping[str, Any] | None = None, base: PolicyConfig |
     if unknown:
         raise SpaceError(f"[space] has unknown knob(s) {unknown}; known: {sorted(KNOB_BY_NAME)}")
     base_values = (base or PolicyConfig()).to_dict()
+    defaults = DEFAULTS if drafter_tokens is None else {**DEFAULTS, **speculative_defaults(drafter_tokens)}
     params = []
     for knob in KNOBS:
-        settings = dict(DEFAULTS.get(knob.name, {}))
+        settings = dict(defaults.get(knob.name, {}))
         if others == "fixed" and knob.name not in overrides:
             continue
         override = overrides.get(knob.name, {})
@@ -363,17 +430,21 @@ def tp_degrees(model: str, gpu: str, framework: str = "vllm") -> tuple[int, ...]
 def _param(knob, settings: dict[str, Any]) -> Param | None:
     where = f"[space.{knob.name}]"
     when = _when(where, settings.get("when", {}))
+    fleet = knob.name in FLEET_KNOBS
+    if "choices" in settings and knob.name in _BELOW_REPLICAS:
+        raise SpaceError(f"{where}: give a range (low, high), not choices; its high is capped at each trial's "
+                         "replicas - 1")
     if "choices" in settings:
         choices = tuple(_valid_value(knob, c, "choices") for c in settings["choices"])
         if not choices:
             raise SpaceError(f"{where}: choices is empty; give at least one value")
         if len(set(choices)) != len(choices):
             raise SpaceError(f"{where}: choices {list(choices)} has duplicates")
-        return Param(knob.name, "categorical", choices=choices, when=when)
+        return Param(knob.name, "categorical", choices=choices, when=when, fleet=fleet)
     if knob.kind is bool:
-        return Param(knob.name, "categorical", choices=(False, True), when=when)
+        return Param(knob.name, "categorical", choices=(False, True), when=when, fleet=fleet)
     if knob.kind is str:
-        return Param(knob.name, "categorical", choices=knob.choices, when=when)
+        return Param(knob.name, "categorical", choices=knob.choices, when=when, fleet=fleet)
     if "low" not in settings or "high" not in settings:
         if "low" in settings or "high" in settings:
             raise SpaceError(f"{where}: give both low and high")
@@ -388,7 +459,8 @@ def _param(knob, settings: dict[str, Any]) -> Param | None:
     off = bool(settings.get("off", False))
     if off and not knob.low <= 0 <= knob.high:
         raise SpaceError(f"{where}: off = true needs 0 to be a valid value; valid range [{knob.low:g}, {knob.high:g}]")
-    return Param(knob.name, "int" if knob.kind is int else "float", low, high, log, off=off, when=when)
+    return Param(knob.name, "int" if knob.kind is int else "float", low, high, log, off=off, when=when, fleet=fleet,
+                 below_replicas=knob.name in _BELOW_REPLICAS)
 
 
 def _valid_value(knob, value: Any, what: str) -> Any:

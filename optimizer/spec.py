@@ -2,9 +2,17 @@
 
 A study is a trace (and its rate transform), a deployment (model, GPU, TP, replicas,
 framework), SLO classes, an objective mode, constraints, a search space, a trial budget
-and a seed. ``load_spec(path, **flags)`` reads a TOML file (see
-``studies/examples/*.toml``) and lets CLI flags override it; with no file, the flags
-``trace``, ``model``, ``gpu`` and ``slo`` are enough and everything else has a default.
+and a seed; optionally a speculative-decoding drafter (``optimizer.drafter``: the spec's
+``[speculative]`` table, or ``--speculative drafter.toml``), which opens the verify-budget
+knobs to the search and whose acceptance profile every simulation then uses; and
+optionally a failure plan (``optimizer.failplan``: the ``[failures]`` table, or ``--fail``,
+``--mtbf`` and ``--repair``), which every simulation of the fleet then runs through.
+``--router NAME`` and ``--prefill-replicas P`` fix those fleet knobs (``[space.router]
+value = NAME``), and the baselines run with them too: they describe the deployment's router
+and pools, not an engine default.
+``load_spec(path, **flags)`` reads a TOML file (see ``studies/examples/*.toml``) and lets
+CLI flags override it; with no file, the flags ``trace``, ``model``, ``gpu`` and ``slo``
+are enough and everything else has a default.
 
 The spec's ``fingerprint`` covers everything that changes trial results (trace bytes,
 transforms, deployment, SLOs, objective, constraints, space, seed) and nothing that does
@@ -25,6 +33,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from optimizer.drafter import DRAFTER_LABELS, Drafter, drafter_from_mapping, load_drafter
+from optimizer.failplan import FailurePlan
 from optimizer.space import Fleet, SearchSpace, build_space, tp_degrees
 from policies.presets import vllm_default
 from studies.slo import SLOSet, parse_slo, slo_from_mapping
@@ -39,6 +49,8 @@ OBJECTIVE_MODES = ("goodput", "goodput-gpus", "goodput-ttft", "goodput-cost", "c
 SAMPLERS = ("tpe", "nsga2", "random")
 #: On-demand $/GPU-hour used by the cost objective when the spec gives none (indicative).
 GPU_HOUR_USD = {"a100": 2.0, "h100": 3.0, "h200": 3.8}
+#: Fleet knobs a flag fixes for the whole study (baselines included): the deployment's own.
+FIXED_FLEET_FLAGS = ("router", "prefill_replicas")
 
 
 def default_batch_size() -> int:
@@ -99,6 +111,8 @@ class StudySpec:
     run_dir: Path | None = None
     capacity_target: float = 0.9
     gpu_hour_usd: float | None = None
+    speculative: Drafter | None = None  # or a drafter TOML path, or its keys
+    failures: FailurePlan | None = None  # or a [failures] table
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -129,10 +143,19 @@ class StudySpec:
                 raise SpecError(f"{name} must be a number > 0, got {value!r}")
         if not 0 < self.capacity_target <= 1:
             raise SpecError(f"capacity_target is an SLO-attainment fraction in (0, 1], got {self.capacity_target!r}")
+        drafter = _drafter(self.speculative)
+        set_(self, "speculative", drafter)
+        base = vllm_default(self.gpu)
         set_(self, "search_space", build_space(
-            self.space, vllm_default(self.gpu), Fleet(self.tp, self.replicas),
-            search_fleet=self.objective == "goodput-gpus",
-            tp_degrees=lambda: tp_degrees(self.model, self.gpu, self.framework)))
+            self.space, base if drafter is None else base.replace(**drafter.config_values()),
+            Fleet(self.tp, self.replicas), search_fleet=self.objective == "goodput-gpus",
+            tp_degrees=lambda: tp_degrees(self.model, self.gpu, self.framework),
+            drafter_tokens=None if drafter is None else drafter.max_draft_tokens))
+        if drafter is None and ("speculative_mode" in self.search_space.names
+                                or self.search_space.base.speculative_mode != "off"):
+            raise SpecError("speculative_mode needs a drafter whose acceptance the simulation can use: declare "
+                            "it with --speculative DRAFTER.toml or a [speculative] table (see optimizer.drafter)")
+        set_(self, "failures", _failures(self.failures, self.search_space))
         if not self.study_name:
             name = default_study_name(self.trace, self.model, self.gpu)
             if self.rate_scale is not None:
@@ -154,6 +177,13 @@ class StudySpec:
     def fleet(self) -> Fleet:
         """The deployment's TP and replicas: the baselines' fleet, and every trial's unless searched."""
         return self.search_space.base_fleet
+
+    @property
+    def deployment_knobs(self) -> dict[str, Any]:
+        """The fleet knobs the study fixes (``FIXED_FLEET_FLAGS`` given a ``value``): the
+        deployment's router and pools, which the baselines run with too."""
+        return {k: getattr(self.search_space.base, k) for k in FIXED_FLEET_FLAGS
+                if isinstance(self.space.get(k), Mapping) and "value" in self.space[k]}
 
     @property
     def usd_per_gpu_hour(self) -> float:
@@ -180,6 +210,9 @@ class StudySpec:
             "objective": {"mode": self.objective, "capacity_target": self.capacity_target},
             "constraints": asdict(self.constraints),
             "space": {k: dict(v) if isinstance(v, Mapping) else v for k, v in self.space.items()},
+            # only when declared, so studies without a drafter keep their fingerprint
+            **({} if self.speculative is None else {"speculative": self.speculative.to_dict()}),
+            **({} if self.failures is None else {"failures": self.failures.to_dict()}),
         }
 
     def fingerprint(self) -> str:
@@ -187,6 +220,8 @@ class StudySpec:
         data = self.to_dict()
         data["trace"] = {**data["trace"], "path": None, "sha256": file_sha256(self.trace)}
         data["study"] = {"seed": self.seed}
+        if "speculative" in data:  # the drafter's engine names only label the exports
+            data["speculative"] = {k: v for k, v in data["speculative"].items() if k not in DRAFTER_LABELS}
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -214,9 +249,10 @@ def default_study_name(trace: Path, model: str, gpu: str) -> str:
 def load_spec(path: str | Path | None = None, **flags: Any) -> StudySpec:
     """Build a spec from a TOML file (optional) with CLI flags on top (None = not given).
 
-    Flags: every StudySpec field name, plus ``slo`` (a ``ttft:2000,tpot:100`` string) and
-    ``slo_file`` (a TOML of ``[slo.NAME]`` tables). Relative paths in the file resolve
-    against the file's folder.
+    Flags: every StudySpec field name, plus ``slo`` (a ``ttft:2000,tpot:100`` string),
+    ``slo_file`` (a TOML of ``[slo.NAME]`` tables), ``fail`` / ``mtbf_s`` / ``repair_s``
+    (a failure plan replacing the file's) and ``router`` / ``prefill_replicas`` (fix those
+    knobs in the space). Relative paths in the file resolve against the file's folder.
     """
     values: dict[str, Any] = {}
     if path is not None:
@@ -231,6 +267,13 @@ def load_spec(path: str | Path | None = None, **flags: Any) -> StudySpec:
         from studies.slo import load_slo_toml
 
         values["slos"] = _parse(load_slo_toml, slo_file)
+    plan = _parse(lambda kw: FailurePlan.from_flags(**kw),
+                  {k: given.pop(k, None) for k in ("fail", "mtbf_s", "repair_s")})
+    if plan is not None:
+        values["failures"] = plan
+    fixed = {k: {"value": given.pop(k)} for k in FIXED_FLEET_FLAGS if k in given}
+    if fixed:
+        values["space"] = {**values.get("space", {}), **fixed}
     known = {f.name for f in fields(StudySpec) if f.init}
     unknown = sorted(set(given) - known)
     if unknown:
@@ -281,7 +324,7 @@ def spec_from_dict(data: Mapping[str, Any], **flags: Any) -> StudySpec:
 
 
 def _from_mapping(data: Mapping[str, Any], base_dir: Path, where) -> dict[str, Any]:
-    allowed = {*_SECTIONS, "slo", "constraints", "space"}
+    allowed = {*_SECTIONS, "slo", "constraints", "space", "speculative", "failures"}
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise SpecError(f"{where}: unknown section(s) {unknown}; valid: {sorted(allowed)}")
@@ -309,6 +352,13 @@ def _from_mapping(data: Mapping[str, Any], base_dir: Path, where) -> dict[str, A
             if isinstance(data["constraints"], Mapping) else data["constraints"]
     if "space" in data:
         values["space"] = data["space"]
+    speculative = data.get("speculative")
+    if isinstance(speculative, str):  # a drafter file beside the spec
+        values["speculative"] = Path(speculative) if Path(speculative).is_absolute() else base_dir / speculative
+    elif speculative is not None:
+        values["speculative"] = _parse(drafter_from_mapping, speculative, where)
+    if "failures" in data:
+        values["failures"] = _parse(FailurePlan.from_mapping, data["failures"], where)
     return values
 
 
@@ -317,6 +367,28 @@ def _parse(parser, value, where: Path | None = None):
         return parser(value)
     except (ValueError, OSError) as exc:
         raise SpecError(f"{where}: {exc}" if where else str(exc)) from None
+
+
+def _drafter(value: Any) -> Drafter | None:
+    if value is None or isinstance(value, Drafter):
+        return value
+    if isinstance(value, str | Path):
+        return load_drafter(value)
+    return drafter_from_mapping(value)
+
+
+def _failures(value: Any, space: SearchSpace) -> FailurePlan | None:
+    """The failure plan, checked against the most replicas a trial of ``space`` may have."""
+    if value is not None and not isinstance(value, FailurePlan):
+        value = _parse(FailurePlan.from_mapping, value)
+    if value is None:
+        return None
+    replicas = max((max(p.choices) if p.choices else int(p.high) for p in space.fleet_params
+                    if p.name == "replicas"), default=space.base_fleet.replicas)
+    if value.highest_replica >= replicas:
+        raise SpecError(f"[failures]: a window names replica {value.highest_replica}, but the deployment has "
+                        f"at most {replicas} replica(s) (0..{replicas - 1}); set --replicas")
+    return value
 
 
 def _constraints(value: Any) -> Constraints:

@@ -3,7 +3,8 @@
 Names follow vLLM where vLLM has the knob; the rest are servetune's own. A config packs
 into a flat float vector for the kernel (``to_vector``; indices in ``Knob.index``) and
 round-trips through TOML. Categorical knobs are stored as strings and packed as their
-position in ``choices``.
+position in ``choices``. The fleet knobs (``FLEET_KNOBS``) act only across replicas, whose
+count is the caller's: ``check_fleet`` checks them against it.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class Knob:
     choices: tuple[str, ...] = ()
     vllm: str | None = None  # vLLM 0.33 flag, when vLLM has the knob
     sglang: str | None = None  # SGLang 0.5.23 flag, when SGLang has the knob
+    router: str | None = None  # sglang-router 0.3.2 flag, when its router has the knob
     help: str = ""
 
     @property
@@ -48,6 +50,43 @@ FAIRNESS_COST_UNITS = ("tokens", "gpu_time", "kv_byte_seconds")
 MAX_WAIT_ACTIONS = ("reject", "admit_first")
 SPECULATIVE_MODES = ("off", "fixed", "smartspec", "dspark", "dspark_lagged")
 DRAFT_COST_MODES = ("fraction", "mtp")
+ROUTERS = ("round_robin", "least_outstanding", "least_kv", "cache_aware", "unified", "consistent_hash")
+#: Most replicas a fleet may have (optimizer.space.Fleet), and most the cache-aware router
+#: tracks: its prefix sets are one bit per replica in a 64-bit mask.
+MAX_REPLICAS = 1024
+MAX_CACHE_AWARE_REPLICAS = 64
+
+# fleet (issue 8): routing across data-parallel replicas, Llumnix migration, prefill/decode
+# disaggregation. They act only with more than one replica; the replica count and TP are
+# the caller's (optimizer.space.Fleet). No engine has them; sglang-router has a few.
+_FLEET: tuple[Knob, ...] = (
+    Knob("router", str, choices=ROUTERS, router="policy",
+         help="which replica takes a request: round_robin; least_outstanding (fewest requests); least_kv "
+              "(Llumnix freeness); cache_aware (SGLang router); unified (prefill saved - queue - transfer - "
+              "KV risk); consistent_hash (prefix ring, overflow to the secondary)"),
+    Knob("router_cache_threshold", float, 0.0, 1.0, router="cache-threshold",
+         help="cache_aware: route to the best prefix match when its share of the prompt exceeds this"),
+    Knob("router_balance_abs", int, 0, 1 << 20, router="balance-abs-threshold",
+         help="cache_aware: imbalanced (route to the least loaded) when max - min outstanding exceeds this ..."),
+    Knob("router_balance_rel", float, 1.0, 1000.0, router="balance-rel-threshold",
+         help="cache_aware: ... and max outstanding exceeds min x this"),
+    Knob("router_queue_weight", float, 0.0, 100.0, help="unified: weight of the queueing-time term"),
+    Knob("hash_virtual_nodes", int, 1, 4096, help="consistent_hash: ring points per replica"),
+    Knob("hash_prefix_blocks", int, 1, 1024, help="consistent_hash: leading prompt block hashes in the key"),
+    Knob("hash_by_tenant", bool, help="consistent_hash: the tenant (adapter) is part of the key"),
+    Knob("hash_overflow_factor", float, 1.0, 100.0,
+         help="consistent_hash: go to the secondary owner when the primary's outstanding requests "
+              "exceed this x the mean + 1"),
+    Knob("migration", bool, help="move a running request's KV off a replica short of KV (Llumnix)"),
+    Knob("migration_threshold", float, 0.0, 1e6,
+         help="migration: a replica is short below this freeness (decode steps of free KV)"),
+    Knob("migration_interval_s", float, 0.001, 3600.0, help="migration: seconds between checks"),
+    Knob("migration_pause_ms", float, 0.0, 1e5, help="migration: stall of a moved request besides the copy"),
+    Knob("interconnect_gbps", float, 0.01, 1e5,
+         help="GB/s per GPU between replicas: KV of migrations and prefill->decode handoffs"),
+    Knob("prefill_replicas", int, 0, MAX_REPLICAS - 1,
+         help="replicas that only prefill, handing KV to the rest, which only decode (0 = colocated)"),
+)
 
 KNOBS: tuple[Knob, ...] = (
     Knob("max_num_batched_tokens", int, 1, 1 << 20, vllm="max-num-batched-tokens", sglang="chunked-prefill-size",
@@ -115,18 +154,21 @@ KNOBS: tuple[Knob, ...] = (
          help="verify budget per step: off; fixed (every decode verifies num_speculative_tokens drafts); "
               "smartspec (one k per batch); dspark (per-request prefixes with the early stop); "
               "dspark_lagged (global top-K from confidences two steps back)"),
-    Knob("num_speculative_tokens", int, 1, 16,
+    Knob("num_speculative_tokens", int, 1, 16, vllm="speculative-config", sglang="speculative-num-steps",
          help="draft length gamma: the k of fixed, the most drafts any request verifies otherwise"),
     Knob("speculative_draft_cost_mode", str, choices=DRAFT_COST_MODES,
          help="fraction: a drafted position costs speculative_draft_cost x the target's decode step; "
               "mtp: it costs speculative_draft_cost ms (an MTP head)"),
     Knob("speculative_draft_cost", float, 0.0, 1000.0,
          help="cost of one drafted position, in the unit of speculative_draft_cost_mode"),
+    *_FLEET,
 )
 
 KNOB_INDEX = {k.name: i for i, k in enumerate(KNOBS)}
 KNOB_BY_NAME = {k.name: k for k in KNOBS}
 N_KNOBS = len(KNOBS)
+#: Knobs that only act across replicas: a single-replica run ignores them.
+FLEET_KNOBS = tuple(k.name for k in _FLEET)
 
 
 @dataclass(frozen=True)
@@ -168,6 +210,22 @@ class PolicyConfig:
     num_speculative_tokens: int = 4
     speculative_draft_cost_mode: str = "fraction"
     speculative_draft_cost: float = 0.05
+    # fleet: defaults keep today's multi-replica behaviour (round robin, nothing moves)
+    router: str = "round_robin"
+    router_cache_threshold: float = 0.3
+    router_balance_abs: int = 64
+    router_balance_rel: float = 1.5
+    router_queue_weight: float = 1.0
+    hash_virtual_nodes: int = 160
+    hash_prefix_blocks: int = 1
+    hash_by_tenant: bool = False
+    hash_overflow_factor: float = 1.25
+    migration: bool = False
+    migration_threshold: float = 3.0
+    migration_interval_s: float = 0.05
+    migration_pause_ms: float = 25.0
+    interconnect_gbps: float = 50.0
+    prefill_replicas: int = 0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -222,6 +280,37 @@ class PolicyConfig:
         if unknown:
             raise ConfigError(f"unknown knob(s) {sorted(unknown)}; known: {sorted(KNOB_BY_NAME)}")
         return cls(**data)
+
+
+def check_fleet(config: PolicyConfig, replicas: int) -> None:
+    """Raise ConfigError when ``config``'s fleet knobs cannot run on ``replicas`` replicas
+    (one replica ignores them: only the count is checked)."""
+    if isinstance(replicas, bool) or not isinstance(replicas, int | np.integer) or not 1 <= replicas <= MAX_REPLICAS:
+        raise ConfigError(f"replicas must be an integer in [1, {MAX_REPLICAS}], got {replicas!r}")
+    if config.prefill_replicas >= replicas > 1:
+        raise ConfigError(f"prefill_replicas={config.prefill_replicas} leaves no decode replica among "
+                          f"{replicas}; give at most {replicas - 1}")
+    if config.router == "cache_aware" and replicas > MAX_CACHE_AWARE_REPLICAS:
+        raise ConfigError(f"router='cache_aware' tracks at most {MAX_CACHE_AWARE_REPLICAS} replicas, got {replicas}")
+
+
+def active_fleet_knobs(config: PolicyConfig) -> tuple[str, ...]:
+    """The fleet knobs that act under ``config`` on more than one replica: the router, the
+    chosen router's own settings, migration's when it is on, P/D's split, and the
+    interconnect when KV moves between replicas (migration or P/D)."""
+    by_router = {
+        "cache_aware": ("router_cache_threshold", "router_balance_abs", "router_balance_rel"),
+        "unified": ("router_queue_weight",),
+        "consistent_hash": ("hash_virtual_nodes", "hash_prefix_blocks", "hash_by_tenant", "hash_overflow_factor"),
+    }
+    names = ["router", *by_router.get(config.router, ())]
+    if config.migration:
+        names += ["migration", "migration_threshold", "migration_interval_s", "migration_pause_ms"]
+    if config.prefill_replicas:
+        names.append("prefill_replicas")
+    if config.migration or config.prefill_replicas:
+        names.append("interconnect_gbps")
+    return tuple(names)
 
 
 def _coerce(knob: Knob, value: Any) -> Any:

@@ -1,11 +1,11 @@
 """The engine: replay a trace through one replica's iteration-level scheduler.
 
-One ``@njit`` kernel advances from step boundary to step boundary. At each boundary it
-admits arrivals (or rejects them with a reason), ends requests whose client gave up,
-forms the next batch under every budget at once (token budget, ``max_num_seqs``, free KV
-blocks minus the headroom watermark, optional step-time cap), takes the step's length
-from the cost model's tables, and at the step's end advances tokens, KV and states.
-When nothing can run it jumps to the next arrival.
+One replica advances from step boundary to step boundary. At each boundary it admits
+arrivals (or rejects them with a reason), ends requests whose client gave up, forms the
+next batch under every budget at once (token budget, ``max_num_seqs``, free KV blocks
+minus the headroom watermark, optional step-time cap), takes the step's length from the
+cost model's tables, and at the step's end advances tokens, KV and states. When nothing
+can run it jumps to the next arrival.
 
 The rules (the plain-Python reference in ``tests/policies/reference.py`` follows them
 one by one, and the kernel must match it exactly):
@@ -37,8 +37,8 @@ one by one, and the kernel must match it exactly):
 * A request whose deadline passes ends TIMED_OUT if its first token came by the
   deadline, else CANCELLED, at the deadline; everything it held is freed.
 
-Sharing (issue 6; state in ``Sharing``, rules in ``policies.prefix_cache``,
-``policies.queues`` and ``policies.fairness``):
+Sharing (issue 6; state in ``Replica.pc``/``wq``/``sh``, rules in
+``policies.prefix_cache``, ``policies.queues`` and ``policies.fairness``):
 
 * Prefix caching (``enable_prefix_caching``): a request new to the GPU (or recomputed)
   takes references on the leading cached hash blocks of its prompt and starts computing
@@ -59,11 +59,55 @@ Sharing (issue 6; state in ``Sharing``, rules in ``policies.prefix_cache``,
   ``SimResult.tenant_service`` is the audit, VTC orders by the weighted, lifted counter.
   VTC runs step by step (no fast-forward) so its counters match the reference exactly.
 
-Pure-decode stretches (nobody finishing, no arrival or deadline due, blocks enough, and
-nothing waiting or a waiting head that the last step could not admit and that stays
-blocked as decodes only take KV) are fast-forwarded: one step-time lookup per step,
-per-request arrays touched once at the end. The result is bit-identical to stepping one
-by one.
+Pure-decode stretches (no arrival or deadline due, blocks enough, and nothing waiting or
+a waiting head that the last step could not admit and that stays blocked as decodes only
+take KV) are fast-forwarded up to and including the step in which the first requests
+finish: one decode-attention lookup per step, per-request arrays touched once at the
+end. The result is bit-identical to stepping one by one.
+
+A resumable replica (the interface a fleet drives; requests are indexed globally, in
+trace order, and every per-request array is sized n):
+
+* ``Statics``: the read-only trace columns (``statics`` builds it for a trace and a
+  cost model); ``Replica``: one replica's whole mutable state, a few arrays in the
+  layouts of ``policies.kernel_state``, ``prefix_cache``, ``queues`` and ``fairness``.
+* ``new_replica(st, cfg, cap_blocks, host_blocks, kv_bytes, swap_bw, seed, series_every,
+  fast_forward, tenant_params, class_params, t0)``: every buffer preallocated, clock t0.
+* ``deliver(rep, r, t)``: request r reaches the replica's inbox at time t
+  (non-decreasing over calls); it is admitted or rejected at the first step boundary at
+  or after t, exactly as an arrival. Queue keys, TTFT and deadlines keep using the trace
+  arrival. A replica run alone gets every request at its trace arrival.
+* ``advance(rep, st, tables, cfg, t_limit)``: run steps that START before ``t_limit`` (a
+  started step completes, so the clock may end past it); fast-forward never starts a
+  stretch past ``t_limit`` or the next delivery. Returns once every delivered request has
+  ended or the clock is at or past ``t_limit``; an idle replica with nothing delivered
+  before a finite ``t_limit`` moves its clock there.
+* Router summary: ``clock``, ``outstanding``, ``running``, ``waiting`` (inbox included),
+  ``free_blocks`` (idle cached blocks count as free), ``headroom_blocks``,
+  ``head_demand_blocks``, ``queued_tokens``, ``cached_tokens(rep, st, r)``.
+* ``write_outputs``: per-request outputs of the requests that ended on this replica, and
+  its counters.
+
+Requests moving between replicas (``policies.fleet``); what a request takes along is its
+carried rows (``new_carried``, ``carry``: tokens generated, preemptions, first times and,
+with its KV, computed tokens):
+
+* ``withdraw(rep, st, r, keep_kv, carried_i, carried_f)``: take r off the replica (inbox,
+  queue or running), freeing its blocks, prefix references, reservation, queue entry and
+  quota usage; a failure drops its KV (computed 0, returns the tokens lost), a
+  migration keeps it. ``deliver_carried``: deliver r with its carried rows; KV it
+  carries is allocated at admission, never recomputed.
+* ``hand_off_after_first_token(rep)`` (P/D prefill replica): a request leaves as soon as
+  a step samples a token for it, into ``handed_off(rep)`` (``clear_handed_off`` once
+  taken); ``advance`` returns after such a step, so its clock is the hand-off time.
+* ``advance_through(rep, st, tables, cfg, t)``: ``advance`` that also runs the step
+  starting at t; ``head_request``, ``newest_running``, ``capacity_blocks``, ``max_len``.
+
+``simulate_kernel`` is new_replica, deliver every request, ``advance(inf)``,
+``write_outputs``. Inside ``advance`` every array is *borrowed* (``borrowed``): Numba
+reference-counts each array argument of every non-inlined call with an atomic add, which
+cost more than the simulation itself; a borrowed view carries no reference count, and
+the caller's ``Replica`` keeps the memory alive for the whole call.
 """
 
 from __future__ import annotations
@@ -74,10 +118,12 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic, overload
 
 from costmodels.costmodel import CostModel, CostModelError
-from costmodels.steptable import step_seconds
+from costmodels.steptable import StepTables, decode_run_base, decode_run_step, step_seconds
 from policies import fairness as fm
 from policies import prefix_cache as pcm
 from policies import queues as qm
@@ -118,38 +164,66 @@ from policies.kernel_state import (
     C_STEPS,
     C_SWAP_OUTS,
     C_USED_END,
+    CACHED_FIRST,
+    CACHING,
     CALIBRATION_BINS,
     CAP,
     COMPUTED,
+    DELIVERED,
     DONE,
     DRAFT_S,
+    ENTRY_BLOCKS,
+    ERROR,
     F_BUSY,
     F_END,
+    FAST_FORWARD,
     FINISH,
     FIRST_SCHED,
     FIRST_TOKEN,
+    FL_ALPHA,
+    FL_KEYS,
     FREE,
+    G_HIST,
+    G_RESIDUES,
     GENERATED,
+    HAND_OFF,
     HEADROOM,
     HELD,
     HOST,
+    HOST_CAP,
     HOST_FREE,
+    INBOX_HEAD,
+    KV_BLOCK_SIZE,
+    KV_BYTES,
+    L_BATCH,
+    L_DHEAP,
+    L_INBOX,
+    L_ORDER,
+    L_OUTBOX,
+    L_QUEUE,
+    L_RUN,
+    L_SPEC,
     MAX_LEN,
     MAX_OUT,
     MIN_CALIBRATION,
     N_BATCH,
     N_CALIBRATED,
     N_COUNTS,
+    N_DELIVERED,
     N_DONE,
     N_FCOUNTS,
-    N_G,
+    N_FL,
     N_GF,
+    N_LISTS,
+    N_OUTBOX,
     N_RF,
     N_RI,
     N_RUN,
     N_SAMPLES,
+    N_SF,
+    N_SI,
     N_WAIT,
-    NEXT_ARRIVAL,
+    NEXT_DELIVERY,
     NOT_ARRIVED,
     NTR_CLIP,
     NTR_DECAY_STEPS,
@@ -158,12 +232,18 @@ from policies.kernel_state import (
     NTR_REM,
     NTR_RETRACT_STEPS,
     OUT_OF_RANGE,
+    PC_REQ,
+    PC_STATS,
     PEAK,
     PRED_BIN,
     PREEMPTED_NOW,
     PREEMPTS,
     PREFILL_TOKENS,
+    PREFIX_HIT,
+    PREFIX_QUERY,
+    PREFIX_SAVED_S,
     QUEUE_SEQ,
+    QUOTAS,
     RATIO,
     REASON,
     RESERVED,
@@ -171,6 +251,19 @@ from policies.kernel_state import (
     RNG_COUNTER,
     RNG_SEED,
     RUNNING,
+    S_ARRIVAL,
+    S_CLASS,
+    S_DEADLINE,
+    S_JOB,
+    S_LANE,
+    S_MAX_TOKENS,
+    S_MIN_SERVICE,
+    S_N_FULL,
+    S_OUTPUT,
+    S_PRIORITY,
+    S_PROMPT,
+    S_SPEC_ROW,
+    S_TENANT,
     SAMPLE_K,
     SCHED,
     SERIES_CAPACITY,
@@ -179,8 +272,11 @@ from policies.kernel_state import (
     SPEC_ACCEPTED,
     SPEC_DECODES,
     SPEC_DRAFTED,
+    SPEC_EST,
+    SPEC_HITS,
     SPEC_LAG,
     SPEC_SLOTS,
+    SPEC_TRIALS,
     SPEC_VERIFIES,
     STATE,
     STATUS,
@@ -188,7 +284,9 @@ from policies.kernel_state import (
     STUCK,
     STUCK_DONE,
     STUCK_FREE,
+    STUCK_MODES,
     STUCK_SEQ,
+    SWAP_BW,
     SWAP_OUTS,
     SWAP_S,
     TARGET,
@@ -270,54 +368,119 @@ N_OI, N_OF = 4, 3
 # Prefix-cache run figures (out_prefix): lookups' hit and query tokens, prefill time saved.
 P_HIT_TOKENS, P_QUERY_TOKENS, P_SAVED_S, P_EVICTIONS = 0, 1, 2, 3
 N_PREFIX = 4
+# What a request takes from one replica to the next (``carry``): rows of carried_i / carried_f.
+K_COMPUTED, K_GENERATED, K_PREEMPTS, K_CACHED_FIRST = 0, 1, 2, 3
+K_FIRST_SCHED, K_FIRST_TOKEN = 0, 1
+N_KI, N_KF = 4, 2
+
+# Speculative per-slot rows, after L_SPEC in ``lists`` (allocated only when speculating).
+SP_REQS, SP_TOK, SP_LIM, SP_SLACK, SP_ELL, SP_ACCEPTED, SP_SCRATCH, SP_HEAP = range(8)
+N_SPEC_I = 8
 
 
-class Sharing(NamedTuple):
-    """Per-run state of the sharing policies (prefix cache, queue lanes, tenant ledger)
-    and the per-request trace columns they read; one value so helpers take one argument."""
-
-    pc: pcm.PrefixCache
-    wq: qm.WaitQueue
-    sh: fm.Shares
-    tenant: np.ndarray  # i8[n]
-    klass: np.ndarray  # i8[n], SLO class
-    offsets: np.ndarray  # i8[n + 1], CSR prefix blocks
-    arrival: np.ndarray
-    priority: np.ndarray
-    deadline: np.ndarray
-    min_service_s: np.ndarray  # f8[n], lower bound on completion time (edf rejection)
-    job_s: np.ndarray  # f8[n], predicted job length (sjf)
-    lane_blocked: np.ndarray  # b1[lanes], lanes at a quota or budget in this admission round
-    cached_first: np.ndarray  # i8[n], prompt tokens from the cache at first schedule
-    prefix: np.ndarray  # f8[N_PREFIX]
-    caching: bool
-    quotas: bool  # any tenant quota or class budget binds: lanes may be blocked
+# ======================================================================================
+# borrowed arrays: no reference counting inside the kernel
+# ======================================================================================
+def borrowed(a):
+    """The array itself; in jitted code a view of it without a reference count, valid
+    while its owner lives (the caller keeps the owner: see the module docstring)."""
+    return a
 
 
-class Spec(NamedTuple):
-    """Speculative decoding state (``policies.speculative``): the acceptance profile and
-    per-slot buffers of the step's decode requests (length n when on, 0 when off)."""
+@intrinsic
+def _borrow(typingctx, a):
+    if not isinstance(a, types.Array):
+        return None
 
-    profiles: np.ndarray  # f8[P, gamma], conditional acceptance per position
-    rows: np.ndarray  # i8[n], profile row of each request
-    reqs: np.ndarray  # i8[n], request of each decode slot
-    tok: np.ndarray  # i8[n], its token index (tokens generated) at the verify
-    lim: np.ndarray  # i8[n], most drafts it may verify
-    slack: np.ndarray  # i8[n], free KV slots in the blocks it holds
-    ell: np.ndarray  # i8[n], drafts verified
-    accepted: np.ndarray  # i8[n], drafts accepted
-    surv: np.ndarray  # f8[n, gamma], seen survival
-    alpha: np.ndarray  # f8[n], smartspec's acceptance estimate per slot
-    hits: np.ndarray  # f8[n], smartspec's moving counts per request
-    trials: np.ndarray  # f8[n]
-    est: np.ndarray  # f8[2], run-wide counts
-    heap: np.ndarray  # i8[n + 1]
-    scratch: np.ndarray  # i8[n]
-    mode: int
-    gamma: int
-    seed: int
-    spread: float
-    bias: float
+    def codegen(context, builder, signature, args):
+        src = context.make_array(signature.args[0])(context, builder, args[0])
+        view = context.make_array(signature.return_type)(context, builder)
+        for name in ("nitems", "itemsize", "data", "shape", "strides"):
+            setattr(view, name, getattr(src, name))
+        view.meminfo = cgutils.get_null_value(view.meminfo.type)
+        view.parent = cgutils.get_null_value(view.parent.type)
+        return view._getvalue()
+
+    return a(a), codegen
+
+
+@overload(borrowed)
+def _borrowed_jit(a):
+    return lambda a: _borrow(a)
+
+
+class Statics(NamedTuple):
+    """Read-only inputs of every replica: trace columns (rows of ``policies.kernel_state``)
+    and the prefix-cache, lane and speculative layouts. ``S_MIN_SERVICE``/``S_JOB`` come
+    from a cost model's tables, so replicas with other tables need their own ``sf``."""
+
+    si: np.ndarray  # i8[N_SI, n]
+    sf: np.ndarray  # f8[N_SF, n]
+    offsets: np.ndarray  # i8[n + 1], CSR prefix blocks of each prompt
+    entry: np.ndarray  # i8[blocks], dense prefix-cache entry of each trace block
+    lane_tenant: np.ndarray  # i8[lanes]
+    spec_profiles: np.ndarray  # f8[P, gamma], conditional acceptance per position
+    n_entries: int
+    block_tokens: int
+    spec_spread: float
+    spec_bias: float
+
+
+class Replica(NamedTuple):
+    """One replica's whole mutable state: a few arrays in the layouts of
+    ``policies.kernel_state``; the prefix cache, waiting queue and tenant ledger are
+    views of them (``_cache``, ``_queue``, ``_shares``)."""
+
+    ri: np.ndarray  # i8[N_RI, n], per-request integers
+    rf: np.ndarray  # f8[N_RF, n], per-request floats
+    g: np.ndarray  # i8[N_G + CALIBRATION_BINS + block_size], run-wide integers
+    gf: np.ndarray  # f8[N_GF], run-wide floats
+    lists: np.ndarray  # i8[N_LISTS (+ N_SPEC_I), n + 1], index lists and queue slots
+    fl: np.ndarray  # f8[N_FL (+ 1), n], queue keys (and SmartSpec's estimates)
+    entries: np.ndarray  # i8[pcm.N_ENTRY_ROWS, entries], prefix-cache entries
+    lanes: np.ndarray  # i8[qm.N_LANE_ROWS, lanes], waiting-queue lanes
+    ledger: np.ndarray  # f8[fm.N_TENANT_ROWS + fm.N_CLASS_ROWS, max(tenants, classes)]
+    series: np.ndarray  # f8[SERIES_CAPACITY, 4]: (t, KV blocks used, running, waiting)
+    surv: np.ndarray  # f8[m, gamma], speculative survival per slot (m = n when speculating, else 0)
+
+
+@njit(cache=True, nogil=True)
+def _borrow_replica(rep):
+    return Replica(borrowed(rep.ri), borrowed(rep.rf), borrowed(rep.g), borrowed(rep.gf), borrowed(rep.lists),
+                   borrowed(rep.fl), borrowed(rep.entries), borrowed(rep.lanes), borrowed(rep.ledger),
+                   borrowed(rep.series), borrowed(rep.surv))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _cache(rep, st):
+    """The replica's prefix cache (``policies.prefix_cache``), as views of its arrays."""
+    g = rep.g
+    return pcm.PrefixCache(st.entry, rep.ri[PC_REQ:PC_REQ + pcm.N_REQ_ROWS], rep.entries,
+                           g[PC_STATS:PC_STATS + pcm.N_STATS], st.block_tokens, g[ENTRY_BLOCKS], g[KV_BLOCK_SIZE])
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _queue(rep, st):
+    """The replica's waiting queue (``policies.queues``), as views of its arrays."""
+    return qm.WaitQueue(rep.fl[FL_KEYS:FL_KEYS + 2], rep.lists[L_QUEUE:L_QUEUE + 2], st.si[S_LANE], rep.lanes)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _shares(rep):
+    """The replica's tenant ledger and class usage (``policies.fairness``), as views."""
+    return fm.Shares(rep.ledger[:fm.N_TENANT_ROWS], rep.ledger[fm.N_TENANT_ROWS:])
+
+
+@njit(cache=True, nogil=True)
+def _borrow_statics(st):
+    return Statics(borrowed(st.si), borrowed(st.sf), borrowed(st.offsets), borrowed(st.entry),
+                   borrowed(st.lane_tenant), borrowed(st.spec_profiles), st.n_entries, st.block_tokens,
+                   st.spec_spread, st.spec_bias)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _borrow_tables(tables):
+    return StepTables(borrowed(tables.data), tables.overhead_s, tables.scale)
 
 
 # ======================================================================================
@@ -347,17 +510,18 @@ def _run_remove(run, g, r):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _free_gpu(ri, g, sx, r, drop_refs):
+def _free_gpu(rep, st, r, drop_refs):
     """Free r's own blocks; with drop_refs also its prefix-cache references (idle entries
     stay cached but count as free: evictable on demand, as vLLM's free queue)."""
+    ri, g = rep.ri, rep.g
     held = ri[HELD, r]
     g[FREE] += held
     g[USED] -= held
     ri[HELD, r] = 0
-    if sx.quotas:
-        fm.hold_kv(sx.sh, sx.tenant[r], sx.klass[r], -held)
-    if drop_refs and sx.caching and sx.pc.held[r] > 0:
-        idle = pcm.release(sx.pc, sx.offsets, r)
+    if g[QUOTAS]:
+        fm.hold_kv(_shares(rep), st.si[S_TENANT, r], st.si[S_CLASS, r], -held)
+    if drop_refs and g[CACHING] and ri[PC_REQ + pcm.R_HELD, r] > 0:
+        idle = pcm.release(_cache(rep, st), st.offsets, r)
         g[FREE] += idle
         g[USED] -= idle
 
@@ -378,47 +542,59 @@ def _release_reservation(ri, g, r):
 
 
 @njit(cache=True, nogil=True)
-def _end_request(ri, rf, g, sx, run, r, state, reason, t_end):
+def _end_request(rep, st, r, state, reason, t_end):
     """Final state for r; frees everything it holds. A second call is a no-op."""
-    status = ri[STATUS, r]
-    if status == DONE:
+    ri = rep.ri
+    if ri[STATUS, r] == DONE:
         return
-    if status == RUNNING:
-        _run_remove(run, g, r)
-        _release_reservation(ri, g, r)
-    elif status == WAITING:
-        g[N_WAIT] -= 1
-        qm.remove(sx.wq, r)
-        fm.dequeue(sx.sh, sx.tenant[r])
-    _free_gpu(ri, g, sx, r, True)
-    g[HOST_FREE] += ri[HOST, r]
-    ri[HOST, r] = 0
+    _vacate(rep, st, r)
     ri[STATUS, r] = DONE
     ri[STATE, r] = state
     ri[REASON, r] = reason
-    rf[FINISH, r] = t_end
+    rep.rf[FINISH, r] = t_end
+
+
+@njit(cache=True, nogil=True)
+def _vacate(rep, st, r):
+    """Free everything admitted r holds here and take it off the running list or the
+    queue; the replica is done with it (it ended, or left for another replica)."""
+    ri, g = rep.ri, rep.g
+    status = ri[STATUS, r]
+    if status == RUNNING:
+        _run_remove(rep.lists[L_RUN], g, r)
+        _release_reservation(ri, g, r)
+    elif status == WAITING:
+        g[N_WAIT] -= 1
+        qm.remove(_queue(rep, st), r)
+        fm.dequeue(_shares(rep), st.si[S_TENANT, r])
+    _free_gpu(rep, st, r, True)
+    g[HOST_FREE] += ri[HOST, r]
+    ri[HOST, r] = 0
     g[N_DONE] += 1
 
 
 @njit(cache=True, nogil=True)
-def _end_by_deadline(ri, rf, g, sx, run, deadline, r):
+def _end_by_deadline(rep, st, r):
     """The client left at its deadline: TIMED_OUT if it had seen a token by then."""
-    state = S_TIMED_OUT if rf[FIRST_TOKEN, r] <= deadline[r] else S_CANCELLED
-    _end_request(ri, rf, g, sx, run, r, state, R_NONE, deadline[r])
+    deadline = st.sf[S_DEADLINE, r]
+    state = S_TIMED_OUT if rep.rf[FIRST_TOKEN, r] <= deadline else S_CANCELLED
+    _end_request(rep, st, r, state, R_NONE, deadline)
 
 
 @njit(cache=True, nogil=True)
-def _push_waiting(ri, g, sx, cfg, r, in_front):
+def _push_waiting(rep, st, cfg, r, in_front):
     """Queue r under the configured order (``policies.queues``); FCFS-like orders keep
     push order with preempted requests first; its tenant may become backlogged (VTC)."""
+    g = rep.g
     g[QUEUE_SEQ] += 1
     seq = -g[QUEUE_SEQ] if in_front else g[QUEUE_SEQ]
-    k1, k2 = qm.order_keys(int(cfg[I_POLICY]), seq, sx.arrival[r], sx.priority[r], sx.deadline[r],
-                           sx.job_s[r], cfg[I_AGING])
-    ri[STATUS, r] = WAITING
+    sf = st.sf
+    k1, k2 = qm.order_keys(int(cfg[I_POLICY]), seq, sf[S_ARRIVAL, r], st.si[S_PRIORITY, r], sf[S_DEADLINE, r],
+                           sf[S_JOB, r], cfg[I_AGING])
+    rep.ri[STATUS, r] = WAITING
     g[N_WAIT] += 1
-    qm.push(sx.wq, r, k1, k2)
-    fm.enqueue(sx.sh, sx.tenant[r])
+    qm.push(_queue(rep, st), r, k1, k2)
+    fm.enqueue(_shares(rep), st.si[S_TENANT, r])
 
 
 # ======================================================================================
@@ -445,16 +621,16 @@ def _need_blocks(ri, pc, r, ctx, held, idle_blocks, block_size):
     entries (``idle_blocks`` of them not yet acquired). Full prompt hash blocks it completes
     count whole (``policies.prefix_cache``); without caching this is
     ``ceil(ctx / block_size) - blocks held``."""
-    h_after = max(held, min(pc.n_full[r], ctx // pc.block_tokens))
+    h_after = max(held, min(pc.req[pcm.R_N_FULL, r], ctx // pc.block_tokens))
     return (pcm.private_blocks(ctx, h_after, pc.block_tokens, block_size)
             + pc.entry_blocks * (h_after - held) + idle_blocks - ri[HELD, r])
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _charge_prefill(ri, sx, prompt, cfg, r, n, sign):
+def _charge_prefill(rep, st, cfg, r, n, sign):
     """Tokens unit: charge (sign=1) or refund (-1) the prompt tokens of a scheduled chunk."""
-    if int(cfg[I_COST_UNIT]) == fm.TOKENS and not _is_decode(ri, prompt, r, n):
-        fm.charge(sx.sh, sx.tenant[r], sign * cfg[I_W_IN] * n)
+    if int(cfg[I_COST_UNIT]) == fm.TOKENS and not _is_decode(rep.ri, st.si[S_PROMPT], r, n):
+        fm.charge(_shares(rep), st.si[S_TENANT, r], sign * cfg[I_W_IN] * n)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -475,20 +651,22 @@ def _schedule(ri, g, batch, prompt, r, n, blocks):
 
 
 @njit(cache=True, nogil=True)
-def _schedule_shared(ri, g, sx, batch, prompt, cfg, r, n):
+def _schedule_shared(rep, st, cfg, r, n):
     """``_schedule`` with the sharing side: blocks past the cached prefix (evicting idle
     cached prefixes to make room), the tenant's usage and its prompt-token charge."""
-    pc = sx.pc
-    blocks = _need_blocks(ri, pc, r, ri[COMPUTED, r] + n, pc.held[r], 0, int(cfg[I_BLOCK_SIZE]))
-    if sx.caching:
-        short = blocks - (g[FREE] - pc.stats[pcm.S_EVICTABLE] * pc.entry_blocks)
+    ri, g = rep.ri, rep.g
+    pc = _cache(rep, st)
+    blocks = _need_blocks(ri, pc, r, ri[COMPUTED, r] + n, ri[PC_REQ + pcm.R_HELD, r], 0, int(cfg[I_BLOCK_SIZE]))
+    if g[CACHING]:
+        short = blocks - (g[FREE] - g[PC_STATS + pcm.S_EVICTABLE] * g[ENTRY_BLOCKS])
         if short > 0:
             pcm.evict(pc, short)
-    if sx.quotas:
-        fm.hold_kv(sx.sh, sx.tenant[r], sx.klass[r], blocks)
-        fm.use_tokens(sx.sh, sx.tenant[r], sx.klass[r], n)
-    _charge_prefill(ri, sx, prompt, cfg, r, n, 1)
-    _schedule(ri, g, batch, prompt, r, n, blocks)
+    if g[QUOTAS]:
+        sh = _shares(rep)
+        fm.hold_kv(sh, st.si[S_TENANT, r], st.si[S_CLASS, r], blocks)
+        fm.use_tokens(sh, st.si[S_TENANT, r], st.si[S_CLASS, r], n)
+    _charge_prefill(rep, st, cfg, r, n, 1)
+    _schedule(ri, g, rep.lists[L_BATCH], st.si[S_PROMPT], r, n, blocks)
 
 
 @njit(cache=True, nogil=True)
@@ -553,7 +731,7 @@ def _pick_victim(ri, g, run, prompt, priority, cfg):
 
 
 @njit(cache=True, nogil=True)
-def _preempt(ri, rf, g, gf, sx, run, tables, prompt, cfg, kv_bytes, swap_bw, v):
+def _preempt(rep, st, tables, cfg, v):
     """Take v off the GPU: swap its KV out or drop it for recompute, and requeue it.
 
     Only private KV is swapped: a victim referencing prefix-cache entries is recomputed
@@ -561,33 +739,36 @@ def _preempt(ri, rf, g, gf, sx, run, tables, prompt, cfg, kv_bytes, swap_bw, v):
     still is), so a swapped-out request never pins GPU blocks and a request that fits an
     empty GPU always runs once nothing else does.
     """
+    ri, g, gf = rep.ri, rep.g, rep.gf
+    prompt = st.si[S_PROMPT]
+    held_entries = ri[PC_REQ + pcm.R_HELD]
     block_size = int(cfg[I_BLOCK_SIZE])
     g[PREEMPTED_NOW] = 1
     n = ri[SCHED, v]
     if n > 0:  # already in this step's batch: give its tokens and new blocks back
         _batch_account(ri, g, prompt, v, n, -1)
-        _charge_prefill(ri, sx, prompt, cfg, v, n, -1)
-        if sx.quotas:
-            fm.use_tokens(sx.sh, sx.tenant[v], sx.klass[v], -n)
+        _charge_prefill(rep, st, cfg, v, n, -1)
+        if g[QUOTAS]:
+            fm.use_tokens(_shares(rep), st.si[S_TENANT, v], st.si[S_CLASS, v], -n)
         g[BUDGET] += n
         ri[SCHED, v] = 0
-        keep = pcm.private_blocks(ri[COMPUTED, v], sx.pc.held[v], sx.pc.block_tokens, block_size)
+        keep = pcm.private_blocks(ri[COMPUTED, v], held_entries[v], st.block_tokens, block_size)
         extra = ri[HELD, v] - keep
         g[FREE] += extra
         g[USED] -= extra
         ri[HELD, v] = keep
-        if sx.quotas:
-            fm.hold_kv(sx.sh, sx.tenant[v], sx.klass[v], -extra)
+        if g[QUOTAS]:
+            fm.hold_kv(_shares(rep), st.si[S_TENANT, v], st.si[S_CLASS, v], -extra)
     limit = int(cfg[I_MAX_PREEMPTIONS])
     if limit > 0 and ri[PREEMPTS, v] >= limit:
-        _end_request(ri, rf, g, sx, run, v, S_REJECTED, R_MAX_PREEMPTIONS, gf[CLOCK])
+        _end_request(rep, st, v, S_REJECTED, R_MAX_PREEMPTIONS, gf[CLOCK])
         return
     ri[PREEMPTS, v] += 1
     held = ri[HELD, v]
     mode = int(cfg[I_PREEMPTION])
     swap = False
-    if mode != PREEMPT_RECOMPUTE and held > 0 and g[HOST_FREE] >= held and sx.pc.held[v] == 0:
-        copy_s = held * block_size * kv_bytes / swap_bw
+    if mode != PREEMPT_RECOMPUTE and held > 0 and g[HOST_FREE] >= held and held_entries[v] == 0:
+        copy_s = held * block_size * gf[KV_BYTES] / gf[SWAP_BW]
         if mode == PREEMPT_SWAP:
             swap = True
         else:
@@ -601,22 +782,24 @@ def _preempt(ri, rf, g, gf, sx, run, tables, prompt, cfg, kv_bytes, swap_bw, v):
             g[SWAP_OUTS] += 1
     if not swap:
         ri[COMPUTED, v] = 0
-    _free_gpu(ri, g, sx, v, not swap)
-    _run_remove(run, g, v)
+    _free_gpu(rep, st, v, not swap)
+    _run_remove(rep.lists[L_RUN], g, v)
     _release_reservation(ri, g, v)
-    _push_waiting(ri, g, sx, cfg, v, True)
+    _push_waiting(rep, st, cfg, v, True)
 
 
 @njit(cache=True, nogil=True)
-def _schedule_running(ri, rf, g, gf, sx, run, batch, tables, prompt, priority, cfg, kv_bytes, swap_bw, r, n):
+def _schedule_running(rep, st, tables, cfg, r, n):
     """Schedule n tokens of running r, preempting victims until its blocks fit."""
+    ri, g = rep.ri, rep.g
+    pc = _cache(rep, st)
     block_size = int(cfg[I_BLOCK_SIZE])
-    while _need_blocks(ri, sx.pc, r, ri[COMPUTED, r] + n, sx.pc.held[r], 0, block_size) > g[FREE]:
-        v = _pick_victim(ri, g, run, prompt, priority, cfg)
-        _preempt(ri, rf, g, gf, sx, run, tables, prompt, cfg, kv_bytes, swap_bw, v)
+    while _need_blocks(ri, pc, r, ri[COMPUTED, r] + n, ri[PC_REQ + pcm.R_HELD, r], 0, block_size) > g[FREE]:
+        v = _pick_victim(ri, g, rep.lists[L_RUN], st.si[S_PROMPT], st.si[S_PRIORITY], cfg)
+        _preempt(rep, st, tables, cfg, v)
         if v == r:
             return
-    _schedule_shared(ri, g, sx, batch, prompt, cfg, r, n)
+    _schedule_shared(rep, st, cfg, r, n)
 
 
 # ======================================================================================
@@ -661,22 +844,23 @@ def _admissible(ri, g, gf, pc, prompt, cfg, r, held, idle_blocks):
 
 
 @njit(cache=True, nogil=True)
-def _start(ri, rf, g, gf, run, cfg, prompt, kv_bytes, swap_bw, r):
+def _start(rep, st, cfg, r):
     """Move waiting r (just popped) to running: swap its KV back in, take its reservation."""
+    ri, rf, g, gf = rep.ri, rep.rf, rep.g, rep.gf
     g[N_WAIT] -= 1
     ri[STATUS, r] = RUNNING
-    run[g[N_RUN]] = r
+    rep.lists[L_RUN, g[N_RUN]] = r
     g[N_RUN] += 1
     if math.isnan(rf[FIRST_SCHED, r]):
         rf[FIRST_SCHED, r] = gf[CLOCK]
     host = ri[HOST, r]
     if host > 0:
-        gf[SWAP_S] += host * int(cfg[I_BLOCK_SIZE]) * kv_bytes / swap_bw
+        gf[SWAP_S] += host * int(cfg[I_BLOCK_SIZE]) * gf[KV_BYTES] / gf[SWAP_BW]
         g[HOST_FREE] += host
         ri[HOST, r] = 0
     mode = int(cfg[I_ADMISSION])
     if mode == ADMIT_RESERVATION or mode == ADMIT_PREDICTED:
-        ri[RESERVED, r] = _reservation_blocks(ri, g, prompt, cfg, r)
+        ri[RESERVED, r] = _reservation_blocks(ri, g, st.si[S_PROMPT], cfg, r)
         g[RESERVED_TOTAL] += ri[RESERVED, r]
 
 
@@ -691,7 +875,7 @@ def _running_future(ri, g, run):
 
 
 @njit(cache=True, nogil=True)
-def _admit_waiting(ri, rf, g, gf, sx, run, batch, tables, prompt, cfg, kv_bytes, swap_bw, prefill_first):
+def _admit_waiting(rep, st, tables, cfg, prefill_first):
     """Start waiting requests in queue order until a budget or the admission rule stops.
 
     A request new to the GPU first looks up the prefix cache; its cached tokens are not
@@ -699,32 +883,39 @@ def _admit_waiting(ri, rf, g, gf, sx, run, batch, tables, prompt, cfg, kv_bytes,
     rejected; with quotas, a head over its tenant's quota or its class's budget blocks its
     lane for this round and the next lane's head is tried.
     """
+    ri, rf, g, gf = rep.ri, rep.rf, rep.g, rep.gf
+    pc, wq, sh = _cache(rep, st), _queue(rep, st), _shares(rep)
+    si, sf = st.si, st.sf
+    prompt, offsets = si[S_PROMPT], st.offsets
     block_size = int(cfg[I_BLOCK_SIZE])
     threshold = int(cfg[I_LONG_PREFILL])
     chunked = cfg[I_CHUNKED] != 0.0
     max_seqs = int(cfg[I_MAX_SEQS])
     order = int(cfg[I_POLICY])
     rem_input = int(cfg[I_MAX_PREFILL]) - g[B_PREFILL]
-    pc = sx.pc
+    caching = g[CACHING] != 0
+    quotas = g[QUOTAS] != 0
+    lane_blocked = wq.lanes[qm.L_BLOCKED]
     if int(cfg[I_ADMISSION]) == ADMIT_NTR:
-        gf[NTR_REM] = (g[FREE] - g[HEADROOM]) * block_size - gf[RATIO] * _running_future(ri, g, run)
-    if sx.quotas:
-        sx.lane_blocked[:] = False
+        gf[NTR_REM] = (g[FREE] - g[HEADROOM]) * block_size - gf[RATIO] * _running_future(ri, g, rep.lists[L_RUN])
+    if quotas:
+        lane_blocked[:] = 0
     while g[N_RUN] < max_seqs and g[BUDGET] > 0:
-        r = qm.pick(sx.wq, order, sx.lane_blocked, sx.sh.counter, pc, sx.offsets, prompt)
+        r = qm.pick(wq, order, lane_blocked, sh.tenants[fm.TS_COUNTER], pc, offsets, prompt)
         if r < 0:
             break
         if (order == EDF and math.isnan(rf[FIRST_SCHED, r])
-                and qm.deadline_unmeetable(gf[CLOCK], sx.deadline[r], sx.min_service_s[r], cfg[I_DEADLINE_MARGIN] * 1e-3)):
-            _end_request(ri, rf, g, sx, run, r, S_REJECTED, R_DEADLINE, gf[CLOCK])
+                and qm.deadline_unmeetable(gf[CLOCK], sf[S_DEADLINE, r], sf[S_MIN_SERVICE, r],
+                                           cfg[I_DEADLINE_MARGIN] * 1e-3)):
+            _end_request(rep, st, r, S_REJECTED, R_DEADLINE, gf[CLOCK])
             continue
-        held = pc.held[r]
+        held = ri[PC_REQ + pcm.R_HELD, r]
         cached = 0
         idle = 0
-        lookup = sx.caching and ri[COMPUTED, r] == 0 and ri[HOST, r] == 0
+        lookup = caching and ri[COMPUTED, r] == 0 and ri[HOST, r] == 0
         if lookup:
-            held, cached, idle = pcm.match(pc, sx.offsets, prompt, r)
-            idle *= pc.entry_blocks
+            held, cached, idle = pcm.match(pc, offsets, prompt, r)
+            idle *= g[ENTRY_BLOCKS]
             ri[COMPUTED, r] = cached  # provisional: the step-cap and NTR checks see the cache
         n = prompt[r] + ri[GENERATED, r] - ri[COMPUTED, r]
         if 0 < threshold < n:
@@ -732,69 +923,71 @@ def _admit_waiting(ri, rf, g, gf, sx, run, batch, tables, prompt, cfg, kv_bytes,
         stop = (prefill_first and n > rem_input and g[B_TOKENS] > 0) or (not chunked and n > g[BUDGET])
         if not stop:
             n = min(n, g[BUDGET])
-            n = _fit_step_cap(ri, g, gf, tables, prompt, cfg, r, n, chunked)
-            if n > 0 and sx.quotas:
-                first = _need_blocks(ri, sx.pc, r, ri[COMPUTED, r] + n, held, idle, block_size)
-                if fm.admission_check(sx.sh, sx.tenant[r], sx.klass[r], first, n, g[FREE] - first, g[CAP],
+            if cfg[I_STEP_CAP_MS] > 0.0:
+                n = _fit_step_cap(ri, g, gf, tables, prompt, cfg, r, n, chunked)
+            if n > 0 and quotas:
+                first = _need_blocks(ri, pc, r, ri[COMPUTED, r] + n, held, idle, block_size)
+                if fm.admission_check(sh, si[S_TENANT, r], si[S_CLASS, r], first, n, g[FREE] - first, g[CAP],
                                       int(cfg[I_MAX_BATCHED]), g[N_RUN]) != fm.ADMIT:
                     ri[COMPUTED, r] = 0 if lookup else ri[COMPUTED, r]
-                    sx.lane_blocked[sx.wq.lane_of[r]] = True
+                    lane_blocked[wq.lane_of[r]] = 1
                     continue
             stop = n == 0 or not _admissible(ri, g, gf, pc, prompt, cfg, r, held, idle)
         if stop:
             if lookup:
                 ri[COMPUTED, r] = 0
             break
-        qm.remove(sx.wq, r)
-        fm.dequeue(sx.sh, sx.tenant[r])
+        qm.remove(wq, r)
+        fm.dequeue(sh, si[S_TENANT, r])
         if lookup:
-            _take_cached_prefix(ri, rf, g, pc, sx.offsets, sx.prefix, sx.cached_first, tables, prompt, r, held, cached,
-                                idle, n)
-        _start(ri, rf, g, gf, run, cfg, prompt, kv_bytes, swap_bw, r)
-        _schedule_shared(ri, g, sx, batch, prompt, cfg, r, n)
+            _take_cached_prefix(rep, st, tables, r, held, cached, idle, n)
+        _start(rep, st, cfg, r)
+        _schedule_shared(rep, st, cfg, r, n)
         rem_input -= n
 
 
 @njit(cache=True, nogil=True)
-def _take_cached_prefix(ri, rf, g, pc, offsets, prefix, cached_first, tables, prompt, r, held, cached, idle_blocks, n):
+def _take_cached_prefix(rep, st, tables, r, held, cached, idle_blocks, n):
     """Reference r's cached prefix (its idle entries stop being evictable) and count the
     lookup: tokens hit and looked up, and the lone-prefill time the hit saved this chunk."""
+    g, gf = rep.g, rep.gf
     if held > 0:
-        pcm.acquire(pc, offsets, r, held)
+        pcm.acquire(_cache(rep, st), st.offsets, r, held)
         g[FREE] -= idle_blocks
         g[USED] += idle_blocks
         if g[USED] > g[PEAK]:
             g[PEAK] = g[USED]
-    prefix[P_HIT_TOKENS] += cached
-    prefix[P_QUERY_TOKENS] += prompt[r]
-    if math.isnan(rf[FIRST_SCHED, r]):
-        cached_first[r] = cached
+    gf[PREFIX_HIT] += cached
+    gf[PREFIX_QUERY] += st.si[S_PROMPT, r]
+    if math.isnan(rep.rf[FIRST_SCHED, r]):
+        rep.ri[CACHED_FIRST, r] = cached
     if cached > 0:
         full = cached + n
         without, _ = step_seconds(tables, full, 0, 0, 0, full * (full + 1) // 2)
         with_cache, _ = step_seconds(tables, n, 0, 0, 0, n * cached + n * (n + 1) // 2)
-        prefix[P_SAVED_S] += without - with_cache
+        gf[PREFIX_SAVED_S] += without - with_cache
 
 
 # ======================================================================================
 # forming one step
 # ======================================================================================
 @njit(cache=True, nogil=True)
-def _form_batch(ri, rf, g, gf, sx, run, order, batch, tables, prompt, priority, cfg, kv_bytes, swap_bw):
+def _form_batch(rep, st, tables, cfg):
     """Fill the batch for the step starting now (see the module docstring for the rules)."""
+    ri, g, gf = rep.ri, rep.g, rep.gf
+    pc = _cache(rep, st)
+    run, order, batch = rep.lists[L_RUN], rep.lists[L_ORDER], rep.lists[L_BATCH]
+    prompt = st.si[S_PROMPT]
     prefill_first = int(cfg[I_SCHEDULE_MODE]) == PREFILL_FIRST
     threshold = int(cfg[I_LONG_PREFILL])
     block_size = int(cfg[I_BLOCK_SIZE])
     g[BUDGET] = int(cfg[I_MAX_BATCHED])
-    if sx.quotas:
-        fm.new_step(sx.sh)
+    if g[QUOTAS]:
+        fm.new_step(_shares(rep))
     # decodes take the plain path: sharing state is touched only when it matters
-    pc = sx.pc
-    cached_held = pc.held
-    cache_stats = pc.stats
-    hash_tokens = pc.block_tokens
-    entry_blocks = pc.entry_blocks
-    plain_decodes = not sx.quotas
+    cached_held = ri[PC_REQ + pcm.R_HELD]
+    hash_tokens = st.block_tokens
+    plain_decodes = g[QUOTAS] == 0
     k = g[N_RUN]
     order[:k] = run[:k]  # preemption edits `run` while we walk it
     for i in range(k):
@@ -815,22 +1008,22 @@ def _form_batch(ri, rf, g, gf, sx, run, order, batch, tables, prompt, priority, 
             continue
         if plain_decodes and _is_decode(ri, prompt, r, n):
             blocks = pcm.private_blocks(ri[COMPUTED, r] + 1, cached_held[r], hash_tokens, block_size) - ri[HELD, r]
-            if blocks <= g[FREE] - cache_stats[pcm.S_EVICTABLE] * entry_blocks:
+            if blocks <= g[FREE] - g[PC_STATS + pcm.S_EVICTABLE] * g[ENTRY_BLOCKS]:
                 _schedule(ri, g, batch, prompt, r, n, blocks)
                 continue
         if _need_blocks(ri, pc, r, ri[COMPUTED, r] + n, cached_held[r], 0, block_size) <= g[FREE]:
-            _schedule_shared(ri, g, sx, batch, prompt, cfg, r, n)
+            _schedule_shared(rep, st, cfg, r, n)
         else:
-            _schedule_running(ri, rf, g, gf, sx, run, batch, tables, prompt, priority, cfg, kv_bytes, swap_bw, r, n)
+            _schedule_running(rep, st, tables, cfg, r, n)
     if g[PREEMPTED_NOW] == 0 and g[N_WAIT] > 0:
-        _admit_waiting(ri, rf, g, gf, sx, run, batch, tables, prompt, cfg, kv_bytes, swap_bw, prefill_first)
+        _admit_waiting(rep, st, tables, cfg, prefill_first)
     if prefill_first and g[B_TOKENS] == 0:
         k = g[N_RUN]
         order[:k] = run[:k]
         for i in range(k):
             r = order[i]
             if ri[STATUS, r] == RUNNING:
-                _schedule_running(ri, rf, g, gf, sx, run, batch, tables, prompt, priority, cfg, kv_bytes, swap_bw, r, 1)
+                _schedule_running(rep, st, tables, cfg, r, 1)
     if g[PREEMPTED_NOW] != 0 and int(cfg[I_ADMISSION]) == ADMIT_NTR:
         _retract_ratio(ri, g, gf, run, cfg)
 
@@ -867,49 +1060,57 @@ def _decay_ratio(gf, cfg):
 # speculative decoding: verify budgets after the batch is formed, outcomes at its end
 # ======================================================================================
 @njit(cache=True, nogil=True)
-def _plan_verify(ri, g, gf, sx, sp, batch, tables, prompt, cfg):
+def _plan_verify(rep, st, tables, cfg):
     """Give the batch's decodes their verify budgets (``policies.speculative``) from the
     token budget and KV the formed batch left, taking blocks for the draft tokens."""
+    ri, g, gf, lists = rep.ri, rep.g, rep.gf, rep.lists
+    batch = lists[L_BATCH]
+    prompt = st.si[S_PROMPT]
+    held_entries = ri[PC_REQ + pcm.R_HELD]
+    reqs, tok, lim = lists[L_SPEC + SP_REQS], lists[L_SPEC + SP_TOK], lists[L_SPEC + SP_LIM]
+    slack, ell = lists[L_SPEC + SP_SLACK], lists[L_SPEC + SP_ELL]
+    mode = int(cfg[I_SPEC_MODE])
+    gamma = int(cfg[I_SPEC_GAMMA])
     block_size = int(cfg[I_BLOCK_SIZE])
-    pc = sx.pc
-    hash_tokens = pc.block_tokens
+    hash_tokens = st.block_tokens
     n_req = 0
     for i in range(g[N_BATCH]):
         r = batch[i]
         if ri[SCHED, r] == 1 and _is_decode(ri, prompt, r, 1):
-            sp.reqs[n_req] = r
-            sp.tok[n_req] = ri[GENERATED, r]
-            sp.lim[n_req] = max(0, min(sp.gamma, ri[MAX_OUT, r] - ri[GENERATED, r] - 1))
-            sp.slack[n_req] = pc.held[r] * hash_tokens + ri[HELD, r] * block_size - ri[COMPUTED, r] - 1
+            reqs[n_req] = r
+            tok[n_req] = ri[GENERATED, r]
+            lim[n_req] = max(0, min(gamma, ri[MAX_OUT, r] - ri[GENERATED, r] - 1))
+            slack[n_req] = held_entries[r] * hash_tokens + ri[HELD, r] * block_size - ri[COMPUTED, r] - 1
             n_req += 1
     g[SPEC_SLOTS] = n_req
     if n_req == 0:
         return
-    if sp.mode == spm.MODE_DSPARK or sp.mode == spm.MODE_DSPARK_LAGGED:
-        spm.draft_confidences(sp.reqs, sp.tok, n_req, sp.profiles, sp.rows, sp.seed, sp.spread, sp.bias, sp.gamma,
-                              sp.surv)
-    elif sp.mode == spm.MODE_SMARTSPEC:
-        spm.acceptance_estimate(sp.hits, sp.trials, sp.est, sp.reqs, n_req, sp.alpha)
+    surv, alpha = rep.surv, rep.fl[FL_ALPHA]
+    if mode == spm.MODE_DSPARK or mode == spm.MODE_DSPARK_LAGGED:
+        spm.draft_confidences(reqs, tok, n_req, st.spec_profiles, st.si[S_SPEC_ROW], g[RNG_SEED], st.spec_spread,
+                              st.spec_bias, gamma, surv)
+    elif mode == spm.MODE_SMARTSPEC:
+        spm.acceptance_estimate(rep.rf[SPEC_HITS], rep.rf[SPEC_TRIALS], gf[SPEC_EST:SPEC_EST + 2], reqs, n_req, alpha)
     draft_pp = spm.draft_seconds_per_position(tables, int(cfg[I_DRAFT_MODE]), cfg[I_DRAFT_COST], n_req,
                                               g[B_KV_DECODE])
-    free_blocks = max(0, g[FREE] - pc.stats[pcm.S_EVICTABLE] * pc.entry_blocks)
+    free_blocks = max(0, g[FREE] - g[PC_STATS + pcm.S_EVICTABLE] * g[ENTRY_BLOCKS])
     lag = SPEC_LAG + g[STEPS] % 2  # written two steps ago, rewritten now
     x, _, positions, k_now = spm.verify_budgets(
-        sp.mode, sp.gamma, n_req, sp.surv, sp.alpha, sp.lim, tables, g[B_TOKENS], g[B_LOGITS], g[B_DECODES],
-        g[B_KV_DECODE], g[B_PAIRS], draft_pp, g[BUDGET], sp.slack, free_blocks, block_size, g[lag], sp.ell,
-        sp.heap, sp.scratch)
+        mode, gamma, n_req, surv, alpha, lim, tables, g[B_TOKENS], g[B_LOGITS], g[B_DECODES],
+        g[B_KV_DECODE], g[B_PAIRS], draft_pp, g[BUDGET], slack, free_blocks, block_size, g[lag], ell,
+        lists[L_SPEC + SP_HEAP], lists[L_SPEC + SP_SCRATCH])
     g[lag] = k_now
     for k in range(n_req):
-        m = sp.ell[k]
+        m = ell[k]
         if m == 0:
             continue
-        r = sp.reqs[k]
-        take = pcm.private_blocks(ri[COMPUTED, r] + 1 + m, pc.held[r], hash_tokens, block_size) - ri[HELD, r]
+        r = reqs[k]
+        take = pcm.private_blocks(ri[COMPUTED, r] + 1 + m, held_entries[r], hash_tokens, block_size) - ri[HELD, r]
         g[FREE] -= take
         g[USED] += take
         ri[HELD, r] += take
-        if sx.quotas:
-            fm.hold_kv(sx.sh, sx.tenant[r], sx.klass[r], take)
+        if g[QUOTAS]:
+            fm.hold_kv(_shares(rep), st.si[S_TENANT, r], st.si[S_CLASS, r], take)
         g[SPEC_VERIFIES] += 1
     if g[USED] > g[PEAK]:
         g[PEAK] = g[USED]
@@ -923,33 +1124,38 @@ def _plan_verify(ri, g, gf, sx, sp, batch, tables, prompt, cfg):
 
 
 @njit(cache=True, nogil=True)
-def _settle_verify(ri, g, sx, sp, cfg):
+def _settle_verify(rep, st, cfg):
     """Sample the verifies and keep the accepted drafts: each request advances by them on
     top of its own token (up to its output length), and the rejected drafts' KV is freed."""
+    ri, g, lists = rep.ri, rep.g, rep.lists
+    reqs, tok = lists[L_SPEC + SP_REQS], lists[L_SPEC + SP_TOK]
+    ell, accepted = lists[L_SPEC + SP_ELL], lists[L_SPEC + SP_ACCEPTED]
     n_req = g[SPEC_SLOTS]
-    spm.sample_verify(sp.reqs, sp.tok, sp.ell, n_req, sp.profiles, sp.rows, sp.seed, sp.spread, sp.accepted)
-    if sp.mode == spm.MODE_SMARTSPEC:
-        spm.observe_acceptance(sp.hits, sp.trials, sp.est, sp.reqs, sp.ell, sp.accepted, n_req)
+    spm.sample_verify(reqs, tok, ell, n_req, st.spec_profiles, st.si[S_SPEC_ROW], g[RNG_SEED], st.spec_spread,
+                      accepted)
+    if int(cfg[I_SPEC_MODE]) == spm.MODE_SMARTSPEC:
+        spm.observe_acceptance(rep.rf[SPEC_HITS], rep.rf[SPEC_TRIALS], rep.gf[SPEC_EST:SPEC_EST + 2], reqs, ell,
+                               accepted, n_req)
     block_size = int(cfg[I_BLOCK_SIZE])
-    pc = sx.pc
     tokens_unit = int(cfg[I_COST_UNIT]) == fm.TOKENS
     for k in range(n_req):
-        if sp.ell[k] == 0:
+        if ell[k] == 0:
             continue
-        r = sp.reqs[k]
-        kept = min(sp.accepted[k], ri[TARGET, r] - ri[GENERATED, r] - 1)
+        r = reqs[k]
+        kept = min(accepted[k], ri[TARGET, r] - ri[GENERATED, r] - 1)
         ri[GENERATED, r] += kept
         ri[SCHED, r] += kept
         g[SPEC_ACCEPTED] += kept
-        extra = ri[HELD, r] - pcm.private_blocks(ri[COMPUTED, r] + 1 + kept, pc.held[r], pc.block_tokens, block_size)
+        extra = ri[HELD, r] - pcm.private_blocks(ri[COMPUTED, r] + 1 + kept, ri[PC_REQ + pcm.R_HELD, r],
+                                                 st.block_tokens, block_size)
         g[FREE] += extra
         g[USED] -= extra
         ri[HELD, r] -= extra
-        if sx.quotas:
-            fm.hold_kv(sx.sh, sx.tenant[r], sx.klass[r], -extra)
+        if g[QUOTAS]:
+            fm.hold_kv(_shares(rep), st.si[S_TENANT, r], st.si[S_CLASS, r], -extra)
         _cover_reservation(ri, g, r)
         if tokens_unit and kept > 0:
-            fm.charge(sx.sh, sx.tenant[r], cfg[I_W_OUT] * kept)
+            fm.charge(_shares(rep), st.si[S_TENANT, r], cfg[I_W_OUT] * kept)
     g[SPEC_SLOTS] = 0
 
 
@@ -986,47 +1192,69 @@ def _arrival_reject(ri, g, pc, tables, prompt, deadline, cfg, r, t):
     return R_NONE
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _next_delivery(rep):
+    """Time of the next delivered request not yet admitted or rejected (inf if none)."""
+    return rep.gf[NEXT_DELIVERY]
+
+
 @njit(cache=True, nogil=True)
-def _arrive(ri, rf, g, sx, run, dheap, zeros, tables, arrival, prompt, output, max_tokens, deadline, cfg, t):
-    n = arrival.shape[0]
-    while g[NEXT_ARRIVAL] < n and arrival[g[NEXT_ARRIVAL]] <= t:
-        r = g[NEXT_ARRIVAL]
-        g[NEXT_ARRIVAL] += 1
-        max_out = min(max_tokens[r], g[MAX_LEN] - prompt[r])
+def _arrive(rep, st, tables, cfg, t):
+    """Admit to the queue (or reject) every delivered request due by boundary t."""
+    ri, rf, g = rep.ri, rep.rf, rep.g
+    si = st.si
+    inbox = rep.lists[L_INBOX]
+    ring = inbox.shape[0] - 1
+    prompt, deadline = si[S_PROMPT], st.sf[S_DEADLINE]
+    while g[INBOX_HEAD] < g[N_DELIVERED]:
+        r = inbox[g[INBOX_HEAD] % ring]
+        if rf[DELIVERED, r] > t:
+            rep.gf[NEXT_DELIVERY] = rf[DELIVERED, r]
+            break
+        g[INBOX_HEAD] += 1
+        rep.gf[NEXT_DELIVERY] = np.inf
+        max_out = min(si[S_MAX_TOKENS, r], g[MAX_LEN] - prompt[r])
         ri[MAX_OUT, r] = max_out
-        ri[TARGET, r] = max(1, min(output[r], max_out))
-        reason = _arrival_reject(ri, g, sx.pc, tables, prompt, deadline, cfg, r, t)
+        ri[TARGET, r] = max(1, min(si[S_OUTPUT, r], max_out))
+        reason = _arrival_reject(ri, g, _cache(rep, st), tables, prompt, deadline, cfg, r, t)
         if reason != R_NONE:
-            _end_request(ri, rf, g, sx, run, r, S_REJECTED, reason, t)
+            _end_request(rep, st, r, S_REJECTED, reason, t)
             continue
-        _push_waiting(ri, g, sx, cfg, r, False)
+        _push_waiting(rep, st, cfg, r, False)
         if not math.isnan(deadline[r]):
-            heap_push(dheap, deadline, zeros, r)
+            heap_push(rep.lists[L_DHEAP], deadline, st.sf[S_ARRIVAL], r)  # arrival breaks no tie: r does
 
 
 @njit(cache=True, nogil=True)
-def _next_deadline(ri, dheap, zeros, deadline):
-    r = heap_first_live(dheap, deadline, zeros, ri[STATUS], WAITING, RUNNING)
-    return np.inf if r < 0 else deadline[r]
+def _next_deadline(rep, st):
+    r = heap_first_live(rep.lists[L_DHEAP], st.sf[S_DEADLINE], st.sf[S_ARRIVAL], rep.ri[STATUS], WAITING, RUNNING)
+    return np.inf if r < 0 else st.sf[S_DEADLINE, r]
 
 
 @njit(cache=True, nogil=True)
-def _expire(ri, rf, g, sx, run, dheap, zeros, arrival, deadline, cfg, t):
+def _expire(rep, st, cfg, t):
     """End requests whose deadline has passed; past max_wait_s a never-scheduled request is
     rejected or moved to the front of the queue, per ``max_wait_action``."""
-    while _next_deadline(ri, dheap, zeros, deadline) <= t:
-        r = heap_pop(dheap, deadline, zeros)
-        _end_by_deadline(ri, rf, g, sx, run, deadline, r)
+    while _next_deadline(rep, st) <= t:
+        r = heap_pop(rep.lists[L_DHEAP], st.sf[S_DEADLINE], st.sf[S_ARRIVAL])
+        _end_by_deadline(rep, st, r)
     max_wait = cfg[I_MAX_WAIT]
     if max_wait > 0.0:
+        g = rep.g
+        inbox = rep.lists[L_INBOX]
+        ring = inbox.shape[0] - 1
+        arrival = st.sf[S_ARRIVAL]
         admit_first = int(cfg[I_WAIT_ACTION]) == ADMIT_FIRST
         p = g[WAIT_SCAN]
-        while p < g[NEXT_ARRIVAL] and t - arrival[p] > max_wait:
-            if ri[STATUS, p] == WAITING and math.isnan(rf[FIRST_SCHED, p]):
+        while p < g[INBOX_HEAD]:
+            r = inbox[p % ring]
+            if not t - arrival[r] > max_wait:
+                break
+            if rep.ri[STATUS, r] == WAITING and math.isnan(rep.rf[FIRST_SCHED, r]):
                 if admit_first:
-                    qm.promote(sx.wq, p)
+                    qm.promote(_queue(rep, st), r)
                 else:
-                    _end_request(ri, rf, g, sx, run, p, S_REJECTED, R_MAX_WAIT, t)
+                    _end_request(rep, st, r, S_REJECTED, R_MAX_WAIT, t)
             p += 1
         g[WAIT_SCAN] = p
 
@@ -1053,20 +1281,21 @@ def _calibrate(ri, g, hist, cfg, r):
 
 
 @njit(cache=True, nogil=True)
-def _end_step(ri, rf, g, gf, sx, run, batch, hist, prompt, deadline, cfg, t_end, dt, kv_bytes):
+def _end_step(rep, st, cfg, t_end, dt):
     """Advance every scheduled request by its tokens: cache the prompt blocks it completed,
     charge its tenant for the step, then sample, finish or time out."""
+    ri, rf, g, gf = rep.ri, rep.rf, rep.g, rep.gf
+    batch = rep.lists[L_BATCH]
+    prompt, tenant, deadline = st.si[S_PROMPT], st.si[S_TENANT], st.sf[S_DEADLINE]
     unit = int(cfg[I_COST_UNIT])
     block_size = int(cfg[I_BLOCK_SIZE])
-    sh = sx.sh
-    tenant = sx.tenant
-    caching = sx.caching
-    cached_held = sx.pc.held
-    n_full = sx.pc.n_full
-    service = sh.service
-    counter = sh.counter
-    weight = sh.tenant_params[:, fm.T_WEIGHT]
+    caching = g[CACHING] != 0
+    cached_held = ri[PC_REQ + pcm.R_HELD]
+    n_full = ri[PC_REQ + pcm.R_N_FULL]
+    ledger = rep.ledger
     w_out = cfg[I_W_OUT]
+    kv_bytes = gf[KV_BYTES]
+    hand_off = g[HAND_OFF] != 0
     for i in range(g[N_BATCH]):
         r = batch[i]
         n = ri[SCHED, r]
@@ -1075,37 +1304,40 @@ def _end_step(ri, rf, g, gf, sx, run, batch, hist, prompt, deadline, cfg, t_end,
         ri[SCHED, r] = 0
         ri[COMPUTED, r] += n
         if caching and cached_held[r] < n_full[r]:
-            _cache_prompt_blocks(ri, g, sx, r, block_size)
+            _cache_prompt_blocks(rep, st, r, block_size)
         if unit != fm.TOKENS:
-            fm.charge(sh, tenant[r], fm.step_cost(unit, n, g[B_TOKENS], dt, ri[COMPUTED, r], kv_bytes))
+            fm.charge(_shares(rep), tenant[r], fm.step_cost(unit, n, g[B_TOKENS], dt, ri[COMPUTED, r], kv_bytes))
         if ri[COMPUTED, r] != prompt[r] + ri[GENERATED, r]:
             continue
         ri[GENERATED, r] += 1
-        if unit == fm.TOKENS:  # fm.charge, on hoisted arrays: this runs for every token
-            service[tenant[r]] += w_out
-            counter[tenant[r]] += w_out / weight[tenant[r]]
+        if unit == fm.TOKENS:  # fm.charge, inlined: this runs for every token
+            ledger[fm.TS_SERVICE, tenant[r]] += w_out
+            ledger[fm.TS_COUNTER, tenant[r]] += w_out / ledger[fm.TS_WEIGHT, tenant[r]]
         if math.isnan(rf[FIRST_TOKEN, r]):
             rf[FIRST_TOKEN, r] = t_end
         if ri[GENERATED, r] < ri[TARGET, r]:
+            if hand_off and not deadline[r] <= t_end:  # P/D: on to a decode replica (a late one expires here)
+                _hand_off(rep, st, r)
             continue
         if deadline[r] < t_end:
-            _end_by_deadline(ri, rf, g, sx, run, deadline, r)
+            _end_by_deadline(rep, st, r)
         else:
-            _end_request(ri, rf, g, sx, run, r, S_FINISHED, R_NONE, t_end)
+            _end_request(rep, st, r, S_FINISHED, R_NONE, t_end)
             if int(cfg[I_ADMISSION]) == ADMIT_PREDICTED:
-                _calibrate(ri, g, hist, cfg, r)
+                _calibrate(ri, g, g[G_HIST:G_RESIDUES], cfg, r)
     g[N_BATCH] = 0
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _cache_prompt_blocks(ri, g, sx, r, block_size):
+def _cache_prompt_blocks(rep, st, r, block_size):
     """Turn the full prompt hash blocks r has computed into cache entries it references;
     blocks another request cached first are deduplicated and freed."""
-    freed = pcm.insert(sx.pc, sx.offsets, r, ri[COMPUTED, r])
+    ri, g = rep.ri, rep.g
+    freed = pcm.insert(_cache(rep, st), st.offsets, r, ri[COMPUTED, r])
     before = ri[HELD, r]
-    ri[HELD, r] = pcm.private_blocks(ri[COMPUTED, r], sx.pc.held[r], sx.pc.block_tokens, block_size)
-    if sx.quotas:
-        fm.hold_kv(sx.sh, sx.tenant[r], sx.klass[r], ri[HELD, r] - before)
+    ri[HELD, r] = pcm.private_blocks(ri[COMPUTED, r], ri[PC_REQ + pcm.R_HELD, r], st.block_tokens, block_size)
+    if g[QUOTAS]:
+        fm.hold_kv(_shares(rep), st.si[S_TENANT, r], st.si[S_CLASS, r], ri[HELD, r] - before)
     g[FREE] += freed
     g[USED] -= freed
 
@@ -1137,8 +1369,7 @@ def _sample_until(g, gf, series, t_stop):
 @njit(cache=True, nogil=True)
 def _book_step(g, gf, series, cfg, dt_compute, oor):
     """Book one formed step of dt_compute (+ copies) seconds; return its end and length.
-    The caller then runs ``_end_step`` and moves the clock (kept apart so that this
-    per-step bookkeeping does not carry the sharing state)."""
+    The caller then runs ``_end_step`` and moves the clock."""
     dt = dt_compute + gf[SWAP_S]
     if oor:
         g[OUT_OF_RANGE] += 1
@@ -1157,38 +1388,43 @@ def _book_step(g, gf, series, cfg, dt_compute, oor):
 # fast-forward over pure-decode stretches
 # ======================================================================================
 @njit(cache=True, nogil=True)
-def _fast_forward(ri, g, gf, series, run, residues, tables, arrival, prompt, cfg, next_deadline,
-                  cached_held, hash_tokens, truly_free):
+def _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables, cfg, hash_tokens, next_event, next_deadline,
+                  truly_free):
     """Run consecutive all-decode steps that the step-by-step loop would form identically.
 
     Applies while nothing waits (or admission is stuck, ``_admission_stuck``), every
-    running request is decoding, none finishes, no arrival or deadline is due at a
-    boundary and the new blocks fit (``truly_free``: free without evicting cached
-    prefixes). Each step costs one step-time lookup; blocks come from a histogram of
-    positions modulo the block size. Decode blocks never complete a prompt hash block, so
-    the prefix cache only matters through ``truly_free``. Takes no sharing state (every
-    array argument costs refcounting on each call); ``_settle_fast_forward`` applies the
-    per-request effects. Returns the steps taken, their summed seconds and the sum of
-    step index times seconds (KV byte-seconds).
+    running request is decoding, no delivery, deadline or limit (``next_event``) is due
+    at a boundary and the new blocks fit (``truly_free``: free without evicting cached
+    prefixes). The stretch ends at the latest with the step in which the first requests
+    reach their last token (``_end_fast_forward`` ends them). Each step costs one
+    decode-attention lookup (the token-linear and lm-head parts are the same for the
+    whole stretch); blocks come from a histogram of positions modulo the block size.
+    Decode blocks never complete a prompt hash block, so the prefix cache only matters
+    through ``truly_free``; ``_settle_fast_forward`` applies the per-request effects.
+    Takes only the arrays it reads (each argument costs at every call). Returns the steps
+    taken, their summed seconds, the sum of step index times seconds (KV byte-seconds)
+    and whether the last step finished requests.
     """
     k = g[N_RUN]
     prefill_first = int(cfg[I_SCHEDULE_MODE]) == PREFILL_FIRST
     if k == 0 or (not prefill_first and k > int(cfg[I_MAX_BATCHED])):
-        return 0, 0.0, 0.0
+        return 0, 0.0, 0.0, False
     block_size = int(cfg[I_BLOCK_SIZE])
-    residues[:block_size] = 0
+    residues = g[G_RESIDUES:G_RESIDUES + block_size]
+    residues[:] = 0
     kv = 0
     run_len = np.iinfo(np.int64).max
     for i in range(k):
         r = run[i]
         c = ri[COMPUTED, r]
         if not _is_decode(ri, prompt, r, 1):
-            return 0, 0.0, 0.0
+            return 0, 0.0, 0.0, False
         residues[(c - cached_held[r] * hash_tokens) % block_size] += 1
         kv += c + 1
-        run_len = min(run_len, ri[TARGET, r] - ri[GENERATED, r] - 1)  # the finishing step runs normally
-    n = arrival.shape[0]
-    next_arrival = arrival[g[NEXT_ARRIVAL]] if g[NEXT_ARRIVAL] < n else np.inf
+        run_len = min(run_len, ri[TARGET, r] - ri[GENERATED, r])  # steps until the first finish
+    if next_event <= gf[CLOCK] or next_deadline <= gf[CLOCK]:
+        return 0, 0.0, 0.0, False
+    base = decode_run_base(tables, k)
     ntr = int(cfg[I_ADMISSION]) == ADMIT_NTR
     t = gf[CLOCK]
     busy = gf[BUSY]
@@ -1200,7 +1436,7 @@ def _fast_forward(ri, g, gf, series, run, residues, tables, arrival, prompt, cfg
     j = 0
     sum_dt = 0.0
     sum_j_dt = 0.0  # for KV byte-seconds: context grows by one token per step
-    while j < run_len and next_arrival > t and next_deadline > t:
+    while j < run_len and next_event > t and next_deadline > t:
         need = residues[(block_size - j % block_size) % block_size]
         if need > truly_free:
             break
@@ -1208,7 +1444,7 @@ def _fast_forward(ri, g, gf, series, run, residues, tables, arrival, prompt, cfg
         free -= need
         used += need
         peak = max(peak, used)
-        dt, oor = step_seconds(tables, k, k, k, kv, 0)
+        dt, oor = decode_run_step(tables, base, kv)
         if oor:
             out_of_range += 1
         if t + dt > t_sample:
@@ -1230,22 +1466,40 @@ def _fast_forward(ri, g, gf, series, run, residues, tables, arrival, prompt, cfg
     g[OUT_OF_RANGE] += out_of_range
     gf[BUSY] = busy
     gf[CLOCK] = t
-    return j, sum_dt, sum_j_dt
+    return j, sum_dt, sum_j_dt, j == run_len
 
 
 @njit(cache=True, nogil=True)
-def _settle_fast_forward(ri, g, sx, run, cfg, j, sum_dt, sum_j_dt, kv_bytes):
+def _end_fast_forward(rep, st, cfg):
+    """End the requests that reached their last token in a stretch's final step, in
+    batch (admission) order, as ``_end_step`` would."""
+    ri, g = rep.ri, rep.g
+    run, order = rep.lists[L_RUN], rep.lists[L_ORDER]
+    deadline = st.sf[S_DEADLINE]
+    t_end = rep.gf[CLOCK]
+    k = g[N_RUN]
+    order[:k] = run[:k]  # ending edits `run`
+    for i in range(k):
+        r = order[i]
+        if ri[GENERATED, r] < ri[TARGET, r]:
+            continue
+        if deadline[r] < t_end:
+            _end_by_deadline(rep, st, r)
+        else:
+            _end_request(rep, st, r, S_FINISHED, R_NONE, t_end)
+            if int(cfg[I_ADMISSION]) == ADMIT_PREDICTED:
+                _calibrate(ri, g, g[G_HIST:G_RESIDUES], cfg, r)
+
+
+@njit(cache=True, nogil=True)
+def _settle_fast_forward(ri, g, gf, run, cached_held, si, ledger, cfg, hash_tokens, j, sum_dt, sum_j_dt):
     """Apply j fast-forwarded decode steps to every running request: tokens, blocks,
     reservations and its tenant's usage and charge."""
+    tenant = si[S_TENANT]
     block_size = int(cfg[I_BLOCK_SIZE])
     unit = int(cfg[I_COST_UNIT])
-    # hoisted arrays: this loop runs over every running request after each stretch
-    cached_held = sx.pc.held
-    hash_tokens = sx.pc.block_tokens
-    tenant = sx.tenant
-    service = sx.sh.service
-    counter = sx.sh.counter
-    weight = sx.sh.tenant_params[:, fm.T_WEIGHT]
+    quotas = g[QUOTAS] != 0
+    kv_bytes = gf[KV_BYTES]
     k = g[N_RUN]
     for i in range(k):
         r = run[i]
@@ -1254,8 +1508,9 @@ def _settle_fast_forward(ri, g, sx, run, cfg, j, sum_dt, sum_j_dt, kv_bytes):
         ri[GENERATED, r] += j
         before = ri[HELD, r]
         ri[HELD, r] = pcm.private_blocks(ri[COMPUTED, r], cached_held[r], hash_tokens, block_size)
-        if sx.quotas:
-            fm.hold_kv(sx.sh, tenant[r], sx.klass[r], ri[HELD, r] - before)
+        if quotas:
+            fm.hold_kv(fm.Shares(ledger[:fm.N_TENANT_ROWS], ledger[fm.N_TENANT_ROWS:]), tenant[r], si[S_CLASS, r],
+                       ri[HELD, r] - before)
         _cover_reservation(ri, g, r)
         if unit == fm.TOKENS:
             cost = cfg[I_W_OUT] * j
@@ -1263,8 +1518,8 @@ def _settle_fast_forward(ri, g, sx, run, cfg, j, sum_dt, sum_j_dt, kv_bytes):
             cost = sum_dt / k
         else:
             cost = kv_bytes * ((c + 1) * sum_dt + sum_j_dt)
-        service[tenant[r]] += cost  # fm.charge on the hoisted arrays
-        counter[tenant[r]] += cost / weight[tenant[r]]
+        ledger[fm.TS_SERVICE, tenant[r]] += cost  # fm.charge, inlined
+        ledger[fm.TS_COUNTER, tenant[r]] += cost / ledger[fm.TS_WEIGHT, tenant[r]]
 
 
 @njit(cache=True, nogil=True)
@@ -1280,12 +1535,12 @@ def _stuck_modes(cfg, quotas):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _note_admission(g, stuck_modes, waiting_before):
+def _note_admission(g, waiting_before):
     """After forming a step: was it pure decode with waiting requests none of which could
     start? Then, until a request ends, one is queued or free KV grows, the same head
     stays blocked (free KV and reservations only shrink, the queue and cache are
     unchanged), so the following decode steps can be fast-forwarded."""
-    stuck = (stuck_modes and g[N_WAIT] > 0 and g[N_WAIT] == waiting_before and g[PREEMPTED_NOW] == 0
+    stuck = (g[STUCK_MODES] != 0 and g[N_WAIT] > 0 and g[N_WAIT] == waiting_before and g[PREEMPTED_NOW] == 0
              and g[B_PREFILL] == 0)
     g[STUCK] = 1 if stuck else 0
     g[STUCK_DONE] = g[N_DONE]
@@ -1299,42 +1554,29 @@ def _admission_stuck(g):
 
 
 # ======================================================================================
-# the kernel
+# the replica: create, deliver, advance, inspect, report
 # ======================================================================================
 @njit(cache=True, nogil=True)
-def simulate_kernel(arrival, prompt, output, max_tokens, priority, deadline, tables, cfg,
-                    cap_blocks, host_blocks, kv_bytes, swap_bw, seed, series_every, fast_forward,
-                    sharing_in, tenant_params, class_params, spec_profiles, spec_rows, spec_spread, spec_bias,
-                    out_i, out_f, out_counts, out_fcounts, series, out_cached, out_service, out_prefix):
-    """One replay of the trace under config vector ``cfg``; fills the ``out_*`` buffers.
+def new_replica(st, cfg, cap_blocks, host_blocks, kv_bytes, swap_bw, seed, series_every, fast_forward,
+                tenant_params, class_params, t0):
+    """A replica with nothing delivered, clock ``t0``, every buffer sized for the trace.
 
-    out_i[4, n]: state, reject reason, tokens generated, preemptions; out_f[3, n]: first
-    token, finish, first scheduled; out_counts / out_fcounts: run counters (C_*, F_*);
-    series[SERIES_CAPACITY, 4]: (t, KV blocks used, running, waiting); out_cached[n]:
-    cached prompt tokens at first schedule; out_service[T]: service charged per tenant;
-    out_prefix[N_PREFIX]: prefix-cache figures (P_*). ``sharing_in`` is ``sharing_inputs``;
-    ``tenant_params``/``class_params`` are ``policies.fairness.side_params`` for this config;
-    ``spec_*`` the acceptance model (``policies.speculative.AcceptanceModel``).
+    ``cap_blocks``/``host_blocks``: GPU and host KV blocks (``validate``); ``kv_bytes``:
+    KV bytes per token; ``swap_bw``: host copy bytes per second; ``seed``: the RNG seed
+    of stochastic features; ``series_every``: spacing of the sampled series;
+    ``tenant_params``/``class_params``: ``policies.fairness.side_params`` for ``cfg``.
     """
-    n = arrival.shape[0]
-    ri = np.zeros((N_RI, n), dtype=np.int64)
-    rf = np.full((N_RF, n), np.nan)
-    g = np.zeros(N_G, dtype=np.int64)
-    gf = np.zeros(N_GF)
-    run = np.empty(n, dtype=np.int64)
-    order = np.empty(n, dtype=np.int64)
-    batch = np.empty(n, dtype=np.int64)
-    dheap = np.zeros(n + 1, dtype=np.int64)
-    zeros = np.zeros(n, dtype=np.int64)
-    hist = np.zeros(CALIBRATION_BINS, dtype=np.int64)
-    residues = np.zeros(int(cfg[I_BLOCK_SIZE]), dtype=np.int64)
-    ri[STATUS, :] = NOT_ARRIVED
-
+    n = st.sf.shape[1]
     block_size = int(cfg[I_BLOCK_SIZE])
+    ri = np.zeros((N_RI, n), dtype=np.int64)
+    ri[STATUS] = NOT_ARRIVED
+    g = np.zeros(G_RESIDUES + block_size, dtype=np.int64)
+    gf = np.zeros(N_GF)
     g[CAP] = cap_blocks
     g[HEADROOM] = int(cfg[I_HEADROOM] * cap_blocks)
     g[FREE] = cap_blocks
     g[HOST_FREE] = host_blocks
+    g[HOST_CAP] = host_blocks
     g[PRED_BIN] = -1
     g[RNG_SEED] = seed
     g[RNG_COUNTER] = 0
@@ -1343,41 +1585,106 @@ def simulate_kernel(arrival, prompt, output, max_tokens, priority, deadline, tab
     if cfg[I_CHUNKED] == 0.0:
         g[MAX_LEN] = min(g[MAX_LEN], int(cfg[I_MAX_BATCHED]))
     gf[RATIO] = _ntr_init(cfg)
-    gf[CLOCK] = arrival[0]
-    gf[SERIES_T0] = arrival[0]
+    gf[CLOCK] = t0
+    gf[SERIES_T0] = t0
     gf[SERIES_EVERY] = series_every
-    sx = _new_sharing(sharing_in, arrival, priority, deadline, tenant_params, class_params, cfg)
-    stuck_modes = _stuck_modes(cfg, sx.quotas)
-    sp = _new_spec(spec_profiles, spec_rows, spec_spread, spec_bias, seed, cfg, n)
-    speculating = sp.mode != spm.MODE_OFF
-    fast_forward = fast_forward and not speculating  # every speculative step draws its own outcomes
-    cached_held = sx.pc.held
-    cache_stats = sx.pc.stats
-    hash_tokens = sx.pc.block_tokens
-    entry_blocks = sx.pc.entry_blocks
+    gf[KV_BYTES] = kv_bytes
+    gf[SWAP_BW] = swap_bw
+    gf[NEXT_DELIVERY] = np.inf
+    caching = cfg[I_PREFIX_CACHING] != 0.0
+    g[KV_BLOCK_SIZE] = block_size
+    g[ENTRY_BLOCKS] = _blocks(st.block_tokens, block_size)
+    quotas = (np.any(tenant_params[:, fm.T_KV_QUOTA] < 1.0) or np.any(tenant_params[:, fm.T_TOKEN_QUOTA] < 1.0)
+              or np.any(class_params[:, fm.C_HEADROOM] > 0.0) or np.any(class_params[:, fm.C_KV_SHARE] < 1.0)
+              or np.any(class_params[:, fm.C_TOKEN_SHARE] < 1.0))
+    g[CACHING] = 1 if caching else 0
+    g[QUOTAS] = 1 if quotas else 0
+    g[STUCK_MODES] = 1 if _stuck_modes(cfg, quotas) else 0
+    g[FAST_FORWARD] = 1 if fast_forward else 0
+    speculating = int(cfg[I_SPEC_MODE]) != spm.MODE_OFF  # its rows are allocated only when on
+    lists = np.zeros((N_LISTS + (N_SPEC_I if speculating else 0), n + 1), dtype=np.int64)
+    fl = np.zeros((N_FL + (1 if speculating else 0), n))
+    entries = np.empty((pcm.N_ENTRY_ROWS, st.n_entries if caching else 0), dtype=np.int64)
+    lanes = np.empty((qm.N_LANE_ROWS, st.lane_tenant.shape[0]), dtype=np.int64)
+    ledger = np.empty((fm.N_TENANT_ROWS + fm.N_CLASS_ROWS, max(tenant_params.shape[0], class_params.shape[0])))
+    rf = np.full((N_RF, n), np.nan)
+    rf[SPEC_HITS] = 0.0
+    rf[SPEC_TRIALS] = 0.0
+    rep = Replica(ri, rf, g, gf, lists, fl, entries, lanes, ledger, np.zeros((SERIES_CAPACITY, 4)),
+                  np.zeros((n if speculating else 0, int(cfg[I_SPEC_GAMMA]))))
+    pcm.clear(_cache(rep, st), st.si[S_N_FULL] if caching else np.zeros(n, dtype=np.int64))
+    qm.clear(_queue(rep, st), st.lane_tenant)
+    fm.clear(_shares(rep), tenant_params, class_params)
+    return rep
 
-    # helpers are called only when they have work: every array argument costs refcounting
-    while g[N_DONE] < n:
+
+@njit(cache=True, nogil=True)
+def deliver(rep, r, t):
+    """Request r reaches the replica's inbox at time t (times never decrease)."""
+    g = rep.g
+    inbox = rep.lists[L_INBOX]
+    ring = inbox.shape[0] - 1
+    tail = g[N_DELIVERED]
+    if tail - g[INBOX_HEAD] >= ring:
+        raise ValueError("deliver: the inbox already holds every request")
+    if tail > 0 and t < rep.rf[DELIVERED, inbox[(tail - 1) % ring]]:
+        raise ValueError("deliver: delivery times must not decrease")
+    inbox[tail % ring] = r
+    rep.rf[DELIVERED, r] = t
+    if tail == g[INBOX_HEAD]:
+        rep.gf[NEXT_DELIVERY] = t
+    g[N_DELIVERED] = tail + 1
+
+
+@njit(cache=True, nogil=True)
+def advance(rep, st, tables, cfg, t_limit):
+    """Run the steps that start before ``t_limit`` (see the module docstring)."""
+    _advance(_borrow_replica(rep), _borrow_statics(st), _borrow_tables(tables), borrowed(cfg), t_limit, False)
+
+
+@njit(cache=True, nogil=True)
+def advance_through(rep, st, tables, cfg, t):
+    """``advance`` that also runs the step starting at ``t`` (the fleet watching a
+    replica's step ends calls it at t = the replica's clock)."""
+    _advance(_borrow_replica(rep), _borrow_statics(st), _borrow_tables(tables), borrowed(cfg), t, True)
+
+
+@njit(cache=True, nogil=True)
+def _advance(rep, st, tables, cfg, t_limit, through):
+    """``advance`` on borrowed arrays (``through``: steps starting at ``t_limit`` too).
+    Helpers are called only when they have work."""
+    ri, g, gf, series = rep.ri, rep.g, rep.gf, rep.series
+    dheap, run = rep.lists[L_DHEAP], rep.lists[L_RUN]
+    cached_held, hash_tokens = ri[PC_REQ + pcm.R_HELD], st.block_tokens
+    prompt = st.si[S_PROMPT]
+    speculating = int(cfg[I_SPEC_MODE]) != spm.MODE_OFF
+    # every speculative step draws its own outcomes; VTC keeps exact counters step by step
+    fast_forward = g[FAST_FORWARD] != 0 and not speculating and int(cfg[I_POLICY]) != VTC
+    hand_off = g[HAND_OFF] != 0
+    while g[N_DONE] < g[N_DELIVERED]:
         t = gf[CLOCK]
-        if g[NEXT_ARRIVAL] < n and arrival[g[NEXT_ARRIVAL]] <= t:
-            _arrive(ri, rf, g, sx, run, dheap, zeros, tables, arrival, prompt, output, max_tokens, deadline, cfg, t)
-        if dheap[0] > 0 or cfg[I_MAX_WAIT] > 0.0:
-            _expire(ri, rf, g, sx, run, dheap, zeros, arrival, deadline, cfg, t)
-        if g[N_DONE] == n:
+        if t > t_limit or (t == t_limit and not through):
             break
-        if g[N_RUN] == 0 and g[N_WAIT] == 0:  # idle: jump to the next arrival
-            t_next = arrival[g[NEXT_ARRIVAL]]
-            _sample_until(g, gf, series, t_next)
-            gf[RATIO] = _ntr_init(cfg)
-            gf[CLOCK] = t_next
+        if _next_delivery(rep) <= t:
+            _arrive(rep, st, tables, cfg, t)
+        if dheap[0] > 0 or cfg[I_MAX_WAIT] > 0.0:
+            _expire(rep, st, cfg, t)
+        if g[N_DONE] == g[N_DELIVERED]:
+            break
+        if g[N_RUN] == 0 and g[N_WAIT] == 0:  # idle: jump to the next delivery (or the limit)
+            _idle_until(g, gf, series, cfg, min(_next_delivery(rep), t_limit))
             continue
-        if fast_forward and (g[N_WAIT] == 0 or _admission_stuck(g)) and int(cfg[I_POLICY]) != VTC:  # VTC: exact counters
-            next_deadline = _next_deadline(ri, dheap, zeros, deadline) if dheap[0] > 0 else np.inf
-            j, sum_dt, sum_j_dt = _fast_forward(ri, g, gf, series, run, residues, tables, arrival, prompt, cfg,
-                                                next_deadline, cached_held, hash_tokens,
-                                                g[FREE] - cache_stats[pcm.S_EVICTABLE] * entry_blocks)
+        if fast_forward and (g[N_WAIT] == 0 or _admission_stuck(g)):
+            next_deadline = _next_deadline(rep, st) if dheap[0] > 0 else np.inf
+            truly_free = g[FREE] - g[PC_STATS + pcm.S_EVICTABLE] * g[ENTRY_BLOCKS]
+            j, sum_dt, sum_j_dt, finished = _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables, cfg,
+                                                          hash_tokens, min(_next_delivery(rep), t_limit), next_deadline,
+                                                          truly_free)
             if j > 0:
-                _settle_fast_forward(ri, g, sx, run, cfg, j, sum_dt, sum_j_dt, kv_bytes)
+                _settle_fast_forward(ri, g, gf, run, cached_held, st.si, rep.ledger, cfg, hash_tokens, j, sum_dt,
+                                     sum_j_dt)
+                if finished:
+                    _end_fast_forward(rep, st, cfg)
                 continue
         g[PREEMPTED_NOW] = 0
         gf[SWAP_S] = 0.0
@@ -1388,26 +1695,274 @@ def simulate_kernel(arrival, prompt, output, max_tokens, priority, deadline, tab
         g[B_PAIRS] = 0
         g[B_PREFILL] = 0
         waiting_before = g[N_WAIT]
-        _form_batch(ri, rf, g, gf, sx, run, order, batch, tables, prompt, priority, cfg, kv_bytes, swap_bw)
-        _note_admission(g, stuck_modes, waiting_before)
+        _form_batch(rep, st, tables, cfg)
+        _note_admission(g, waiting_before)
         if g[B_TOKENS] == 0:
             g[N_BATCH] = 0
             if g[PREEMPTED_NOW] != 0 or g[N_RUN] + g[N_WAIT] == 0:
                 continue  # the step only preempted or rejected (edf); admission resumes at once
-            out_counts[C_ERROR] = ERROR_STALLED
-            break
+            g[ERROR] = ERROR_STALLED
+            return
         if speculating and g[B_DECODES] > 0:
             gf[DRAFT_S] = 0.0
-            _plan_verify(ri, g, gf, sx, sp, batch, tables, prompt, cfg)
+            _plan_verify(rep, st, tables, cfg)
         dt, oor = step_seconds(tables, g[B_TOKENS], g[B_LOGITS], g[B_DECODES], g[B_KV_DECODE], g[B_PAIRS])
         if speculating and g[SPEC_SLOTS] > 0:
             dt += gf[DRAFT_S]
-            _settle_verify(ri, g, sx, sp, cfg)
+            _settle_verify(rep, st, cfg)
         t_end, dt = _book_step(g, gf, series, cfg, dt, oor)
-        _end_step(ri, rf, g, gf, sx, run, batch, hist, prompt, deadline, cfg, t_end, dt, kv_bytes)
+        _end_step(rep, st, cfg, t_end, dt)
         gf[CLOCK] = t_end
+        if hand_off and g[N_OUTBOX] > 0:
+            break  # the fleet sends what this step handed off before time moves on
+    if gf[CLOCK] < t_limit and t_limit < np.inf and g[N_RUN] + g[N_WAIT] == 0 and _next_delivery(rep) >= t_limit:
+        _idle_until(g, gf, series, cfg, t_limit)
 
-    for r in range(n):
+
+@njit(cache=True, nogil=True)
+def _idle_until(g, gf, series, cfg, t):
+    """Nothing runs or waits: sample the idle state and move the clock to t."""
+    _sample_until(g, gf, series, t)
+    gf[RATIO] = _ntr_init(cfg)
+    gf[CLOCK] = t
+
+
+# -- the router's view of a replica (``policies.routing`` summary) ------------------------
+@njit(cache=True, nogil=True, inline="always")
+def clock(rep):
+    """The replica's next step boundary."""
+    return rep.gf[CLOCK]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def inbox_pending(rep):
+    """Delivered requests not yet admitted or rejected."""
+    return rep.g[N_DELIVERED] - rep.g[INBOX_HEAD]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def running(rep):
+    return rep.g[N_RUN]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def waiting(rep):
+    """Queued requests, inbox included."""
+    return rep.g[N_WAIT] + inbox_pending(rep)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def outstanding(rep):
+    """Requests running, queued or in the inbox."""
+    return rep.g[N_RUN] + waiting(rep)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def free_blocks(rep):
+    """Free GPU KV blocks; idle cached prefix blocks count as free (evictable on demand)."""
+    return rep.g[FREE]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def headroom_blocks(rep):
+    return rep.g[HEADROOM]
+
+
+@njit(cache=True, nogil=True)
+def head_request(rep, st, cfg):
+    """The request the scheduler would try next: the queue head under the configured
+    order, else the first inbox request; -1 if none."""
+    r = qm.pick(_queue(rep, st), int(cfg[I_POLICY]), np.zeros(rep.lanes.shape[1], dtype=np.int64),
+                rep.ledger[fm.TS_COUNTER], _cache(rep, st), st.offsets, st.si[S_PROMPT])
+    if r < 0 and inbox_pending(rep) > 0:
+        inbox = rep.lists[L_INBOX]
+        r = inbox[rep.g[INBOX_HEAD] % (inbox.shape[0] - 1)]
+    return r
+
+
+@njit(cache=True, nogil=True)
+def head_demand_blocks(rep, st, cfg):
+    """KV blocks of prompt + generated tokens of ``head_request``; 0 if none."""
+    r = head_request(rep, st, cfg)
+    if r < 0:
+        return 0
+    return _blocks(st.si[S_PROMPT, r] + rep.ri[GENERATED, r], int(cfg[I_BLOCK_SIZE]))
+
+
+@njit(cache=True, nogil=True)
+def queued_tokens(rep, st):
+    """Tokens still to compute before the first token of every queued and inbox request:
+    prompt + generated - computed."""
+    ri, g, wq = rep.ri, rep.g, _queue(rep, st)
+    prompt = st.si[S_PROMPT]
+    total = 0
+    for lane in range(wq.lanes.shape[1]):
+        base = wq.lanes[qm.L_BASE, lane]
+        for s in range(base, base + wq.lanes[qm.L_SIZE, lane]):
+            r = wq.slots[qm.SLOT_REQ, s]
+            total += prompt[r] + ri[GENERATED, r] - ri[COMPUTED, r]
+    inbox = rep.lists[L_INBOX]
+    ring = inbox.shape[0] - 1
+    for p in range(g[INBOX_HEAD], g[N_DELIVERED]):
+        r = inbox[p % ring]
+        total += prompt[r] + ri[GENERATED, r] - ri[COMPUTED, r]
+    return total
+
+
+@njit(cache=True, nogil=True)
+def cached_tokens(rep, st, r):
+    """Leading prompt tokens of request r found in this replica's prefix cache."""
+    if rep.g[CACHING] == 0:
+        return 0
+    return pcm.match(_cache(rep, st), st.offsets, st.si[S_PROMPT], r)[1]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def newest_running(rep):
+    """The running request admitted last (-1 if none runs)."""
+    g = rep.g
+    return rep.lists[L_RUN, g[N_RUN] - 1] if g[N_RUN] > 0 else -1
+
+
+@njit(cache=True, nogil=True, inline="always")
+def capacity_blocks(rep):
+    return rep.g[CAP]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def max_len(rep):
+    """Longest prompt + output a request may reach here (``max_model_len``)."""
+    return rep.g[MAX_LEN]
+
+
+# -- requests moving between replicas (the fleet) ------------------------------------------
+@njit(cache=True, nogil=True)
+def new_carried(n):
+    """Empty carried rows for n requests: nothing computed, generated or scheduled yet."""
+    carried_f = np.full((N_KF, n), np.nan)
+    return np.zeros((N_KI, n), dtype=np.int64), carried_f
+
+
+@njit(cache=True, nogil=True)
+def carry(rep, r, keep_kv, carried_i, carried_f):
+    """Write what r takes from this replica to its next one: the tokens it generated (they
+    were streamed), its counters and first times, and its computed KV only with ``keep_kv``."""
+    ri, rf = rep.ri, rep.rf
+    carried_i[K_COMPUTED, r] = ri[COMPUTED, r] if keep_kv else 0
+    carried_i[K_GENERATED, r] = ri[GENERATED, r]
+    carried_i[K_PREEMPTS, r] = ri[PREEMPTS, r]
+    carried_i[K_CACHED_FIRST, r] = ri[CACHED_FIRST, r]
+    carried_f[K_FIRST_SCHED, r] = rf[FIRST_SCHED, r]
+    carried_f[K_FIRST_TOKEN, r] = rf[FIRST_TOKEN, r]
+
+
+@njit(cache=True, nogil=True)
+def withdraw(rep, st, r, keep_kv, carried_i, carried_f):
+    """Take r (in the inbox, queued or running) off this replica and ``carry`` it: a failure
+    drops its KV (``keep_kv`` False), a migration keeps it. Its blocks, prefix references,
+    reservation, queue entry and quota usage are freed here (its cached prefix blocks stay
+    cached). Returns the tokens whose KV was lost (to be computed again)."""
+    ri = rep.ri
+    if ri[STATUS, r] == NOT_ARRIVED:
+        _leave_inbox(rep, r)
+    else:
+        _vacate(rep, st, r)
+        ri[STATUS, r] = NOT_ARRIVED
+    carry(rep, r, keep_kv, carried_i, carried_f)
+    return 0 if keep_kv else ri[COMPUTED, r]
+
+
+@njit(cache=True, nogil=True)
+def _leave_inbox(rep, r):
+    g = rep.g
+    inbox = rep.lists[L_INBOX]
+    ring = inbox.shape[0] - 1
+    p = g[INBOX_HEAD]
+    while inbox[p % ring] != r:
+        p += 1
+    for q in range(p, g[N_DELIVERED] - 1):
+        inbox[q % ring] = inbox[(q + 1) % ring]
+    g[N_DELIVERED] -= 1
+    if p == g[INBOX_HEAD]:
+        empty = g[INBOX_HEAD] == g[N_DELIVERED]
+        rep.gf[NEXT_DELIVERY] = np.inf if empty else rep.rf[DELIVERED, inbox[g[INBOX_HEAD] % ring]]
+
+
+@njit(cache=True, nogil=True)
+def deliver_carried(rep, st, r, t, carried_i, carried_f):
+    """``deliver`` r with what it carries from its last replica (``carry``; fresh rows for a
+    new arrival). KV it carries is allocated when it is admitted, never recomputed."""
+    ri, rf = rep.ri, rep.rf
+    ri[COMPUTED, r] = carried_i[K_COMPUTED, r]
+    ri[GENERATED, r] = carried_i[K_GENERATED, r]
+    ri[PREEMPTS, r] = carried_i[K_PREEMPTS, r]
+    ri[CACHED_FIRST, r] = carried_i[K_CACHED_FIRST, r]
+    rf[FIRST_SCHED, r] = carried_f[K_FIRST_SCHED, r]
+    rf[FIRST_TOKEN, r] = carried_f[K_FIRST_TOKEN, r]
+    heap = rep.lists[L_DHEAP]
+    if heap[0] + inbox_pending(rep) >= ri.shape[1]:
+        _compact_deadlines(rep, st)
+    deliver(rep, r, t)
+
+
+@njit(cache=True, nogil=True)
+def _compact_deadlines(rep, st):
+    """Rebuild the deadline heap from its live entries, once each: a request delivered
+    here again leaves a stale entry behind, and the heap holds at most n."""
+    heap = rep.lists[L_DHEAP]
+    status = rep.ri[STATUS]
+    entries = heap[1:heap[0] + 1].copy()
+    kept = np.zeros(status.shape[0], dtype=np.bool_)
+    heap[0] = 0
+    for r in entries:
+        if (status[r] == WAITING or status[r] == RUNNING) and not kept[r]:
+            kept[r] = True
+            heap_push(heap, st.sf[S_DEADLINE], st.sf[S_ARRIVAL], r)
+
+
+@njit(cache=True, nogil=True)
+def hand_off_after_first_token(rep):
+    """Make this a P/D prefill replica: a request leaves as soon as a step samples a token
+    for it (unless it is done, or its deadline has passed), into ``handed_off``, and
+    ``advance`` returns after each step that handed one off."""
+    rep.g[HAND_OFF] = 1
+
+
+@njit(cache=True, nogil=True)
+def _hand_off(rep, st, r):
+    g = rep.g
+    _vacate(rep, st, r)
+    rep.ri[STATUS, r] = NOT_ARRIVED
+    rep.lists[L_OUTBOX, g[N_OUTBOX]] = r
+    g[N_OUTBOX] += 1
+
+
+@njit(cache=True, nogil=True, inline="always")
+def handed_off(rep):
+    """Requests handed off (at the end of the step that ended at ``clock``), not yet taken:
+    ``carry`` each with its KV, then ``clear_handed_off``."""
+    return rep.lists[L_OUTBOX, :rep.g[N_OUTBOX]]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def clear_handed_off(rep):
+    rep.g[N_OUTBOX] = 0
+
+
+@njit(cache=True, nogil=True)
+def write_outputs(rep, out_i, out_f, out_counts, out_fcounts, series, out_cached, out_service, out_prefix):
+    """Per-request outputs of the requests that ended on this replica, and its counters.
+
+    out_i[4, n]: state, reject reason, tokens generated, preemptions; out_f[3, n]: first
+    token, finish, first scheduled; out_counts / out_fcounts: run counters (C_*, F_*);
+    series[SERIES_CAPACITY, 4]: (t, KV blocks used, running, waiting); out_cached[n]:
+    cached prompt tokens at first schedule; out_service[T]: service charged per tenant;
+    out_prefix[N_PREFIX]: prefix-cache figures (P_*).
+    """
+    ri, rf, g, gf = rep.ri, rep.rf, rep.g, rep.gf
+    for r in range(ri.shape[1]):
+        if ri[STATUS, r] != DONE:
+            continue
         out_i[O_STATE, r] = ri[STATE, r]
         out_i[O_REASON, r] = ri[REASON, r]
         out_i[O_GENERATED, r] = ri[GENERATED, r]
@@ -1415,40 +1970,61 @@ def simulate_kernel(arrival, prompt, output, max_tokens, priority, deadline, tab
         out_f[O_FIRST_TOKEN, r] = rf[FIRST_TOKEN, r]
         out_f[O_FINISH, r] = rf[FINISH, r]
         out_f[O_FIRST_SCHED, r] = rf[FIRST_SCHED, r]
+        out_cached[r] = ri[CACHED_FIRST, r]
     out_counts[C_STEPS] = g[STEPS]
     out_counts[C_OUT_OF_RANGE] = g[OUT_OF_RANGE]
     out_counts[C_PREFILL_TOKENS] = g[PREFILL_TOKENS]
-    out_counts[C_CAP] = cap_blocks
+    out_counts[C_CAP] = g[CAP]
     out_counts[C_PEAK] = g[PEAK]
     out_counts[C_SWAP_OUTS] = g[SWAP_OUTS]
     out_counts[C_N_SAMPLES] = g[N_SAMPLES]
     out_counts[C_USED_END] = g[USED]
     out_counts[C_RESERVED_END] = g[RESERVED_TOTAL]
-    out_counts[C_HOST_USED_END] = host_blocks - g[HOST_FREE]
+    out_counts[C_HOST_USED_END] = g[HOST_CAP] - g[HOST_FREE]
+    out_counts[C_ERROR] = g[ERROR]
     out_counts[C_SPEC_DECODES] = g[SPEC_DECODES]
     out_counts[C_SPEC_VERIFIES] = g[SPEC_VERIFIES]
     out_counts[C_SPEC_DRAFTED] = g[SPEC_DRAFTED]
     out_counts[C_SPEC_ACCEPTED] = g[SPEC_ACCEPTED]
     out_fcounts[F_BUSY] = gf[BUSY]
     out_fcounts[F_END] = gf[CLOCK]
-    out_cached[:] = sx.cached_first
-    out_service[:] = sx.sh.service
-    out_prefix[:] = sx.prefix
-    out_prefix[P_EVICTIONS] = sx.pc.stats[pcm.S_EVICTIONS]
+    series[:] = rep.series
+    out_service[:] = rep.ledger[fm.TS_SERVICE, :out_service.shape[0]]
+    out_prefix[P_HIT_TOKENS] = gf[PREFIX_HIT]
+    out_prefix[P_QUERY_TOKENS] = gf[PREFIX_QUERY]
+    out_prefix[P_SAVED_S] = gf[PREFIX_SAVED_S]
+    out_prefix[P_EVICTIONS] = g[PC_STATS + pcm.S_EVICTIONS]
+
+
+# ======================================================================================
+# the kernels
+# ======================================================================================
+@njit(cache=True, nogil=True)
+def simulate_kernel(st, tables, cfg, cap_blocks, host_blocks, kv_bytes, swap_bw, seed, series_every, fast_forward,
+                    tenant_params, class_params, out_i, out_f, out_counts, out_fcounts, series, out_cached,
+                    out_service, out_prefix):
+    """One replay of the trace under config vector ``cfg`` on one replica: every request
+    delivered at its arrival, advanced to the end; fills the ``out_*`` buffers
+    (``write_outputs``). ``st`` is ``statics``; the rest as in ``new_replica``."""
+    arrival = st.sf[S_ARRIVAL]
+    rep = new_replica(st, cfg, cap_blocks, host_blocks, kv_bytes, swap_bw, seed, series_every, fast_forward,
+                      tenant_params, class_params, arrival[0])
+    inbox = _borrow_replica(rep)  # rep outlives it
+    for r in range(arrival.shape[0]):
+        deliver(inbox, r, arrival[r])
+    advance(rep, st, tables, cfg, np.inf)
+    write_outputs(rep, out_i, out_f, out_counts, out_fcounts, series, out_cached, out_service, out_prefix)
 
 
 @njit(cache=True, parallel=True)
-def simulate_many_kernel(arrival, prompt, output, max_tokens, priority, deadline, tables, cfgs,
-                         caps, hosts, kv_bytes, swap_bw, seed, series_every, fast_forward,
-                         sharing_in, tenant_params, class_params, spec_profiles, spec_rows, spec_spread, spec_bias,
-                         out_i, out_f, out_counts, out_fcounts, series, out_cached, out_service, out_prefix):
+def simulate_many_kernel(st, tables, cfgs, caps, hosts, kv_bytes, swap_bw, seed, series_every, fast_forward,
+                         tenant_params, class_params, out_i, out_f, out_counts, out_fcounts, series, out_cached,
+                         out_service, out_prefix):
     """``simulate_kernel`` for every row of ``cfgs``, in parallel; each writes only its slot."""
     for m in prange(cfgs.shape[0]):
-        simulate_kernel(arrival, prompt, output, max_tokens, priority, deadline, tables, cfgs[m],
-                        caps[m], hosts[m], kv_bytes, swap_bw, seed, series_every[m], fast_forward,
-                        sharing_in, tenant_params[m], class_params[m], spec_profiles, spec_rows, spec_spread,
-                        spec_bias, out_i[m], out_f[m], out_counts[m], out_fcounts[m], series[m],
-                        out_cached[m], out_service[m], out_prefix[m])
+        simulate_kernel(st, tables, cfgs[m], caps[m], hosts[m], kv_bytes, swap_bw, seed, series_every[m],
+                        fast_forward, tenant_params[m], class_params[m], out_i[m], out_f[m], out_counts[m],
+                        out_fcounts[m], series[m], out_cached[m], out_service[m], out_prefix[m])
 
 
 # ======================================================================================
@@ -1500,11 +2076,6 @@ def default_series_every(trace) -> float:
     return max(span, 1e-3) / 500.0
 
 
-def _trace_arrays(trace):
-    return (trace.arrival_s, trace.prompt_tokens, trace.output_tokens, trace.max_tokens,
-            trace.priority, trace.deadline_s)
-
-
 class SharingInputs(NamedTuple):
     """Per-trace arrays the sharing policies read (the same for every config)."""
 
@@ -1536,33 +2107,23 @@ def sharing_inputs(trace, cost_model: CostModel) -> SharingInputs:
     )
 
 
-@njit(cache=True, nogil=True)
-def _new_sharing(sin, arrival, priority, deadline, tenant_params, class_params, cfg):
-    caching = cfg[I_PREFIX_CACHING] != 0.0
-    n_full = sin.n_full if caching else np.zeros_like(sin.n_full)
-    pc = pcm.empty_cache(sin.entry, n_full, sin.n_entries if caching else 0, sin.block_tokens,
-                         int(cfg[I_BLOCK_SIZE]))
-    quotas = (np.any(tenant_params[:, fm.T_KV_QUOTA] < 1.0) or np.any(tenant_params[:, fm.T_TOKEN_QUOTA] < 1.0)
-              or np.any(class_params[:, fm.C_HEADROOM] > 0.0) or np.any(class_params[:, fm.C_KV_SHARE] < 1.0)
-              or np.any(class_params[:, fm.C_TOKEN_SHARE] < 1.0))
-    return Sharing(
-        pc, qm.empty_wait_queue(sin.lane_of, sin.lane_tenant), fm.new_shares(tenant_params, class_params),
-        sin.tenant, sin.klass, sin.offsets, arrival, priority, deadline, sin.min_service_s, sin.job_s,
-        np.zeros(sin.lane_tenant.shape[0], dtype=np.bool_), np.zeros(arrival.shape[0], dtype=np.int64),
-        np.zeros(N_PREFIX), caching, quotas,
-    )
-
-
-@njit(cache=True, nogil=True)
-def _new_spec(profiles, rows, spread, bias, seed, cfg, n):
-    mode = int(cfg[I_SPEC_MODE])
-    gamma = int(cfg[I_SPEC_GAMMA])
-    m = n if mode != spm.MODE_OFF else 0  # nothing to allocate when off
-    return Spec(profiles, rows, np.zeros(m, dtype=np.int64), np.zeros(m, dtype=np.int64),
-                np.zeros(m, dtype=np.int64), np.zeros(m, dtype=np.int64), np.zeros(m, dtype=np.int64),
-                np.zeros(m, dtype=np.int64), np.zeros((m, gamma)), np.zeros(m), np.zeros(m), np.zeros(m),
-                np.zeros(2), np.zeros(m + 1, dtype=np.int64), np.zeros(m, dtype=np.int64),
-                mode, gamma, seed, spread, bias)
+def statics(trace, cost_model: CostModel, configs: Sequence[PolicyConfig],
+            acceptance: spm.AcceptanceModel | None = None) -> Statics:
+    """The read-only replica inputs for a trace, a cost model (service estimates) and the
+    configs to run (the widest speculative draft among them)."""
+    sin = sharing_inputs(trace, cost_model)
+    profiles, rows, spread, bias = _spec_inputs(trace, configs, acceptance)
+    si = np.empty((N_SI, trace.n), dtype=np.int64)
+    for row, column in ((S_PROMPT, trace.prompt_tokens), (S_OUTPUT, trace.output_tokens),
+                        (S_MAX_TOKENS, trace.max_tokens), (S_PRIORITY, trace.priority), (S_TENANT, sin.tenant),
+                        (S_CLASS, sin.klass), (S_LANE, sin.lane_of), (S_N_FULL, sin.n_full), (S_SPEC_ROW, rows)):
+        si[row] = column
+    sf = np.empty((N_SF, trace.n))
+    for row, column in ((S_ARRIVAL, trace.arrival_s), (S_DEADLINE, trace.deadline_s),
+                        (S_MIN_SERVICE, sin.min_service_s), (S_JOB, sin.job_s)):
+        sf[row] = column
+    return Statics(si, sf, sin.offsets, sin.entry, sin.lane_tenant, profiles, sin.n_entries, sin.block_tokens,
+                   spread, bias)
 
 
 def _spec_inputs(trace, configs: Sequence[PolicyConfig], acceptance: spm.AcceptanceModel | None):
@@ -1653,10 +2214,9 @@ def simulate(trace, cost_model: CostModel, config: PolicyConfig, seed: int = 0, 
         raise ValueError(f"series_every_s must be > 0, got {series_every_s}")
     tenant_params, class_params = _side_params(trace, config, sharing)
     bufs = _buffers(1, trace.n, len(tenant_params))
-    simulate_kernel(*_trace_arrays(trace), cost_model.tables, config.to_vector(), cap, host,
-                    cost_model.kv_bytes_per_token, cost_model.swap_bytes_per_s, seed, every,
-                    _fast_forward_enabled(), sharing_inputs(trace, cost_model), tenant_params, class_params,
-                    *_spec_inputs(trace, [config], acceptance), *(b[0] for b in bufs))
+    simulate_kernel(statics(trace, cost_model, [config], acceptance), cost_model.tables, config.to_vector(), cap,
+                    host, cost_model.kv_bytes_per_token, cost_model.swap_bytes_per_s, seed, every,
+                    _fast_forward_enabled(), tenant_params, class_params, *(b[0] for b in bufs))
     return _result(trace, *(b[0] for b in bufs), tenant_params[:, fm.T_WEIGHT])
 
 
@@ -1676,10 +2236,9 @@ def simulate_many(trace, cost_model: CostModel, configs: Sequence[PolicyConfig],
     tenant_params = np.stack([t for t, _ in side])
     class_params = np.stack([c for _, c in side])
     bufs = _buffers(m, trace.n, tenant_params.shape[1])
-    simulate_many_kernel(*_trace_arrays(trace), cost_model.tables, cfgs, caps, hosts,
+    simulate_many_kernel(statics(trace, cost_model, configs, acceptance), cost_model.tables, cfgs, caps, hosts,
                          cost_model.kv_bytes_per_token, cost_model.swap_bytes_per_s, seed, every,
-                         _fast_forward_enabled(), sharing_inputs(trace, cost_model), tenant_params, class_params,
-                         *_spec_inputs(trace, configs, acceptance), *bufs)
+                         _fast_forward_enabled(), tenant_params, class_params, *bufs)
     return [_result(trace, *(b[k] for b in bufs), tenant_params[k, :, fm.T_WEIGHT]) for k in range(m)]
 
 

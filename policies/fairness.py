@@ -48,62 +48,88 @@ C_HEADROOM, C_KV_SHARE, C_TOKEN_SHARE = 0, 1, 2
 ADMIT, OVER_TENANT_QUOTA, OVER_CLASS_BUDGET = 0, 1, 2
 
 
-class Shares(NamedTuple):
-    """Per-tenant ledger and usage, per-class usage, and the side parameters."""
+# rows of Shares.tenants (per tenant) and Shares.classes (per class); counts are exact in f8
+TS_COUNTER = 0  # VTC virtual counter (weighted, lifted)
+TS_SERVICE = 1  # charged service (raw, for the audit)
+TS_WAITING = 2  # queued requests (backlog)
+TS_KV = 3  # KV blocks held by running requests
+TS_TOKENS = 4  # tokens scheduled in the current step
+TS_WEIGHT = 5  # the side parameters (tenant_params columns)
+TS_KV_QUOTA = 6
+TS_TOKEN_QUOTA = 7
+N_TENANT_ROWS = 8
+CS_KV = 0
+CS_TOKENS = 1
+CS_HEADROOM = 2  # the side parameters (class_params columns)
+CS_KV_SHARE = 3
+CS_TOKEN_SHARE = 4
+N_CLASS_ROWS = 5
 
-    counter: np.ndarray  # f8[T], VTC virtual counter (weighted, lifted)
-    service: np.ndarray  # f8[T], charged service (raw, for the audit)
-    waiting: np.ndarray  # i8[T], queued requests (backlog)
-    tenant_kv: np.ndarray  # i8[T], KV blocks held by running requests
-    tenant_tokens: np.ndarray  # i8[T], tokens scheduled in the current step
-    class_kv: np.ndarray  # i8[C]
-    class_tokens: np.ndarray  # i8[C]
-    tenant_params: np.ndarray  # f8[T, 3]
-    class_params: np.ndarray  # f8[C, 3]
+
+class Shares(NamedTuple):
+    """Per-tenant ledger, usage and parameters, and per-class usage and budgets, as two
+    field-major matrices (few arrays keep kernel calls cheap)."""
+
+    tenants: np.ndarray  # f8[N_TENANT_ROWS, T]
+    classes: np.ndarray  # f8[N_CLASS_ROWS, C]
+
+    # Python-side views by name (tests, inspection)
+    counter = property(lambda self: self.tenants[TS_COUNTER])
+    service = property(lambda self: self.tenants[TS_SERVICE])
+    waiting = property(lambda self: self.tenants[TS_WAITING].astype(np.int64))
 
 
 @njit(cache=True, nogil=True)
 def new_shares(tenant_params, class_params):
     """Zeroed ledger and usage for ``side_params`` arrays (f8[T, 3], f8[C, 3])."""
-    n_t = tenant_params.shape[0]
-    n_c = class_params.shape[0]
-    return Shares(
-        np.zeros(n_t),
-        np.zeros(n_t),
-        np.zeros(n_t, dtype=np.int64),
-        np.zeros(n_t, dtype=np.int64),
-        np.zeros(n_t, dtype=np.int64),
-        np.zeros(n_c, dtype=np.int64),
-        np.zeros(n_c, dtype=np.int64),
-        tenant_params,
-        class_params,
-    )
+    sh = Shares(np.empty((N_TENANT_ROWS, tenant_params.shape[0])), np.empty((N_CLASS_ROWS, class_params.shape[0])))
+    clear(sh, tenant_params, class_params)
+    return sh
+
+
+@njit(cache=True, nogil=True)
+def clear(sh, tenant_params, class_params):
+    """Zero the ledger and usage in place and set the side parameters. The matrices may
+    be wider than the tenants and classes given; extra columns stay zero (never used)."""
+    tenants, classes = sh.tenants, sh.classes
+    tenants[:] = 0.0
+    classes[:] = 0.0
+    for t in range(tenant_params.shape[0]):
+        tenants[TS_WEIGHT, t] = tenant_params[t, T_WEIGHT]
+        tenants[TS_KV_QUOTA, t] = tenant_params[t, T_KV_QUOTA]
+        tenants[TS_TOKEN_QUOTA, t] = tenant_params[t, T_TOKEN_QUOTA]
+    for c in range(class_params.shape[0]):
+        classes[CS_HEADROOM, c] = class_params[c, C_HEADROOM]
+        classes[CS_KV_SHARE, c] = class_params[c, C_KV_SHARE]
+        classes[CS_TOKEN_SHARE, c] = class_params[c, C_TOKEN_SHARE]
 
 
 # -- VTC ledger ------------------------------------------------------------------------------
 @njit(cache=True, nogil=True, inline="always")
 def enqueue(sh, t):
     """Tenant t queues a request; lift its counter if it was not backlogged."""
-    if sh.waiting[t] == 0:
+    ts = sh.tenants
+    if ts[TS_WAITING, t] == 0:
         lowest = np.inf
-        for u in range(sh.waiting.shape[0]):
-            if u != t and sh.waiting[u] > 0 and sh.counter[u] < lowest:
-                lowest = sh.counter[u]
-        if lowest < np.inf and lowest > sh.counter[t]:
-            sh.counter[t] = lowest
-    sh.waiting[t] += 1
+        for u in range(ts.shape[1]):
+            if u != t and ts[TS_WAITING, u] > 0 and ts[TS_COUNTER, u] < lowest:
+                lowest = ts[TS_COUNTER, u]
+        if lowest < np.inf and lowest > ts[TS_COUNTER, t]:
+            ts[TS_COUNTER, t] = lowest
+    ts[TS_WAITING, t] += 1
 
 
 @njit(cache=True, nogil=True, inline="always")
 def dequeue(sh, t):
-    sh.waiting[t] -= 1
+    sh.tenants[TS_WAITING, t] -= 1
 
 
 @njit(cache=True, nogil=True, inline="always")
 def charge(sh, t, cost):
     """Charge tenant t ``cost`` units of service."""
-    sh.service[t] += cost
-    sh.counter[t] += cost / sh.tenant_params[t, T_WEIGHT]
+    ts = sh.tenants
+    ts[TS_SERVICE, t] += cost
+    ts[TS_COUNTER, t] += cost / ts[TS_WEIGHT, t]
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -127,20 +153,20 @@ def token_cost(unit, prompt_tokens, output_tokens, w_in, w_out):
 # -- quotas and class budgets ----------------------------------------------------------------
 @njit(cache=True, nogil=True, inline="always")
 def new_step(sh):
-    sh.tenant_tokens[:] = 0
-    sh.class_tokens[:] = 0
+    sh.tenants[TS_TOKENS] = 0.0
+    sh.classes[CS_TOKENS] = 0.0
 
 
 @njit(cache=True, nogil=True, inline="always")
 def hold_kv(sh, t, c, delta_blocks):
-    sh.tenant_kv[t] += delta_blocks
-    sh.class_kv[c] += delta_blocks
+    sh.tenants[TS_KV, t] += delta_blocks
+    sh.classes[CS_KV, c] += delta_blocks
 
 
 @njit(cache=True, nogil=True, inline="always")
 def use_tokens(sh, t, c, n):
-    sh.tenant_tokens[t] += n
-    sh.class_tokens[c] += n
+    sh.tenants[TS_TOKENS, t] += n
+    sh.classes[CS_TOKENS, c] += n
 
 
 @njit(cache=True, nogil=True)
@@ -153,18 +179,18 @@ def admission_check(sh, t, c, need_blocks, first_tokens, free_blocks_after, kv_c
     step), and a class headroom only while anything runs: a request larger than a quota
     still runs alone, so quotas can never stall the engine.
     """
-    tp = sh.tenant_params
-    kv = sh.tenant_kv[t]
-    tokens = sh.tenant_tokens[t]
-    if ((kv > 0 and kv + need_blocks > int(tp[t, T_KV_QUOTA] * kv_capacity))
-            or (tokens > 0 and tokens + first_tokens > int(tp[t, T_TOKEN_QUOTA] * token_budget))):
+    ts = sh.tenants
+    kv = ts[TS_KV, t]
+    tokens = ts[TS_TOKENS, t]
+    if ((kv > 0 and kv + need_blocks > int(ts[TS_KV_QUOTA, t] * kv_capacity))
+            or (tokens > 0 and tokens + first_tokens > int(ts[TS_TOKEN_QUOTA, t] * token_budget))):
         return OVER_TENANT_QUOTA
-    cp = sh.class_params
-    kv = sh.class_kv[c]
-    tokens = sh.class_tokens[c]
-    if ((kv > 0 and kv + need_blocks > int(cp[c, C_KV_SHARE] * kv_capacity))
-            or (tokens > 0 and tokens + first_tokens > int(cp[c, C_TOKEN_SHARE] * token_budget))
-            or (n_running > 0 and free_blocks_after < cp[c, C_HEADROOM] * kv_capacity)):
+    cs = sh.classes
+    kv = cs[CS_KV, c]
+    tokens = cs[CS_TOKENS, c]
+    if ((kv > 0 and kv + need_blocks > int(cs[CS_KV_SHARE, c] * kv_capacity))
+            or (tokens > 0 and tokens + first_tokens > int(cs[CS_TOKEN_SHARE, c] * token_budget))
+            or (n_running > 0 and free_blocks_after < cs[CS_HEADROOM, c] * kv_capacity)):
         return OVER_CLASS_BUDGET
     return ADMIT
 

@@ -1,9 +1,12 @@
-"""Memory layout of one simulation inside the kernel: named rows and slots, no objects.
+"""Memory layout of one replica inside the kernel: named rows and slots, no objects.
 
 Per-request values live in two field-major matrices indexed ``[FIELD, request]`` (each
 row is one contiguous array, i.e. structure of arrays): ``ri`` for integers and ``rf``
-for times. Run-wide scalars live in ``g`` (integers) and ``gf`` (floats). Numba freezes
-these module constants into the compiled code, so a name costs nothing at run time.
+for times. Index lists (running, batch, deadline heap, inbox) are the rows of ``lists``.
+Run-wide scalars live in ``g`` (integers; its tail holds the predicted-mode histogram and
+the fast-forward residues) and ``gf`` (floats). The read-only trace columns are the rows
+of ``si`` (integers) and ``sf`` (floats) in ``engine.Statics``. Numba freezes these
+module constants into the compiled code, so a name costs nothing at run time.
 """
 
 from __future__ import annotations
@@ -27,13 +30,53 @@ PREEMPTS = 8
 SCHED = 9  # tokens scheduled in the step being formed (0 = not in the batch)
 STATE = 10  # policies.result.State once DONE
 REASON = 11  # policies.result.Reject
-N_RI = 12
+CACHED_FIRST = 12  # prompt tokens from the prefix cache at first schedule
+PC_REQ = 13  # two rows: the prefix cache's per-request rows (policies.prefix_cache R_*)
+N_RI = 15
 
 # -- rf rows: per-request floats ---------------------------------------------------------
 FIRST_SCHED = 0
 FIRST_TOKEN = 1
 FINISH = 2
-N_RF = 3
+DELIVERED = 3  # when the request reached this replica's inbox (its trace arrival when run alone)
+SPEC_HITS = 4  # speculative (SmartSpec): the request's moving acceptance counts
+SPEC_TRIALS = 5
+N_RF = 6
+
+# -- lists rows: index lists, i8[N_LISTS, n + 1] ------------------------------------------
+L_RUN = 0  # running requests in admission order (g[N_RUN] of them)
+L_ORDER = 1  # scratch copy of L_RUN while a step is formed (preemption edits L_RUN)
+L_BATCH = 2  # requests of the step being formed (g[N_BATCH])
+L_DHEAP = 3  # deadline heap (policies.waitqueue layout: slot 0 is the size)
+L_INBOX = 4  # delivered requests in delivery order, a ring of n slots (g[INBOX_HEAD..N_DELIVERED])
+L_QUEUE = 5  # two rows: the waiting queue's slot rows (policies.queues SLOT_REQ, POS)
+L_OUTBOX = 7  # P/D: requests handed off and not yet taken by the fleet (g[N_OUTBOX])
+N_LISTS = 8
+L_SPEC = N_LISTS  # speculative per-slot rows follow when speculating (engine SP_*)
+
+# -- fl rows: per-slot floats, f8[N_FL, n] ------------------------------------------------
+FL_KEYS = 0  # two rows: the waiting queue's heap keys (policies.queues K1, K2)
+N_FL = 2
+FL_ALPHA = N_FL  # speculative (SmartSpec) acceptance estimate per slot, when speculating
+
+# -- si rows: read-only per-request integers, i8[N_SI, n] ---------------------------------
+S_PROMPT = 0
+S_OUTPUT = 1  # true output length
+S_MAX_TOKENS = 2
+S_PRIORITY = 3
+S_TENANT = 4
+S_CLASS = 5  # SLO class
+S_LANE = 6  # waiting-queue lane: (tenant, class)
+S_N_FULL = 7  # full (cacheable) prefix hash blocks of the prompt
+S_SPEC_ROW = 8  # speculative acceptance profile row
+N_SI = 9
+
+# -- sf rows: read-only per-request floats, f8[N_SF, n] -----------------------------------
+S_ARRIVAL = 0
+S_DEADLINE = 1  # absolute, NaN = none
+S_MIN_SERVICE = 2  # lower bound on completion time (edf rejection)
+S_JOB = 3  # predicted job length (sjf)
+N_SF = 4
 
 # -- g slots: run-wide integers ----------------------------------------------------------
 CAP = 0  # GPU KV blocks
@@ -45,8 +88,8 @@ HOST_FREE = 5
 N_RUN = 6
 N_WAIT = 7
 N_DONE = 8
-NEXT_ARRIVAL = 9  # index of the next request not yet arrived
-WAIT_SCAN = 10  # max-wait scan position (requests in arrival order)
+INBOX_HEAD = 9  # inbox position of the next delivered request not yet admitted or rejected
+WAIT_SCAN = 10  # max-wait scan position (inbox positions, i.e. in delivery order)
 STEPS = 11
 OUT_OF_RANGE = 12
 PREFILL_TOKENS = 13
@@ -82,7 +125,24 @@ SPEC_VERIFIES = 39  # slots that verified at least one draft
 SPEC_DRAFTED = 40  # draft tokens verified
 SPEC_ACCEPTED = 41  # draft tokens accepted and kept
 SPEC_LAG = 42  # two slots: K computed at steps of each parity
-N_G = 44
+N_DELIVERED = 44  # requests delivered so far (inbox tail position)
+CACHING = 45  # prefix caching on (1/0)
+QUOTAS = 46  # some tenant quota or class budget binds: lanes may be blocked (1/0)
+STUCK_MODES = 47  # admission may stay stuck across decode steps under this config (1/0)
+FAST_FORWARD = 48  # fast-forward pure-decode stretches (1/0)
+ERROR = 49  # 0, or an internal error code (the kernel could not make progress)
+HOST_CAP = 50  # host KV blocks
+KV_BLOCK_SIZE = 51  # block_size of the config
+ENTRY_BLOCKS = 52  # KV blocks per prefix-cache entry
+PC_STATS = 53  # policies.prefix_cache stats (N_STATS = 9 slots)
+HAND_OFF = 62  # P/D prefill replica: a request leaves once it has sampled a token (1/0)
+N_OUTBOX = 63  # requests in L_OUTBOX
+N_G = 64
+#: predicted mode: output/max_tokens ratio histogram bins (in g's tail, below).
+CALIBRATION_BINS = 64
+# g's tail: the predicted-mode histogram, then the fast-forward residues (block_size slots)
+G_HIST = N_G
+G_RESIDUES = G_HIST + CALIBRATION_BINS
 
 # -- gf slots: run-wide floats -----------------------------------------------------------
 T = 0  # clock, seconds on the trace clock
@@ -93,7 +153,14 @@ SERIES_T0 = 4
 SERIES_EVERY = 5
 NTR_REM = 6  # new_token_ratio: tokens still admissible in the step being formed
 DRAFT_S = 7  # drafting seconds of the step being formed
-N_GF = 8
+KV_BYTES = 8  # KV bytes per token of this replica's model
+SWAP_BW = 9  # host<->GPU copy bytes per second
+PREFIX_HIT = 10  # prefix cache: prompt tokens hit over every lookup
+PREFIX_QUERY = 11  # prompt tokens looked up
+PREFIX_SAVED_S = 12  # lone-prefill seconds the hits saved
+SPEC_EST = 13  # two slots: speculative run-wide acceptance counts (hits, trials)
+NEXT_DELIVERY = 15  # delivery time of the inbox head (inf when the inbox is empty)
+N_GF = 16
 
 # -- counters returned to Python (out_counts) ----------------------------------------------
 C_STEPS = 0
@@ -118,8 +185,7 @@ N_FCOUNTS = 2
 
 #: Series buffer rows; when full, every other sample is dropped and the spacing doubles.
 SERIES_CAPACITY = 2048
-#: predicted mode: output/max_tokens ratio histogram bins, and samples before trusting it.
-CALIBRATION_BINS = 64
+#: predicted mode: samples before trusting the histogram.
 MIN_CALIBRATION = 8
 #: new_token_ratio mode (SGLang): clip on a request's future tokens, decay steps, retract steps.
 NTR_CLIP = 4096

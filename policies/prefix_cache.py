@@ -54,26 +54,38 @@ S_EVICTIONS = 8  # entries evicted
 N_STATS = 9
 
 
-class PrefixCache(NamedTuple):
-    """Cache state as arrays; build with ``new_prefix_cache``.
+# rows of PrefixCache.req (per request) and PrefixCache.tab (per entry)
+R_N_FULL = 0  # full hash blocks of the prompt, the only cacheable ones (0 with caching off)
+R_HELD = 1  # leading entries the request references
+N_REQ_ROWS = 2
+E_CACHED = 0  # 1 while the entry holds KV
+E_REFS = 1
+E_LRU_PREV = 2  # doubly linked LRU list of unreferenced cached entries
+E_LRU_NEXT = 3
+N_ENTRY_ROWS = 4
 
-    Per trace block (aligned with ``Trace.block_hashes``): ``entry``. Per request:
-    ``n_full`` (full hash blocks of its prompt, the only cacheable ones) and ``held``
-    (leading entries it references). Per entry: ``cached``, ``refs``, and the doubly
-    linked LRU list of unreferenced cached entries ``lru_prev``/``lru_next``.
+
+class PrefixCache(NamedTuple):
+    """Cache state as a few arrays; build with ``new_prefix_cache``.
+
+    ``entry``: per trace block (aligned with ``Trace.block_hashes``), its dense entry id
+    (read-only, shared). ``req[ROW, request]`` (R_*) and ``tab[ROW, entry]`` (E_*) are
+    field-major matrices: few arrays keep calls cheap in the kernel.
     """
 
     entry: np.ndarray  # i8[H]
-    n_full: np.ndarray  # i8[n]
-    held: np.ndarray  # i8[n]
-    cached: np.ndarray  # b1[U]
-    refs: np.ndarray  # i8[U]
-    lru_prev: np.ndarray  # i8[U]
-    lru_next: np.ndarray  # i8[U]
+    req: np.ndarray  # i8[N_REQ_ROWS, n]
+    tab: np.ndarray  # i8[N_ENTRY_ROWS, U]
     stats: np.ndarray  # i8[N_STATS]
     block_tokens: int
     entry_blocks: int  # KV blocks per entry
     kv_block_size: int
+
+    # Python-side views by name (tests, inspection)
+    n_full = property(lambda self: self.req[R_N_FULL])
+    held = property(lambda self: self.req[R_HELD])
+    cached = property(lambda self: self.tab[E_CACHED] != 0)
+    refs = property(lambda self: self.tab[E_REFS])
 
 
 def prefix_layout(
@@ -91,23 +103,26 @@ def prefix_layout(
 
 @njit(cache=True, nogil=True)
 def empty_cache(entry, n_full, n_entries, block_tokens, kv_block_size):
-    """An empty cache over a ``prefix_layout`` for one KV block size."""
-    stats = np.zeros(N_STATS, dtype=np.int64)
-    stats[S_HEAD] = -1
-    stats[S_TAIL] = -1
-    return PrefixCache(
-        entry,
-        n_full,
-        np.zeros(n_full.shape[0], dtype=np.int64),
-        np.zeros(n_entries, dtype=np.bool_),
-        np.zeros(n_entries, dtype=np.int64),
-        np.full(n_entries, -1, dtype=np.int64),
-        np.full(n_entries, -1, dtype=np.int64),
-        stats,
-        block_tokens,
-        (block_tokens + kv_block_size - 1) // kv_block_size,
-        kv_block_size,
-    )
+    """An empty cache over a ``prefix_layout`` for one KV block size (``n_full`` is copied)."""
+    pc = PrefixCache(entry, np.empty((N_REQ_ROWS, n_full.shape[0]), dtype=np.int64),
+                     np.empty((N_ENTRY_ROWS, n_entries), dtype=np.int64), np.empty(N_STATS, dtype=np.int64),
+                     block_tokens, (block_tokens + kv_block_size - 1) // kv_block_size, kv_block_size)
+    clear(pc, n_full)
+    return pc
+
+
+@njit(cache=True, nogil=True)
+def clear(pc, n_full):
+    """Empty the cache in place: no entry cached or referenced, counters zero;
+    ``n_full`` sets the cacheable blocks per request (zeros: caching off)."""
+    pc.req[R_N_FULL] = n_full
+    pc.req[R_HELD] = 0
+    pc.tab[:] = 0
+    pc.tab[E_LRU_PREV] = -1
+    pc.tab[E_LRU_NEXT] = -1
+    pc.stats[:] = 0
+    pc.stats[S_HEAD] = -1
+    pc.stats[S_TAIL] = -1
 
 
 def new_prefix_cache(
@@ -154,10 +169,10 @@ def grow_blocks(ctx_old, ctx_new, held, n_full, block_tokens, kv_block_size, ent
 @njit(cache=True, nogil=True, inline="always")
 def _lru_append(pc, e):
     tail = pc.stats[S_TAIL]
-    pc.lru_prev[e] = tail
-    pc.lru_next[e] = -1
+    pc.tab[E_LRU_PREV, e] = tail
+    pc.tab[E_LRU_NEXT, e] = -1
     if tail >= 0:
-        pc.lru_next[tail] = e
+        pc.tab[E_LRU_NEXT, tail] = e
     else:
         pc.stats[S_HEAD] = e
     pc.stats[S_TAIL] = e
@@ -166,26 +181,26 @@ def _lru_append(pc, e):
 
 @njit(cache=True, nogil=True, inline="always")
 def _lru_unlink(pc, e):
-    prev = pc.lru_prev[e]
-    nxt = pc.lru_next[e]
+    prev = pc.tab[E_LRU_PREV, e]
+    nxt = pc.tab[E_LRU_NEXT, e]
     if prev >= 0:
-        pc.lru_next[prev] = nxt
+        pc.tab[E_LRU_NEXT, prev] = nxt
     else:
         pc.stats[S_HEAD] = nxt
     if nxt >= 0:
-        pc.lru_prev[nxt] = prev
+        pc.tab[E_LRU_PREV, nxt] = prev
     else:
         pc.stats[S_TAIL] = prev
-    pc.lru_prev[e] = -1
-    pc.lru_next[e] = -1
+    pc.tab[E_LRU_PREV, e] = -1
+    pc.tab[E_LRU_NEXT, e] = -1
     pc.stats[S_EVICTABLE] -= 1
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _ref(pc, e):
-    if pc.refs[e] == 0:
+    if pc.tab[E_REFS, e] == 0:
         _lru_unlink(pc, e)
-    pc.refs[e] += 1
+    pc.tab[E_REFS, e] += 1
 
 
 # -- operations ----------------------------------------------------------------------------
@@ -200,11 +215,11 @@ def match(pc, block_offsets, prompt_tokens, i):
     base = block_offsets[i]
     k = 0
     idle = 0
-    while k < pc.n_full[i]:
+    while k < pc.req[R_N_FULL, i]:
         e = pc.entry[base + k]
-        if not pc.cached[e]:
+        if not pc.tab[E_CACHED, e]:
             break
-        if pc.refs[e] == 0:
+        if pc.tab[E_REFS, e] == 0:
             idle += 1
         k += 1
     tokens = min(k * pc.block_tokens, prompt_tokens[i] - 1)
@@ -217,7 +232,7 @@ def acquire(pc, block_offsets, i, k):
     base = block_offsets[i]
     for j in range(k):
         _ref(pc, pc.entry[base + j])
-    pc.held[i] = k
+    pc.req[R_HELD, i] = k
 
 
 @njit(cache=True, nogil=True)
@@ -237,22 +252,22 @@ def insert(pc, block_offsets, i, ctx):
     goes back to the pool exactly as the entry it now references leaves it.
     """
     base = block_offsets[i]
-    last = min(pc.n_full[i], ctx // pc.block_tokens)
+    last = min(pc.req[R_N_FULL, i], ctx // pc.block_tokens)
     freed = 0
-    for j in range(pc.held[i], last):
+    for j in range(pc.req[R_HELD, i], last):
         e = pc.entry[base + j]
-        if pc.cached[e]:
-            if pc.refs[e] > 0:
+        if pc.tab[E_CACHED, e]:
+            if pc.tab[E_REFS, e] > 0:
                 freed += pc.entry_blocks
             _ref(pc, e)
             pc.stats[S_DEDUPS] += 1
         else:
-            pc.cached[e] = True
-            pc.refs[e] = 1
+            pc.tab[E_CACHED, e] = 1
+            pc.tab[E_REFS, e] = 1
             pc.stats[S_CACHED] += 1
             pc.stats[S_INSERTS] += 1
-    if last > pc.held[i]:
-        pc.held[i] = last
+    if last > pc.req[R_HELD, i]:
+        pc.req[R_HELD, i] = last
     return freed
 
 
@@ -264,13 +279,13 @@ def release(pc, block_offsets, i):
     """
     base = block_offsets[i]
     idle = 0
-    for j in range(pc.held[i] - 1, -1, -1):
+    for j in range(pc.req[R_HELD, i] - 1, -1, -1):
         e = pc.entry[base + j]
-        pc.refs[e] -= 1
-        if pc.refs[e] == 0:
+        pc.tab[E_REFS, e] -= 1
+        if pc.tab[E_REFS, e] == 0:
             _lru_append(pc, e)
             idle += pc.entry_blocks
-    pc.held[i] = 0
+    pc.req[R_HELD, i] = 0
     return idle
 
 
@@ -284,7 +299,7 @@ def evict(pc, kv_blocks_needed):
     while freed < kv_blocks_needed and pc.stats[S_HEAD] >= 0:
         e = pc.stats[S_HEAD]
         _lru_unlink(pc, e)
-        pc.cached[e] = False
+        pc.tab[E_CACHED, e] = 0
         pc.stats[S_CACHED] -= 1
         pc.stats[S_EVICTIONS] += 1
         freed += pc.entry_blocks

@@ -44,18 +44,26 @@ LPM_FCFS_ABOVE = 128  # SGLang: cache-aware orders fall back to FCFS past this m
 FRONT = -np.inf  # key1 of a promoted request
 
 
-class WaitQueue(NamedTuple):
-    """Lanes of indexed heaps. Heap slots of lane l are ``[lane_base[l], +lane_size[l])``."""
+# rows of WaitQueue.keys and WaitQueue.slots (per heap slot / per request) and lanes (per lane)
+K1, K2 = 0, 1  # keys[K*, slot]: the static heap key of the request in that slot
+SLOT_REQ = 0  # slots[SLOT_REQ, slot]: request in the slot, -1 if empty
+POS = 1  # slots[POS, request]: its slot, -1 if not queued
+L_BASE, L_SIZE, L_TENANT, L_BLOCKED = 0, 1, 2, 3  # lanes[L_*, lane]; L_BLOCKED: 1 = skip this round
+N_LANE_ROWS = 4
 
-    key1: np.ndarray  # f8[n], per slot
-    key2: np.ndarray  # f8[n], per slot
-    slot_req: np.ndarray  # i8[n], request in each slot
-    pos: np.ndarray  # i8[n], slot of each request, -1 if not queued
-    lane_of: np.ndarray  # i8[n]
-    lane_base: np.ndarray  # i8[L]
-    lane_size: np.ndarray  # i8[L]
-    lane_tenant: np.ndarray  # i8[L]
-    total: np.ndarray  # i8[1], requests queued over all lanes
+
+class WaitQueue(NamedTuple):
+    """Lanes of indexed heaps in field-major matrices (few arrays keep kernel calls cheap).
+    Heap slots of lane l are ``[lanes[L_BASE, l], + lanes[L_SIZE, l])``."""
+
+    keys: np.ndarray  # f8[2, n]
+    slots: np.ndarray  # i8[2, n]
+    lane_of: np.ndarray  # i8[n], read-only
+    lanes: np.ndarray  # i8[N_LANE_ROWS, L]
+
+    # Python-side views by name (tests, inspection)
+    pos = property(lambda self: self.slots[POS])
+    total = property(lambda self: np.array([self.lanes[L_SIZE].sum()]))
 
 
 def new_wait_queue(lane_of: np.ndarray, lane_tenant: np.ndarray) -> WaitQueue:
@@ -69,25 +77,33 @@ def new_wait_queue(lane_of: np.ndarray, lane_tenant: np.ndarray) -> WaitQueue:
 
 @njit(cache=True, nogil=True)
 def empty_wait_queue(lane_of, lane_tenant):
-    n = lane_of.shape[0]
-    n_lanes = lane_tenant.shape[0]
-    base = np.zeros(n_lanes, dtype=np.int64)
-    for i in range(n):
-        if lane_of[i] + 1 < n_lanes:
-            base[lane_of[i] + 1] += 1
+    q = WaitQueue(np.empty((2, lane_of.shape[0])), np.empty((2, lane_of.shape[0]), dtype=np.int64), lane_of,
+                  np.empty((N_LANE_ROWS, lane_tenant.shape[0]), dtype=np.int64))
+    clear(q, lane_tenant)
+    return q
+
+
+@njit(cache=True, nogil=True)
+def clear(q, lane_tenant):
+    """Empty the queue in place; each lane gets room for every request mapped to it."""
+    q.keys[:] = 0.0
+    q.slots[:] = -1
+    lanes = q.lanes
+    lanes[:] = 0
+    base = lanes[L_BASE]
+    n_lanes = lanes.shape[1]
+    for i in range(q.lane_of.shape[0]):
+        if q.lane_of[i] + 1 < n_lanes:
+            base[q.lane_of[i] + 1] += 1
     for lane in range(1, n_lanes):
         base[lane] += base[lane - 1]
-    return WaitQueue(
-        np.zeros(n),
-        np.zeros(n),
-        np.full(n, -1, dtype=np.int64),
-        np.full(n, -1, dtype=np.int64),
-        lane_of,
-        base,
-        np.zeros(n_lanes, dtype=np.int64),
-        lane_tenant,
-        np.zeros(1, dtype=np.int64),
-    )
+    lanes[L_TENANT] = lane_tenant
+
+
+@njit(cache=True, nogil=True)
+def queued(q):
+    """Requests queued over all lanes."""
+    return q.lanes[L_SIZE].sum()
 
 
 def lanes(tenant: np.ndarray, slo_class: np.ndarray, n_tenants: int, n_classes: int,
@@ -144,20 +160,23 @@ def service_estimates(tables, prompt_tokens, max_tokens):
 # -- heap ------------------------------------------------------------------------------------
 @njit(cache=True, nogil=True, inline="always")
 def _before(q, a, b):
-    if q.key1[a] != q.key1[b]:
-        return q.key1[a] < q.key1[b]
-    if q.key2[a] != q.key2[b]:
-        return q.key2[a] < q.key2[b]
-    return q.slot_req[a] < q.slot_req[b]
+    k = q.keys
+    if k[K1, a] != k[K1, b]:
+        return k[K1, a] < k[K1, b]
+    if k[K2, a] != k[K2, b]:
+        return k[K2, a] < k[K2, b]
+    return q.slots[SLOT_REQ, a] < q.slots[SLOT_REQ, b]
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _swap(q, a, b):
-    k1, k2, r = q.key1[a], q.key2[a], q.slot_req[a]
-    q.key1[a], q.key2[a], q.slot_req[a] = q.key1[b], q.key2[b], q.slot_req[b]
-    q.key1[b], q.key2[b], q.slot_req[b] = k1, k2, r
-    q.pos[q.slot_req[a]] = a
-    q.pos[q.slot_req[b]] = b
+    k = q.keys
+    sl = q.slots
+    k1, k2, r = k[K1, a], k[K2, a], sl[SLOT_REQ, a]
+    k[K1, a], k[K2, a], sl[SLOT_REQ, a] = k[K1, b], k[K2, b], sl[SLOT_REQ, b]
+    k[K1, b], k[K2, b], sl[SLOT_REQ, b] = k1, k2, r
+    sl[POS, sl[SLOT_REQ, a]] = a
+    sl[POS, sl[SLOT_REQ, b]] = b
 
 
 @njit(cache=True, nogil=True)
@@ -188,39 +207,37 @@ def _sift_down(q, base, size, s):
 def push(q, i, key1, key2):
     """Queue request i (not already queued) with its key."""
     lane = q.lane_of[i]
-    base = q.lane_base[lane]
-    s = base + q.lane_size[lane]
-    q.key1[s], q.key2[s], q.slot_req[s] = key1, key2, i
-    q.pos[i] = s
-    q.lane_size[lane] += 1
-    q.total[0] += 1
+    base = q.lanes[L_BASE, lane]
+    s = base + q.lanes[L_SIZE, lane]
+    q.keys[K1, s], q.keys[K2, s], q.slots[SLOT_REQ, s] = key1, key2, i
+    q.slots[POS, i] = s
+    q.lanes[L_SIZE, lane] += 1
     _sift_up(q, base, s)
 
 
 @njit(cache=True, nogil=True)
 def remove(q, i):
     """Take request i out of the queue (admitted, rejected, cancelled); no-op if absent."""
-    s = q.pos[i]
+    s = q.slots[POS, i]
     if s < 0:
         return
     lane = q.lane_of[i]
-    base = q.lane_base[lane]
-    last = base + q.lane_size[lane] - 1
+    base = q.lanes[L_BASE, lane]
+    last = base + q.lanes[L_SIZE, lane] - 1
     if s != last:
         _swap(q, s, last)
-    q.pos[i] = -1
-    q.slot_req[last] = -1
-    q.lane_size[lane] -= 1
-    q.total[0] -= 1
+    q.slots[POS, i] = -1
+    q.slots[SLOT_REQ, last] = -1
+    q.lanes[L_SIZE, lane] -= 1
     if s != last:
-        _sift_down(q, base, q.lane_size[lane], s)
+        _sift_down(q, base, q.lanes[L_SIZE, lane], s)
         _sift_up(q, base, s)
 
 
 @njit(cache=True, nogil=True)
 def promote(q, i):
     """Move a queued request ahead of every unpromoted one (hard max wait, admit first)."""
-    key2 = q.key2[q.pos[i]]
+    key2 = q.keys[K2, q.slots[POS, i]]
     remove(q, i)
     push(q, i, FRONT, key2)
 
@@ -228,9 +245,9 @@ def promote(q, i):
 @njit(cache=True, nogil=True, inline="always")
 def top(q, lane):
     """Head request of a lane, -1 if empty."""
-    if q.lane_size[lane] == 0:
+    if q.lanes[L_SIZE, lane] == 0:
         return -1
-    return q.slot_req[q.lane_base[lane]]
+    return q.slots[SLOT_REQ, q.lanes[L_BASE, lane]]
 
 
 @njit(cache=True, nogil=True)
@@ -238,12 +255,12 @@ def _lpm_head(q, lane, pc, block_offsets, prompt_tokens):
     """Lane member with the longest cached prefix (ties: heap order); and its tokens."""
     best = -1
     best_tokens = -1
-    base = q.lane_base[lane]
-    for s in range(base, base + q.lane_size[lane]):
-        tokens = prefix_cache.match(pc, block_offsets, prompt_tokens, q.slot_req[s])[1]
+    base = q.lanes[L_BASE, lane]
+    for s in range(base, base + q.lanes[L_SIZE, lane]):
+        tokens = prefix_cache.match(pc, block_offsets, prompt_tokens, q.slots[SLOT_REQ, s])[1]
         if best < 0 or tokens > best_tokens or (tokens == best_tokens and _before(q, s, best)):
             best, best_tokens = s, tokens
-    return q.slot_req[best], best_tokens
+    return q.slots[SLOT_REQ, best], best_tokens
 
 
 @njit(cache=True, nogil=True)
@@ -253,19 +270,20 @@ def pick(q, order, lane_blocked, vtc_counter, pc, block_offsets, prompt_tokens):
     Compares lane heads by (VTC counter of the lane's tenant,) key1, key2, request; under
     LPM with at most LPM_FCFS_ABOVE waiting, by longest cached prefix first.
     """
-    cache_aware = order == LPM and q.total[0] <= LPM_FCFS_ABOVE
+    lanes = q.lanes
+    cache_aware = order == LPM and queued(q) <= LPM_FCFS_ABOVE
     best = -1
     best_counter = 0.0
     best_tokens = 0
-    for lane in range(q.lane_size.shape[0]):
-        if q.lane_size[lane] == 0 or lane_blocked[lane]:
+    for lane in range(lanes.shape[1]):
+        if lanes[L_SIZE, lane] == 0 or lane_blocked[lane]:
             continue
         tokens = 0
         if cache_aware:
             i, tokens = _lpm_head(q, lane, pc, block_offsets, prompt_tokens)
         else:
-            i = q.slot_req[q.lane_base[lane]]
-        counter = vtc_counter[q.lane_tenant[lane]] if order == VTC else 0.0
+            i = q.slots[SLOT_REQ, lanes[L_BASE, lane]]
+        counter = vtc_counter[lanes[L_TENANT, lane]] if order == VTC else 0.0
         if best >= 0:
             if counter != best_counter:
                 if counter > best_counter:
@@ -273,7 +291,7 @@ def pick(q, order, lane_blocked, vtc_counter, pc, block_offsets, prompt_tokens):
             elif tokens != best_tokens:
                 if tokens < best_tokens:
                     continue
-            elif not _before(q, q.pos[i], q.pos[best]):
+            elif not _before(q, q.slots[POS, i], q.slots[POS, best]):
                 continue
         best, best_counter, best_tokens = i, counter, tokens
     return best

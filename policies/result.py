@@ -70,6 +70,22 @@ class SimResult:
     spec_verifies: int = 0  # of those, slots that verified at least one draft token
     spec_drafted_tokens: int = 0  # draft tokens verified
     spec_accepted_tokens: int = 0  # draft tokens accepted and kept (the rest were wasted)
+    # fleet (issue 8); empty arrays for a single-replica run. Per request (length n): times
+    # withdrawn from a failed replica and routed again; tokens whose KV a failure destroyed
+    # and that were computed again.
+    reroutes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # i4
+    reprefill_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # i8
+    # Per failure window of the schedule the run used (inf = never back up):
+    failure_replica: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # i4
+    failure_down_s: np.ndarray = field(default_factory=lambda: np.zeros(0))  # f8
+    failure_up_s: np.ndarray = field(default_factory=lambda: np.zeros(0))  # f8
+    # Per replica (length R): deliveries to it (arrivals, re-routes, migrations, handoffs),
+    # prefix-cache lookups on it (as prefix_hit_tokens / prefix_query_tokens), KV high-water.
+    replica_routed: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    replica_prefix_hit_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    replica_prefix_query_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    replica_kv_peak_blocks: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    replica_kv_capacity_blocks: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     @property
     def n(self) -> int:

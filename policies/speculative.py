@@ -30,9 +30,24 @@ decode requests once per step:
   ``alpha_r`` a moving average of the request's observed acceptance;
 * ``dspark`` (DeepSeek, Algorithm 1): prefix extensions (r, j) in order of seen survival
   ``a_rj = prod_{i<=j} c_ri``, added while ``tau * SPS(B)`` rises, stopping at the first
-  that does not (the causal early stop);
-* ``dspark_lagged`` (DSpark section 5.2): the global argmax K of the same curve computed
-  two steps earlier, then the top K extensions by current survival, no early stop.
+  that does not (the causal early stop), with SPS(B) read between GEMM tile ends (below);
+* ``dspark_lagged`` (DSpark section 5.2): the global argmax K of the same curve (the
+  table as profiled) computed two steps earlier, then the top K extensions by current
+  survival, no early stop.
+
+SPS(B) for the early stop. Algorithm 1 stops at the first extension that does not raise
+``tau * SPS(B)``, which finds the best budget when SPS decays smoothly (the paper's
+premise). Profiled step times do not: they are a staircase in B, flat inside a GEMM tile
+and jumping where the next tile opens, so on the raw table the first verify token past a
+tile edge costs the whole jump, Theta falls, and the search halts although the tile
+behind the edge would pay (on Llama-3.1-8B / H100 the budget fell to about one draft per
+request at loads where verifying seven still paid). ``dspark`` therefore reads SPS(B)
+between tile ends (``costmodels.steptable.step_seconds_at_tile_ends``): each verify token
+pays its share of the tile it opens. That curve equals the table at every tile end and
+wherever the table has no tile edges (so Appendix A's example stands as stated), and it
+depends on the table and the batch's shape only, never on confidences, so the early stop
+remains causal and lossless. ``dspark_lagged`` has no early stop and keeps the raw table,
+as DSpark's production scheduler does with its jagged SPS.
 
 Step time with verify tokens: every verify token is one more token through the
 token-linear layers and the lm head and one more KV position read by decode attention
@@ -55,7 +70,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numba import njit
 
-from costmodels.steptable import step_seconds
+from costmodels.steptable import step_seconds, step_seconds_at_tile_ends
 from policies.config import DRAFT_COST_MODES, SPECULATIVE_MODES
 
 MODE_OFF, MODE_FIXED, MODE_SMARTSPEC, MODE_DSPARK, MODE_DSPARK_LAGGED = range(5)
@@ -153,6 +168,13 @@ def sample_verify(reqs, tok, ell, n_req, profiles, rows, seed, spread, accepted)
 def verify_seconds(tables, b_tokens, b_logits, b_decodes, b_kv, b_pairs, x, draft_s):
     """Step seconds of the batch shape (b_*) plus x verify tokens and the draft's time."""
     seconds, _ = step_seconds(tables, b_tokens + x, b_logits + x, b_decodes, b_kv + x, b_pairs)
+    return seconds + draft_s
+
+
+@njit(cache=True, nogil=True, inline="always")
+def planned_seconds(tables, b_tokens, b_logits, b_decodes, b_kv, b_pairs, x, draft_s):
+    """``verify_seconds`` read between GEMM tile ends: the smooth SPS(B) of dspark's early stop."""
+    seconds, _ = step_seconds_at_tile_ends(tables, b_tokens + x, b_logits + x, b_decodes, b_kv + x, b_pairs)
     return seconds + draft_s
 
 
@@ -341,15 +363,16 @@ def dspark_budgets(surv, lim, n_req, gamma, tables, b_tokens, b_logits, b_decode
     """DSpark's Algorithm 1 with the causal early stop, under the token budget and KV.
 
     Extensions come in order of seen survival; each raises B by one and tau by its
-    survival; the first that does not raise ``tau / T(B)`` ends the search. An extension
-    of a slot out of KV drops that slot; one past the token budget ends the search.
+    survival; the first that does not raise ``tau / T(B)`` ends the search, with T read
+    between tile ends (``planned_seconds``). An extension of a slot out of KV drops that
+    slot; one past the token budget ends the search.
     Returns (verify tokens, blocks taken, drafted positions).
     """
     positions = _drafted(gamma, lim, n_req)
     draft_s = positions * draft_pp
     _merge_start(heap, surv, ell, lim, n_req)
     tau = float(n_req)
-    best = tau / verify_seconds(tables, b_tokens, b_logits, b_decodes, b_kv, b_pairs, 0, draft_s)
+    best = tau / planned_seconds(tables, b_tokens, b_logits, b_decodes, b_kv, b_pairs, 0, draft_s)
     x = 0
     blocks = 0
     while heap[0] > 0 and x < token_left:
@@ -358,7 +381,7 @@ def dspark_budgets(surv, lim, n_req, gamma, tables, b_tokens, b_logits, b_decode
             _merge_drop(heap, surv, ell)
             continue
         a = surv[k, ell[k]]
-        theta = (tau + a) / verify_seconds(tables, b_tokens, b_logits, b_decodes, b_kv, b_pairs, x + 1, draft_s)
+        theta = (tau + a) / planned_seconds(tables, b_tokens, b_logits, b_decodes, b_kv, b_pairs, x + 1, draft_s)
         if not theta > best:
             break
         _, taken = _grant(slack, k, 1, free_blocks - blocks, block_size)

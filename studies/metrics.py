@@ -11,12 +11,19 @@ rates add up (accepted + rejected = offered). Rates over an empty window are 0; 
 with nothing to divide by are NaN (``None`` in ``to_dict``). Latency percentiles are over
 finished requests, NumPy's linear interpolation; TPOT percentiles, as in vLLM bench, only
 over finished requests with more than one output token.
+
+A fleet run (issue 8) adds failure figures and one entry per replica. Failure windows are
+half-open [down, up): goodput during failures counts good requests finishing inside any
+window, per second of the windows' union within the run window; goodput after failures
+counts good requests finishing at or after the last recovery, per second from it to the
+run's end (NaN when a replica never came back before the end). Requests finishing between
+two windows count in neither.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import PurePath
 from typing import Any
 
@@ -85,6 +92,14 @@ class Report:
     mean_accepted_length: float = math.nan
     verify_tokens_wasted: int = 0
     tokens_per_step: float = math.nan
+    # fleet (issue 8); 0 / NaN / {} for a single-replica run without failures
+    failure_windows: int = 0
+    failure_affected: int = 0  # requests withdrawn from a failed replica at least once
+    reprefill_tokens: int = 0  # tokens whose KV a failure destroyed and that were computed again
+    goodput_during_failures: float = math.nan  # good requests per second, see the module docstring
+    goodput_after_failures: float = math.nan
+    # per replica index: routed, finished, prefix_hit_rate, kv_peak_blocks, kv_peak_fraction
+    per_replica: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-serialisable values; NaN becomes ``None``."""
@@ -122,6 +137,17 @@ class Report:
             rows.append(("speculation", "verify budget / accepted length / wasted",
                          f"{_num(self.mean_verify_budget, 2)} / {_num(self.mean_accepted_length, 2)} / "
                          f"{self.verify_tokens_wasted:,} tokens"))
+        if self.failure_windows:
+            rows += [
+                ("failures", "windows / requests affected / re-prefill tokens",
+                 f"{self.failure_windows:,} / {self.failure_affected:,} / {self.reprefill_tokens:,}"),
+                ("failures", "goodput during / after failures (req/s)",
+                 f"{_num(self.goodput_during_failures, 3)} / {_num(self.goodput_after_failures, 3)}"),
+            ]
+        for j, entry in self.per_replica.items():
+            rows.append(("replicas", f"replica {j}: routed / finished / prefix hit / KV peak",
+                         f"{entry['routed']:,} / {entry['finished']:,} / {_pct(entry['prefix_hit_rate'])} / "
+                         f"{_pct(entry['kv_peak_fraction'])}"))
         if self.out_of_range_steps:
             rows.append(("warning", "steps outside the profiled range", f"{self.out_of_range_steps:,}"))
         return rows
@@ -206,6 +232,8 @@ def score(result: SimResult, trace: Trace, slos: SLOSet) -> Report:
         mean_accepted_length=_ratio(result.spec_verifies + result.spec_accepted_tokens, result.spec_verifies),
         verify_tokens_wasted=int(result.spec_drafted_tokens - result.spec_accepted_tokens),
         tokens_per_step=_ratio(int(generated.sum()), result.steps),
+        **_failures(result, trace, good, duration),
+        per_replica=_replicas(result),
     )
 
 
@@ -233,6 +261,74 @@ def _check(result: SimResult, trace: Trace) -> None:
     bad = np.flatnonzero((result.state == State.FINISHED) & ~np.isfinite(result.finish_s))
     if len(bad):
         raise ValueError(f"request {bad[0]} is finished but has no finish time")
+    _check_fleet(result, trace)
+
+
+def _check_fleet(result: SimResult, trace: Trace) -> None:
+    """The fleet fields: per-request ones empty or one per request, the rest consistent."""
+    for name in ("reroutes", "reprefill_tokens"):
+        size = len(getattr(result, name))
+        if size not in (0, trace.n):
+            raise ValueError(f"SimResult.{name} has {size} entries; give one per request ({trace.n}) or none")
+    for group in (_FAILURE_FIELDS, _REPLICA_FIELDS):
+        sizes = {name: len(getattr(result, name)) for name in group}
+        if len(set(sizes.values())) > 1:
+            raise ValueError(f"SimResult fields {sizes} must have equal lengths")
+    replicas = len(result.replica_routed)
+    if replicas and result.n and result.replica.max() >= replicas:
+        raise ValueError(f"SimResult.replica names replica {result.replica.max()} but per-replica "
+                         f"fields cover {replicas}")
+
+
+_FAILURE_FIELDS = ("failure_replica", "failure_down_s", "failure_up_s")
+_REPLICA_FIELDS = ("replica_routed", "replica_prefix_hit_tokens", "replica_prefix_query_tokens",
+                   "replica_kv_peak_blocks", "replica_kv_capacity_blocks")
+
+
+def _failures(result: SimResult, trace: Trace, good: np.ndarray, duration: float) -> dict[str, Any]:
+    """Failure figures (see the module docstring); NaN rates when the run had no failure."""
+    figures = {
+        "failure_windows": len(result.failure_down_s),
+        "failure_affected": int((result.reroutes > 0).sum()),
+        "reprefill_tokens": int(result.reprefill_tokens.sum()),
+    }
+    if not figures["failure_windows"] or trace.n == 0:
+        return figures
+    down, up = result.failure_down_s, result.failure_up_s
+    start = float(trace.arrival_s[0])
+    end = start + duration
+    finish = result.finish_s[good]
+    inside = ((finish[:, None] >= down) & (finish[:, None] < up)).any(axis=1)
+    last_up = float(up.max())
+    figures["goodput_during_failures"] = _per_second(int(inside.sum()), _union_length(down, up, start, end))
+    figures["goodput_after_failures"] = (_per_second(int((finish >= last_up).sum()), end - last_up)
+                                         if last_up < end else math.nan)
+    return figures
+
+
+def _union_length(down: np.ndarray, up: np.ndarray, start: float, end: float) -> float:
+    """Length of the union of the intervals [down, up) clipped to [start, end]."""
+    total, reach = 0.0, start
+    for lo, hi in sorted(zip(np.clip(down, start, end), np.clip(up, start, end), strict=True)):
+        if hi > reach:
+            total += hi - max(lo, reach)
+            reach = hi
+    return total
+
+
+def _replicas(result: SimResult) -> dict[str, dict[str, Any]]:
+    replicas = len(result.replica_routed)
+    finished = np.bincount(result.replica[result.replica >= 0], minlength=replicas)
+    return {
+        str(j): {
+            "routed": int(result.replica_routed[j]),
+            "finished": int(finished[j]),
+            "prefix_hit_rate": _ratio(result.replica_prefix_hit_tokens[j], result.replica_prefix_query_tokens[j]),
+            "kv_peak_blocks": int(result.replica_kv_peak_blocks[j]),
+            "kv_peak_fraction": _ratio(result.replica_kv_peak_blocks[j], result.replica_kv_capacity_blocks[j]),
+        }
+        for j in range(replicas)
+    }
 
 
 def _class_table(trace: Trace, slos: SLOSet) -> tuple[np.ndarray, np.ndarray]:

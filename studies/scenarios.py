@@ -21,6 +21,19 @@ recovery); each phase becomes a tenant named after it, so the report's tenant ta
 a per-phase table. ``requires`` lists PolicyConfig knobs a scenario needs; a runner
 reports the scenario as pending while the engine lacks one. Turning a scenario into a
 trace (``build_trace``) is pure and seeded: the same mapping gives the same trace.
+
+A scenario may run on a fleet: ``replicas`` (default 1), the ``router`` its standard
+policies sit behind (default round robin; extra policies may set their own), and
+``failures``, a table as a study spec's ``[failures]`` (``windows = ["1@40:80"]``, or
+``mtbf_s`` and ``repair_s``; seeded by the scenario's seed)::
+
+    [failover]
+    replicas = 4
+    router = "least_outstanding"
+    failures = {windows = ["1@40:80"]}
+
+Only the shape is checked here; the runner parses the failures
+(``optimizer.failplan``) and names the scenario when they are wrong.
 """
 
 from __future__ import annotations
@@ -48,7 +61,9 @@ from studies.traces import Trace, TraceError
 from studies.transforms import concat_as_tenants
 
 ARRIVALS = {"poisson": Poisson, "gamma": Gamma, "onoff": OnOff, "diurnal": Diurnal}
-SCENARIO_KEYS = {"about", "seed", "slo", "workload", "policies", "requires", "pending"}
+SCENARIO_KEYS = {"about", "seed", "slo", "workload", "policies", "requires", "pending", "replicas", "router",
+                 "failures"}
+FAILURE_KEYS = {"windows", "mtbf_s", "repair_s"}
 TENANT_PARTS = {"prompt": LogNormal, "output": LogNormal, "prefix": SharedPrefix, "estimate": OutputEstimate}
 
 CHAT = {"name": "chat", "prompt": {"mean": 1024, "cv": 1.0, "high": 16384}, "output": {"mean": 256, "cv": 1.0, "high": 2048}}
@@ -139,9 +154,15 @@ SCENARIOS: dict[str, dict[str, Any]] = {
                      {"name": "overload", "duration_s": 60, "arrivals": {"kind": "poisson", "rate": 45}},
                      {"name": "after", "duration_s": 120, "arrivals": {"kind": "poisson", "rate": 8}}]},
                  "policies": {"max-wait-1s": {"base": "vllm-default", "set": {"max_wait_s": 1.0}}}},
-    "worker-failure": {"about": "a replica fails mid-run and its requests are re-routed", "seed": 12, "slo": CHAT_SLO,
-                       "pending": "needs the fleet feature (replicas, failures), which the engine does not have yet",
-                       "workload": _poisson(20, 120, CHAT)},
+    # -- fleet ---------------------------------------------------------------------------------
+    "worker-failure": {
+        "about": "4 replicas serve the chat mix on 8 shared 2k-token system prompts at 130 req/s, which the healthy "
+                 "fleet serves within its SLOs; replica 1 dies at 40 s and is back, empty, at 80 s: its requests are "
+                 "re-routed and prefilled again while 3 replicas carry ~43 req/s each", "seed": 12,
+        "slo": CHAT_SLO, "replicas": 4, "router": "round_robin", "failures": {"windows": ["1@40:80"]},
+        "workload": _poisson(130, 120, {**CHAT, "prefix": {"groups": 8, "prefix_tokens": 2048, "zipf": 1.0}}),
+        "policies": {f"vllm+{router}": {"base": "vllm-default", "set": {"router": router}}
+                     for router in ("least_outstanding", "least_kv", "cache_aware", "unified", "consistent_hash")}},
 }
 
 
@@ -162,6 +183,14 @@ def check_scenario(name: str, data: Mapping[str, Any]) -> None:
     for policy, body in dict(data.get("policies", {})).items():
         if not isinstance(body, Mapping) or set(body) - {"base", "set"}:
             raise ScenarioError(f"scenario {name!r}: policy {policy!r} must be {{base = PRESET, set = {{KNOB = VALUE}}}}")
+    replicas = data.get("replicas", 1)
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+        raise ScenarioError(f"scenario {name!r}: replicas must be an integer >= 1, got {replicas!r}")
+    if not isinstance(data.get("router", ""), str):
+        raise ScenarioError(f"scenario {name!r}: router must be a router name, got {data['router']!r}")
+    failures = data.get("failures", {})
+    if not isinstance(failures, Mapping) or set(failures) - FAILURE_KEYS:
+        raise ScenarioError(f"scenario {name!r}: failures must be a table of {sorted(FAILURE_KEYS)}, got {failures!r}")
 
 
 def load_scenarios(path: str | Path) -> dict[str, dict[str, Any]]:

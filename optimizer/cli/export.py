@@ -61,7 +61,8 @@ def _export(run_dir: Path, backend: str, number: int | None, storage: str | None
     config = trial_config(chosen, spec, {name: preset(name, spec.gpu) for name in PRESETS})
     fleet = trial_fleet(chosen, spec)
     deployment = Deployment(spec.model, tp=fleet.tp, replicas=fleet.replicas, gpu=spec.gpu,
-                            reserved_fraction=_reserved_fraction(spec, fleet.tp) if backend == "sglang" else 0.0)
+                            reserved_fraction=_reserved_fraction(spec, fleet.tp) if backend == "sglang" else 0.0,
+                            drafter=spec.speculative)
     return engine_yaml(config, deployment, backend, note=f"servetune study {spec.study_name}, trial {chosen.number}")
 
 

@@ -1,4 +1,11 @@
-"""`servetune simulate`: replay a trace under one configuration and print its goodput report."""
+"""`servetune simulate`: replay a trace under one configuration and print its goodput report.
+
+``--replicas N`` (N > 1) or a failure plan (``--fail``, or ``--mtbf`` with ``--repair``)
+replays it through the fleet kernel (``policies.fleet``) behind the config's router
+(``--router``, ``--prefill-replicas`` set those knobs); the report then has a per-replica
+table and, with failures, what they cost. Failure times are on the clock of the replayed
+trace (after ``--rate-scale``).
+"""
 
 from __future__ import annotations
 
@@ -14,14 +21,16 @@ from rich.console import Console
 from rich.table import Table
 
 from costmodels.costmodel import CostModelError
-from policies.config import ConfigError, PolicyConfig
+from optimizer.failplan import FailurePlan
+from policies.config import ConfigError, PolicyConfig, check_fleet
+from policies.failures import FailureError
 from policies.presets import PRESETS, preset
 from studies.metrics import Report, score
 from studies.slo import SLOError, SLOSet, load_slo_toml, parse_slo
 from studies.traces import TraceError
 
 #: Errors that mean "bad input from the user": one line and exit code 2, no traceback.
-USER_ERRORS = (TraceError, ConfigError, CostModelError, SLOError)
+USER_ERRORS = (TraceError, ConfigError, CostModelError, SLOError, FailureError)
 
 
 def register(app: typer.Typer) -> None:
@@ -35,6 +44,16 @@ def simulate_command(
     gpu: Annotated[str, typer.Option("--gpu", help="GPU type, e.g. h100")],
     trace_format: Annotated[str | None, typer.Option("--trace-format", help="trace format; guessed if unset")] = None,
     tp: Annotated[int, typer.Option("--tp", help="tensor-parallel degree")] = 1,
+    replicas: Annotated[int, typer.Option("--replicas", help="engine replicas behind the router")] = 1,
+    router: Annotated[str | None, typer.Option("--router", help="the fleet's router (sets the config's router)")] = None,
+    prefill_replicas: Annotated[int | None, typer.Option(
+        "--prefill-replicas", help="replicas 0..P-1 prefill, the rest decode (0 = colocated)")] = None,
+    fail: Annotated[str | None, typer.Option("--fail", help="failure windows REPLICA@DOWN:UP in seconds, "
+                                                           "e.g. 2@600:900,0@100:200")] = None,
+    mtbf: Annotated[float | None, typer.Option("--mtbf", help="random failures: mean seconds between a "
+                                                             "replica's failures (with --repair)")] = None,
+    repair: Annotated[float | None, typer.Option("--repair", help="random failures: seconds a failed replica "
+                                                                 "stays down")] = None,
     framework: Annotated[str, typer.Option("--framework", help="vllm, sglang or trtllm profiles")] = "vllm",
     config: Annotated[Path | None, typer.Option("--config", help="policy TOML file")] = None,
     preset_name: Annotated[str | None, typer.Option("--preset", help=f"one of {', '.join(PRESETS)}")] = None,
@@ -50,8 +69,10 @@ def simulate_command(
     try:
         if timeline is not None and not timeline.parent.is_dir():
             raise ConfigError(f"--timeline {timeline}: folder {timeline.parent} does not exist")
-        run = _simulate(trace, trace_format, model, gpu, tp, framework, config, preset_name,
-                        overrides or [], slo, slo_file, rate_scale, seed, output_format)
+        fleet_knobs = {k: v for k, v in (("router", router), ("prefill_replicas", prefill_replicas)) if v is not None}
+        run = _simulate(trace, trace_format, model, gpu, tp, framework, config, preset_name, overrides or [], slo,
+                        slo_file, rate_scale, seed, output_format, replicas, FailurePlan.from_flags(fail, mtbf, repair),
+                        fleet_knobs)
     except USER_ERRORS as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -66,19 +87,23 @@ def simulate_command(
         # matplotlib loads only when a plot is asked for
         from optimizer.timeline import save_timeline
 
-        title = f"{run['model']} on {run['gpu']} (TP {run['tp']}), {run['config_source']}"
+        title = f"{run['model']} on {run['gpu']} ({run['replicas']} x TP {run['tp']}), {run['config_source']}"
         save_timeline(result, timeline, title)
         (Console(stderr=True) if output_format == "json" else Console()).print(f"timeline written to {timeline}")
 
 
 def _simulate(trace_path: Path, trace_format: str | None, model: str, gpu: str, tp: int, framework: str,
               config_path: Path | None, preset_name: str | None, overrides: list[str], slo: str | None,
-              slo_file: Path | None, rate_scale: float, seed: int, output_format: str) -> dict:
+              slo_file: Path | None, rate_scale: float, seed: int, output_format: str, replicas: int = 1,
+              failures: FailurePlan | None = None, fleet_knobs: dict | None = None) -> dict:
     """Validate every input first (cheap ones before the trace), then simulate and score."""
     if output_format not in ("table", "json"):
         raise ConfigError(f"--format must be table or json, got {output_format!r}")
     slos = _slos(slo, slo_file)
-    policy, config_source = _policy(config_path, preset_name, gpu, overrides)
+    policy, config_source = _policy(config_path, preset_name, gpu, overrides, fleet_knobs or {})
+    check_fleet(policy, replicas)
+    if failures is not None and failures.windows is not None:
+        failures.windows.check_replicas(replicas)
 
     # Imported only now: `servetune --help` and bad flags should not wait for the engine.
     from costmodels import build
@@ -90,7 +115,13 @@ def _simulate(trace_path: Path, trace_format: str | None, model: str, gpu: str, 
     if rate_scale != 1.0:
         requests = scale_rate(requests, rate_scale)
     cost_model = build(model, gpu, tp=tp, framework=framework)
-    result = simulate(requests, cost_model, policy, seed=seed)
+    schedule = None if failures is None else failures.schedule(replicas, requests.arrival_s, seed)
+    if replicas > 1 or schedule is not None:
+        from policies.fleet import simulate_fleet
+
+        result = simulate_fleet(requests, cost_model, policy, seed=seed, replicas=replicas, failures=schedule)
+    else:
+        result = simulate(requests, cost_model, policy, seed=seed)
     return {
         "trace": str(trace_path),
         "requests": requests.n,
@@ -98,6 +129,8 @@ def _simulate(trace_path: Path, trace_format: str | None, model: str, gpu: str, 
         "model": model,
         "gpu": gpu,
         "tp": tp,
+        "replicas": replicas,
+        "failures": None if schedule is None else schedule.describe(),
         "framework": framework,
         "cost_model": cost_model.name,
         "cost_model_source": cost_model.source,
@@ -120,9 +153,10 @@ def _slos(slo: str | None, slo_file: Path | None) -> SLOSet:
     return SLOSet(tuple(classes)) if classes else SLOSet()
 
 
-def _policy(config_path: Path | None, preset_name: str | None, gpu: str,
-            overrides: list[str]) -> tuple[PolicyConfig, str]:
-    """The base config (a file, else a preset, vllm-default by default) with ``--set`` applied."""
+def _policy(config_path: Path | None, preset_name: str | None, gpu: str, overrides: list[str],
+            knobs: dict | None = None) -> tuple[PolicyConfig, str]:
+    """The base config (a file, else a preset, vllm-default by default) with ``--set`` and
+    the flags' ``knobs`` (``--router``, ``--prefill-replicas``) applied."""
     if config_path is not None and preset_name is not None:
         raise ConfigError("give --config or --preset, not both")
     if config_path is not None:
@@ -135,7 +169,7 @@ def _policy(config_path: Path | None, preset_name: str | None, gpu: str,
     else:
         name = preset_name or "vllm-default"
         policy, source = preset(name, gpu), f"{name} ({gpu})"
-    changes = dict(_parse_override(item) for item in overrides)
+    changes = {**dict(_parse_override(item) for item in overrides), **(knobs or {})}
     if changes:
         policy = policy.replace(**changes)
         source += " + " + ", ".join(f"{k}={v}" for k, v in changes.items())
@@ -166,17 +200,23 @@ def _range_warning(report: Report) -> str:
 
 
 def _print_table(console: Console, run: dict, report: Report) -> None:
+    fleet = f"{run['replicas']} x TP{run['tp']}" if run["replicas"] > 1 else f"TP{run['tp']}"
     console.print(f"[bold]{run['trace']}[/] ({run['requests']:,} requests, rate x{run['rate_scale']:g}) · "
-                  f"{run['model']} on {run['gpu']} TP{run['tp']} ({run['framework']})")
+                  f"{run['model']} on {run['gpu']} {fleet} ({run['framework']})")
     console.print(f"cost model: {run['cost_model']} [dim]({run['cost_model_source']})[/]")
     console.print(f"config: {run['config_source']} · SLO: {run['slo']} · seed {run['seed']}")
+    if run["replicas"] > 1 or run["failures"] is not None:
+        from optimizer.review import routing_label
+
+        console.print(f"fleet: {routing_label(PolicyConfig.from_mapping(run['config']), run['replicas'])}"
+                      + ("" if run["failures"] is None else f" · failures (replica@down:up s): {run['failures']}"))
     table = Table(show_header=False, show_lines=False)
     table.add_column("figure", style="dim")
     table.add_column("value", justify="right")
     section = None
     for group, label, value in report.summary_rows():
-        if group == "warning":
-            continue  # printed below the tables, where it is seen
+        if group in ("warning", "replicas"):
+            continue  # printed below: the warning where it is seen, replicas as their own table
         if section is not None and group != section:
             table.add_section()
         table.add_row(label, value)
@@ -185,6 +225,9 @@ def _print_table(console: Console, run: dict, report: Report) -> None:
     if len(report.per_class) > 1:
         console.print(_breakdown("SLO class", report.per_class,
                                  ("offered", "good", "attainment", "request_goodput", "p99_ttft_ms", "p99_tpot_ms")))
+    if report.per_replica:
+        console.print(_breakdown("replica", report.per_replica,
+                                 ("routed", "finished", "prefix_hit_rate", "kv_peak_blocks", "kv_peak_fraction")))
     if len(report.per_tenant) > 1:
         console.print(_breakdown("tenant", report.per_tenant,
                                  ("offered", "finished", "good", "goodput", "service_tokens", "share")))

@@ -51,7 +51,20 @@ def tune_command(
     target_rps: Annotated[float | None, typer.Option("--target-rps", help="scale the trace to this rate")] = None,
     tp: Annotated[int | None, typer.Option("--tp", help="tensor-parallel degree")] = None,
     replicas: Annotated[int | None, typer.Option("--replicas", help="engine replicas")] = None,
+    router: Annotated[str | None, typer.Option("--router", help="fix the fleet's router (default: searched when "
+                                                                 "replicas > 1)")] = None,
+    prefill_replicas: Annotated[int | None, typer.Option(
+        "--prefill-replicas", help="fix the prefill pool size (0 = colocated; default: searched)")] = None,
+    fail: Annotated[str | None, typer.Option("--fail", help="failure windows REPLICA@DOWN:UP in seconds, "
+                                                           "e.g. 2@600:900,0@100:200")] = None,
+    mtbf: Annotated[float | None, typer.Option("--mtbf", help="random failures: mean seconds between a "
+                                                             "replica's failures (with --repair)")] = None,
+    repair: Annotated[float | None, typer.Option("--repair", help="random failures: seconds a failed replica "
+                                                                 "stays down")] = None,
     framework: Annotated[str | None, typer.Option("--framework", help="profiles: vllm, sglang, trtllm")] = None,
+    speculative: Annotated[Path | None, typer.Option(
+        "--speculative", help="drafter TOML (acceptance profile, draft cost, method): searches speculative "
+                              "decoding's verify budget and draft length")] = None,
     objective: Annotated[str | None, typer.Option("--objective", help="goodput, goodput-gpus, goodput-ttft, "
                                                                       "goodput-cost or capacity")] = None,
     capacity: Annotated[bool, typer.Option("--capacity", help="maximise capacity (same as --objective capacity)")] = False,
@@ -77,6 +90,8 @@ def tune_command(
             raise SpecError(f"--capacity and --objective {objective} contradict each other")
         flags = dict(trace=trace, model=model, gpu=gpu, slo=slo, slo_file=slo_file, trace_format=trace_format,
                      rate_scale=rate_scale, target_rps=target_rps, tp=tp, replicas=replicas, framework=framework,
+                     router=router, prefill_replicas=prefill_replicas, fail=fail, mtbf_s=mtbf, repair_s=repair,
+                     speculative=speculative,
                      objective="capacity" if capacity else objective, capacity_target=capacity_target,
                      trials=trials, batch_size=batch_size, seed=seed, sampler=sampler, study_name=study_name,
                      storage=storage, run_dir=run_dir)
@@ -100,7 +115,9 @@ def _tune(spec, console: Console, *, resume: bool, outputs: bool, quiet: bool) -
                          "continue it, or pass another --study-name")
     evaluator = Evaluator(spec)
     console.print(f"study [bold]{spec.study_name}[/]: {evaluator.trace.n} requests, {spec.model} on "
-                  f"{spec.gpu} ({spec.fleet.describe()}), cost model {evaluator.cost_model.source}; "
+                  f"{spec.gpu} ({spec.fleet.describe()}"
+                  + (f", failures: {spec.failures.describe()}" if spec.failures else "")
+                  + f"), cost model {evaluator.cost_model.source}; "
                   f"{spec.trials} trials{f', {done} done' if done else ''}; run folder {spec.run_dir}")
     enqueue_baselines(study, spec, evaluator.baselines())
     stats = _run(study, spec, evaluator, quiet, done)
@@ -166,7 +183,6 @@ def _run(study, spec, evaluator, quiet: bool, done: int) -> RunStats:
 
 def _print_summary(console: Console, study, spec, stats: RunStats) -> None:
     from optimizer.outputs import directions, fleet_front, recommend
-    from optimizer.replicas import ROUTING_LABEL
     from optimizer.study import baseline_trials, best_goodput_trial, gains
 
     best = best_goodput_trial(study)
@@ -198,8 +214,9 @@ def _print_summary(console: Console, study, spec, stats: RunStats) -> None:
                       if math.isfinite(ratio) else f"gain over {name}: {name} has no goodput on this trace")
     front = fleet_front(study.get_trials(deepcopy=False))
     if front:
-        console.print("goodput vs GPUs (" + ROUTING_LABEL + "): " + "; ".join(
-            f"{p.gpus} ({p.replicas} x TP {p.tp}): {p.weighted_goodput:.3f}/s"
+        console.print("goodput vs GPUs: " + "; ".join(
+            f"{p.gpus} ({p.replicas} x TP {p.tp}" + (f", {p.router}" if p.replicas > 1 else "")
+            + f"): {p.weighted_goodput:.3f}/s"
             + ("" if p.gain is None else f" ({p.gain:+.1%} vs fewer GPUs)") + f", {100 * p.slo_attainment:.1f}% SLO"
             for p in front))
 

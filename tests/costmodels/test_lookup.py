@@ -19,6 +19,8 @@ from costmodels.steptable import (
     StepTables,
     axis_index,
     bucket_key,
+    decode_run_base,
+    decode_run_step,
     float_bits,
     validate_tables,
 )
@@ -255,3 +257,15 @@ def test_python_mode_matches_jit():
     runs = [subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, check=True,
                            env={**os.environ, "NUMBA_DISABLE_JIT": flag}).stdout for flag in ("1", "0")]
     assert runs[0] == runs[1] and "True" in runs[0]
+
+
+@pytest.mark.parametrize("name", ["h100", "a100-70b-tp4", "linear", "sps-csv"])
+def test_decode_run_lookups_equal_step_seconds_bit_for_bit(tables, name):
+    """The engine's fast-forward times a stretch of pure-decode steps from one
+    ``decode_run_base`` and a ``decode_run_step`` per step: exactly ``step_seconds``."""
+    t = tables[name]._replace(overhead_s=0.003, scale=0.9)
+    rng = np.random.default_rng(7)
+    for n in (1, 2, 7, 64, 300, 1024, 5000):
+        base = decode_run_base(t, n)
+        for kv in np.concatenate([rng.integers(n, 2_000_000, 20), [n, 10**7]]):
+            assert decode_run_step(t, base, kv) == step_seconds(t, n, n, n, kv, 0)

@@ -51,7 +51,8 @@ SGLANG_0523_KEYS = frozenset({
     "schedule-low-priority-values-first", "priority-scheduling-preemption-threshold",
     "disable-priority-preemption", "retraction-policy", "schedule-conservativeness", "disable-radix-cache",
     "radix-eviction-policy", "disable-overlap-schedule", "num-continuous-decode-steps", "context-length",
-    "load-balance-method",
+    "load-balance-method", "speculative-algorithm", "speculative-draft-model-path", "speculative-num-steps",
+    "speculative-eagle-topk", "speculative-num-draft-tokens",
 })
 
 DEPLOY = Deployment("meta-llama/Llama-3.1-8B", tp=2, replicas=3, gpu="h100")
@@ -118,7 +119,7 @@ def test_policy_toml_marks_exactly_the_knobs_no_engine_exposes():
     lines = text.splitlines()
     for knob in KNOBS:
         comment = lines[lines.index(next(ln for ln in lines if ln.startswith(f"{knob.name} ="))) - 1]
-        exposed = bool(knob.vllm or knob.sglang)
+        exposed = bool(knob.vllm or knob.sglang or knob.router)
         assert ("NOT EXPOSED" in comment) is not exposed, knob.name
         if knob.vllm:
             assert f"vllm --{knob.vllm}" in comment
@@ -217,10 +218,13 @@ def test_bench_script_carries_goodput_rate_and_model():
     assert goodput_bounds(parse_slo("tpot:50")) == {"tpot": 50.0}
 
 
-def test_write_exports_writes_four_files(tmp_path):
+def test_write_exports_writes_four_files_and_a_router_for_replicas(tmp_path):
     trace = make_trace(np.arange(10) * 1.0, prompts=np.full(10, 64), outputs=np.full(10, 8))
+    single = write_exports(tmp_path / "one", PolicyConfig(), Deployment("m"), parse_slo("ttft:500"),
+                           TrafficShape.of(trace))
+    assert sorted(single) == ["bench.sh", "policy.toml", "sglang.yaml", "vllm.yaml"]
     paths = write_exports(tmp_path / "best", PolicyConfig(), DEPLOY, parse_slo("ttft:500"), TrafficShape.of(trace))
-    assert sorted(paths) == ["bench.sh", "policy.toml", "sglang.yaml", "vllm.yaml"]
+    assert sorted(paths) == ["bench.sh", "policy.toml", "router.yaml", "sglang.yaml", "vllm.yaml"]
     assert all(p.stat().st_size > 0 for p in paths.values())
     assert paths["bench.sh"].stat().st_mode & stat.S_IXUSR
     assert PolicyConfig.from_toml(paths["policy.toml"]) == PolicyConfig()

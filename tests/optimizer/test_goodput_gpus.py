@@ -136,12 +136,15 @@ def test_run_outputs_export_the_recommended_fleet(tmp_path):
     summary = outputs.summary
     fleet = summary["best"]["fleet"]
     assert fleet["tp"] == 2 and fleet["replicas"] in (2, 3)
-    assert summary["baselines"]["vllm-default"]["fleet"] == {"tp": 1, "replicas": 1, "gpus": 1}
+    assert summary["baselines"]["vllm-default"]["fleet"] == {"tp": 1, "replicas": 1, "gpus": 1,
+                                                             "routing": "one replica, no routing"}
+    assert fleet["routing"] == "round_robin router"  # others = "fixed": the router stays the preset's
+    assert set(fleet["per_replica"]) == {str(j) for j in range(fleet["replicas"])}
     vllm = (spec.run_dir / "vllm.yaml").read_text()
     sglang = (spec.run_dir / "sglang.yaml").read_text()
     assert f"tensor-parallel-size: 2\ndata-parallel-size: {fleet['replicas']}\n" in vllm
     assert f"tp-size: 2\ndp-size: {fleet['replicas']}\n" in sglang
     review = (spec.run_dir / "capacity-review.md").read_text()
-    assert "round-robin routing, independent replicas" in review
+    assert f"x TP 2 = {fleet['gpus']} GPU(s), round_robin router." in review and "## Fleet" in review
     assert f"{fleet['gpus']} ({fleet['replicas']} x TP 2) | 1 (1 x TP 1)" in review
-    assert json.loads((spec.run_dir / "summary.json").read_text())["deployment"]["routing"].startswith("round-robin")
+    assert json.loads((spec.run_dir / "summary.json").read_text())["deployment"]["routing"] == "round_robin router"

@@ -6,7 +6,7 @@ import numpy as np
 import optuna
 import pytest
 
-from benchmarks.scenarios import run_scenario
+from benchmarks.scenarios import markdown, run_scenario
 from costmodels import build
 from studies.scenarios import SCENARIOS, ScenarioError, build_trace, check_scenario, load_scenarios
 
@@ -73,8 +73,44 @@ def test_runner_is_deterministic_for_a_seed():
 
 def test_missing_features_are_pending_not_faked():
     cost = build("meta-llama/Llama-3.1-8B", "h100")
-    failure = run_scenario("worker-failure", SCENARIOS["worker-failure"], cost, trials=0)
-    assert failure["policies"] == {} and "fleet" in failure["pending"]["*"]
+    future = {**small("steady", 5), "requires": ["warp_drive"]}
+    assert "warp_drive" in run_scenario("steady", future, cost, trials=0)["pending"]["*"]
     data = {**small("steady", 5), "policies": {"future": {"base": "vllm-default", "set": {"warp_drive": True}}}}
     result = run_scenario("steady", data, cost, trials=0)
     assert "warp_drive" in result["pending"]["future"] and "vllm-default" in result["policies"]
+
+
+def test_worker_failure_runs_every_policy_and_router_on_the_failing_fleet():
+    cost = build("meta-llama/Llama-3.1-8B", "h100")
+    data = small("worker-failure", 12)
+    data["failures"] = {"windows": ["1@4:8"]}
+    first = run_scenario("worker-failure", data, cost, trials=2, seed=0)
+    assert json.dumps(first, sort_keys=True) == json.dumps(run_scenario("worker-failure", data, cost, trials=2,
+                                                                        seed=0), sort_keys=True)
+    assert first["fleet"] == {"replicas": 4, "router": "round_robin", "failures": {"windows": ["1@4:8"]}}
+    routers = {"least_outstanding", "least_kv", "cache_aware", "unified", "consistent_hash"}
+    assert set(first["policies"]) == {"fifo-no-batching", "vllm-default", "sglang-default", "tuned",
+                                      *(f"vllm+{r}" for r in routers)}
+    for policy, report in first["policies"].items():
+        assert report["failure_windows"] == 1 and report["failure_affected"] > 0, policy
+        assert set(report["per_replica"]) == {"0", "1", "2", "3"}, policy
+    healthy = first["reference"]["vllm-default, no failure"]  # the same windows, nobody fails
+    assert healthy["failure_windows"] == 1 and healthy["failure_affected"] == healthy["reprefill_tokens"] == 0
+    assert healthy["goodput_during_failures"] is not None
+    assert healthy["n_offered"] == first["policies"]["vllm-default"]["n_offered"] == first["requests"]
+    assert first["policies"]["vllm-default"]["reprefill_tokens"] > 0
+    table = markdown(first)
+    assert "| re-routed | re-prefill tok | goodput during / after failure /s |" in table
+    assert "| vllm-default, no failure |" in table and "The tuned policy routes with" in table
+
+
+def test_a_failure_on_a_replica_the_scenario_lacks_names_the_scenario():
+    cost = build("meta-llama/Llama-3.1-8B", "h100")
+    data = {**small("worker-failure", 5), "failures": {"windows": ["4@1:2"]}}
+    with pytest.raises(ScenarioError, match="'worker-failure' failures: a window names replica 4, but the scenario "
+                                            r"has 4 replica\(s\)"):
+        run_scenario("worker-failure", data, cost, trials=0)
+    with pytest.raises(ScenarioError, match="replicas must be an integer >= 1"):
+        check_scenario("x", {**SCENARIOS["steady"], "replicas": 0})
+    with pytest.raises(ScenarioError, match="failures must be a table"):
+        check_scenario("x", {**SCENARIOS["steady"], "failures": {"when": "soon"}})

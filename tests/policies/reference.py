@@ -121,7 +121,7 @@ class Reference:
         self.class_kv = [0] * self.n_classes
         self.hit_tokens = self.query_tokens = 0
         self.saved_s = 0.0
-        self.pending = list(self.reqs)  # not yet arrived, in arrival order
+        self.inbox: list[tuple[float, Req]] = []  # delivered, not yet arrived: (time, request), in time order
         self.waiting: list[Req] = []
         self.running: list[Req] = []
         self.seq = 0
@@ -145,6 +145,11 @@ class Reference:
         self.counts = rspec.AcceptanceCounts()
         self.lag = [0, 0]
         self.spec = {"decodes": 0, "verifies": 0, "drafted": 0, "accepted": 0}
+        # fleet hooks (tests/policies/reference_fleet.py): a P/D prefill replica hands each
+        # request off once it has sampled a token; admissions are reported when asked
+        self.hand_off = False
+        self.handoffs: list[tuple[int, float, dict]] = []  # (request, step end, what it carries)
+        self.admitted: list[int] | None = None
 
     # -- bookkeeping -----------------------------------------------------------------
     @property
@@ -245,8 +250,8 @@ class Reference:
         return Reject.NONE
 
     def arrive(self) -> None:
-        while self.pending and self.pending[0].arrival <= self.t:
-            r = self.pending.pop(0)
+        while self.inbox and self.inbox[0][0] <= self.t:
+            r = self.inbox.pop(0)[1]
             r.max_out = min(r.max_tokens, self.max_len - r.prompt)
             r.target = max(1, min(r.output, r.max_out))
             reason = self.arrival_reason(r)
@@ -422,6 +427,8 @@ class Reference:
         if self.c.admission_mode in ("reservation", "predicted"):
             r.reserved = self.reservation_blocks(r)
             self.reserved_total += r.reserved
+        if self.admitted is not None:
+            self.admitted.append(r.id)
 
     def over_quota(self, r: Req, first_blocks: int, n: int) -> bool:
         """Tenant quota or class budget binds (only once the tenant / class holds something)."""
@@ -627,6 +634,9 @@ class Reference:
             if math.isnan(r.first_token):
                 r.first_token = t_end
             if r.generated < r.target:
+                # a P/D prefill replica is done with it (one whose deadline passed is left to expire here)
+                if self.hand_off and not r.deadline <= t_end:
+                    self.handoffs.append((r.id, t_end, self.withdraw(r.id, keep_kv=True)))
                 continue
             if r.deadline < t_end:
                 self.end_by_deadline(r)
@@ -636,16 +646,42 @@ class Reference:
                     self.calibrate(r)
 
     def run(self) -> dict:
+        for r in self.reqs:
+            self.deliver(r.id, r.arrival)
+        self.advance(math.inf)
+        return self.results()
+
+    # -- one replica of a fleet --------------------------------------------------------
+    def deliver(self, i: int, t: float, carried: dict | None = None) -> None:
+        """Request i reaches this replica at time t (deliveries come in time order); it
+        arrives, as a trace arrival would, at the first step boundary >= t. ``carried``
+        is what it brings from another replica (``withdraw``)."""
+        assert not self.inbox or self.inbox[-1][0] <= t, "deliveries out of time order"
+        r = self.reqs[i]
+        for name, value in (carried or {}).items():
+            setattr(r, name, value)
+        r.status = "new"
+        self.inbox.append((t, r))
+
+    def advance(self, t_limit: float, inclusive: bool = False) -> None:
+        """Run the steps that start before ``t_limit`` (at or before it if ``inclusive``);
+        a started step completes, so the clock may end past the limit. The boundary the
+        clock ends on is left unsettled (its arrivals and deadlines are handled when the
+        replica next moves on), so requests delivered at that very time arrive together
+        with the others, as in a single run. With nothing to do the clock moves to the
+        limit (kept where it is for an infinite one)."""
         c = self.c
-        while any(r.status != "done" for r in self.reqs):
+        while self.t < t_limit or (inclusive and self.t == t_limit):
             self.arrive()
             self.expire()
-            if all(r.status == "done" for r in self.reqs):
-                break
             if not self.running and not self.waiting:
                 self.ratio = self.init_ratio
-                self.t = self.pending[0].arrival
-                continue
+                if self.inbox and self.inbox[0][0] < t_limit:
+                    self.t = self.inbox[0][0]
+                    continue
+                if t_limit < math.inf:
+                    self.t = t_limit
+                return
             self.form_batch()
             p = self.batch_parts()
             if p[0] == 0:
@@ -669,6 +705,54 @@ class Reference:
                 self.ratio = max(self.ratio - (self.init_ratio - low) / NTR_DECAY_STEPS, low)
             self.end_step(t_end, dt, p[0] + x)
             self.t = t_end
+
+    def withdraw(self, i: int, keep_kv: bool) -> dict:
+        """Take request i off this replica (failure, migration, P/D hand-off): everything it
+        holds here is freed (its cached prefix blocks stay cached, idle). Returns what the
+        request carries to its next replica: the tokens it streamed and its counters, and
+        its computed KV when ``keep_kv`` (without it the next replica recomputes it all)."""
+        r = self.reqs[i]
+        if r.status == "new":
+            self.inbox = [e for e in self.inbox if e[1] is not r]
+        elif r.status == "waiting":
+            self.waiting.remove(r)
+            self.shares.dequeue(r.tenant)
+        else:
+            assert r.status == "running", f"request {i} is not on this replica"
+            self.running.remove(r)
+            self.reserved_total -= r.reserved
+            r.reserved = 0
+        self.free_gpu(r, True)
+        self.host_free += r.host
+        r.host = 0
+        r.status = "moved"
+        return {"computed": r.computed if keep_kv else 0, "generated": r.generated, "preempts": r.preempts,
+                "first_sched": r.first_sched, "first_token": r.first_token, "cached_first": r.cached_first}
+
+    def holds(self) -> list[int]:
+        """Requests on this replica: delivered, waiting or running."""
+        return sorted(r.id for r in self.running + self.waiting + [e[1] for e in self.inbox])
+
+    def load(self) -> dict:
+        """What a router reads of this replica (the fleet contract's replica summary)."""
+        queued = self.waiting + [e[1] for e in self.inbox]
+        head = self.head(set()) or (self.inbox[0][1] if self.inbox else None)  # the request admission tries next
+        return {
+            "outstanding": len(self.running) + len(queued),
+            "running": len(self.running),
+            "waiting": len(queued),
+            "free": self.free,
+            "headroom": self.headroom,
+            "head": head,
+            "head_demand": blocks(head.prompt + head.generated, self.bs) if head is not None else 0,
+            "queued_tokens": sum(r.prompt + r.generated - r.computed for r in queued),
+        }
+
+    def cached_tokens(self, i: int) -> int:
+        """Leading prompt tokens of request i this replica's prefix cache holds (capped as admission caps them)."""
+        return self.cache.match(i)[1]
+
+    def results(self) -> dict:
         reqs = self.reqs
         return {
             "state": np.array([r.state for r in reqs], dtype=np.int8),

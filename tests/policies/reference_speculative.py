@@ -2,13 +2,14 @@
 
 The same rules written plainly: Python integers masked to 64 bits for the hash, lists,
 and a full sort of every prefix extension instead of the kernel's k-way heap merge. Only
-``step_seconds`` (the cost model's lookup) is shared, so agreement checks the rules, not
-a shared helper.
+the cost model's lookups (``step_seconds`` and, for dspark's early stop,
+``step_seconds_at_tile_ends``) are shared, so agreement checks the rules, not a shared
+helper.
 """
 
 from __future__ import annotations
 
-from costmodels.steptable import step_seconds
+from costmodels.steptable import step_seconds, step_seconds_at_tile_ends
 from policies.speculative import (
     ALPHA_DECAY,
     MODE_DSPARK,
@@ -67,6 +68,13 @@ def accepted_drafts(profile_row, seed, r, t, ell, spread) -> int:
 def step_time(tables, shape, x, draft_s) -> float:
     b_tokens, b_logits, b_decodes, b_kv, b_pairs = shape
     seconds, _ = step_seconds(tables, b_tokens + x, b_logits + x, b_decodes, b_kv + x, b_pairs)
+    return seconds + draft_s
+
+
+def planned_time(tables, shape, x, draft_s) -> float:
+    """Step time read between GEMM tile ends: what dspark's early stop weighs."""
+    b_tokens, b_logits, b_decodes, b_kv, b_pairs = shape
+    seconds, _ = step_seconds_at_tile_ends(tables, b_tokens + x, b_logits + x, b_decodes, b_kv + x, b_pairs)
     return seconds + draft_s
 
 
@@ -143,7 +151,7 @@ def dspark(surv, lim, gamma, tables, shape, draft_pp, token_left, kv):
     draft_s = positions * draft_pp
     ell = [0] * len(lim)
     tau = float(len(lim))
-    best = tau / step_time(tables, shape, 0, draft_s)
+    best = tau / planned_time(tables, shape, 0, draft_s)
     x, dropped = 0, set()
     for k, a in extensions(surv, lim):
         if x >= token_left:
@@ -153,7 +161,7 @@ def dspark(surv, lim, gamma, tables, shape, draft_pp, token_left, kv):
         if not kv.can_take_one(k):
             dropped.add(k)
             continue
-        theta = (tau + a) / step_time(tables, shape, x + 1, draft_s)
+        theta = (tau + a) / planned_time(tables, shape, x + 1, draft_s)
         if not theta > best:
             break  # the causal early stop
         kv.take(k, 1)

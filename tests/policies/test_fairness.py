@@ -165,3 +165,15 @@ def test_unknown_keys_in_a_sharing_table_are_refused():
         f.SharingSpec.from_mapping({"tenants": {"a": {"wieght": 2}}})
     with pytest.raises(ValueError, match="unknown table"):
         f.SharingSpec.from_mapping({"tenant": {}})
+
+
+def test_clear_zeroes_the_ledger_and_keeps_the_parameters():
+    sh = _shares((2.0, 1.0), kv_quota=0.5)
+    f.enqueue(sh, 0)
+    f.charge(sh, 0, 10.0)
+    f.hold_kv(sh, 1, 0, 7)
+    tp = np.array([[2.0, 0.5, 1.0], [1.0, 0.5, 1.0]])
+    f.clear(sh, tp, np.array([[0.0, 1.0, 1.0]]))
+    fresh = _shares((2.0, 1.0), kv_quota=0.5)
+    np.testing.assert_array_equal(sh.tenants, fresh.tenants)
+    np.testing.assert_array_equal(sh.classes, fresh.classes)

@@ -167,3 +167,19 @@ def test_caching_off_grow_is_plain_block_arithmetic():
 def test_bad_sizes_are_refused():
     with pytest.raises(ValueError, match="block_tokens"):
         pcm.new_prefix_cache(np.zeros(2, np.int64), np.zeros(0, np.int64), np.ones(1, np.int64), 0, 16)
+
+
+def test_clear_returns_a_used_cache_to_empty():
+    """A replica that fails loses its cache: ``clear`` leaves exactly a fresh cache."""
+    pc, _, offsets, prompts = _cache([[1, 2, 3], [1, 2, 4]], [3 * BT + 5, 3 * BT + 5], 16)
+    fresh, _, _, _ = _cache([[1, 2, 3], [1, 2, 4]], [3 * BT + 5, 3 * BT + 5], 16)
+    pcm.acquire(pc, offsets, 0, 0)
+    pcm.insert(pc, offsets, 0, 3 * BT)
+    k, _, _ = pcm.match(pc, offsets, prompts, 1)
+    pcm.acquire(pc, offsets, 1, k)
+    pcm.release(pc, offsets, 0)
+    assert pc.stats[pcm.S_CACHED] == 3 and pc.held[1] == 2
+    pcm.clear(pc, fresh.n_full)
+    for a, b in ((pc.req, fresh.req), (pc.tab, fresh.tab), (pc.stats, fresh.stats)):
+        np.testing.assert_array_equal(a, b)
+    assert pcm.match(pc, offsets, prompts, 1) == (0, 0, 0)

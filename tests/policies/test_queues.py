@@ -189,3 +189,18 @@ def test_service_estimates_follow_the_step_table():
     lower, job = q.service_estimates(t, np.array([100, 1000]), np.array([1, 11]))
     np.testing.assert_allclose(lower, [0.11, 1.01])
     np.testing.assert_allclose(job, [0.11, 1.01 + 10 * 0.011])
+
+
+def test_clear_empties_every_lane_and_keeps_its_room():
+    lane_of, lane_tenant = q.lanes(np.array([0, 1, 1, 0]), np.zeros(4), 2, 1, True, False)
+    wq = q.new_wait_queue(lane_of, lane_tenant)
+    fresh = q.new_wait_queue(lane_of, lane_tenant)
+    for i in range(4):
+        q.push(wq, i, 0.0, float(i))
+    q.remove(wq, 2)
+    q.clear(wq, lane_tenant)
+    for a, b in ((wq.keys, fresh.keys), (wq.slots, fresh.slots), (wq.lanes, fresh.lanes)):
+        np.testing.assert_array_equal(a, b)
+    for i in (3, 1, 0, 2):
+        q.push(wq, i, 0.0, float(i))
+    assert wq.total[0] == 4 and q.top(wq, 0) == 0 and q.top(wq, 1) == 1

@@ -10,10 +10,10 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from costmodels.steptable import StepTables, linear_tables, step_seconds
+from costmodels.steptable import StepTables, linear_tables, step_seconds, step_seconds_at_tile_ends
 from policies import speculative as sp
 
 from . import reference_speculative as ref
@@ -80,9 +80,15 @@ def survival_rows(conditionals):
     return np.cumprod(np.asarray(conditionals, dtype=float), axis=1)
 
 
-def theta(surv, ell, tables, shape, draft_s):
+def theta(surv, ell, tables, shape, draft_s, step_time=ref.planned_time):
+    """tau * SPS(B) of verify budgets ell; SPS read as dspark's early stop reads it."""
     tau = len(ell) + sum(float(surv[k, :m].sum()) for k, m in enumerate(ell))
-    return tau / ref.step_time(tables, shape, int(sum(ell)), draft_s)
+    return tau / step_time(tables, shape, int(sum(ell)), draft_s)
+
+
+def brute_force_best(surv, lim, token_left, tables, shape, draft_s):
+    feasible = [ell for ell in itertools.product(*(range(m + 1) for m in lim)) if sum(ell) <= token_left]
+    return max(theta(surv, ell, tables, shape, draft_s) for ell in feasible)
 
 
 # ======================================================================================
@@ -114,12 +120,63 @@ def test_dspark_equals_brute_force_when_theta_is_unimodal(batch, per_token, over
     draft_s = positions * draft_pp
     assert positions == max(lim) and blocks == 0 and x == b.ell.sum() <= token_left
 
-    feasible = [ell for ell in itertools.product(*(range(m + 1) for m in lim)) if sum(ell) <= token_left]
-    best = max(theta(surv, ell, tables, shape, draft_s) for ell in feasible)
+    best = brute_force_best(surv, lim, token_left, tables, shape, draft_s)
     assert theta(surv, b.ell, tables, shape, draft_s) == pytest.approx(best, rel=1e-12)
     # and the lagged variant's global argmax finds the same number of extensions
     assert sp.dspark_global_k(surv, b.lim, b.n, b.gamma, tables, *shape, draft_pp, token_left, b.scratch,
                               b.heap) == x
+
+
+@FAST
+@given(batch=small_batches(), prefill=st.integers(0, 40), token_left=st.integers(0, 9))
+def test_dspark_equals_brute_force_on_a_tiled_table_read_between_tile_ends(batch, prefill, token_left):
+    # on a staircase table the early stop weighs SPS between tile ends; where tau * SPS
+    # read so is unimodal, the stop is again the best of every feasible budget vector
+    surv, lim = batch
+    tables = jagged_tables()
+    shape = (len(lim) + prefill, len(lim), len(lim), 512 * len(lim), 0)
+    positive = sorted((a for k, m in enumerate(lim) for a in surv[k, :m] if a > 0), reverse=True)
+    curve = [(len(lim) + sum(positive[:x])) / ref.planned_time(tables, shape, x, 0.0)
+             for x in range(min(token_left, len(positive)) + 1)]
+    peak = int(np.argmax(curve))
+    assume(all(a < b for a, b in itertools.pairwise(curve[:peak + 1]))
+           and all(a >= b for a, b in itertools.pairwise(curve[peak:])))
+    b = Batch(surv, lim, slack=[1 << 20] * len(lim))
+    x, *_ = b.budgets(sp.MODE_DSPARK, tables, shape, 0.0, token_left)
+    assert x == peak
+    assert theta(surv, b.ell, tables, shape, 0.0) == pytest.approx(
+        brute_force_best(surv, lim, token_left, tables, shape, 0.0), rel=1e-12)
+
+
+def test_tile_end_reading_joins_tile_ends_and_keeps_tables_without_tiles():
+    tables = jagged_tables()
+    ends, ends_s = [0, 16, 32, 64, 128, 4096], [5e-3, 5e-3, 7e-3, 14e-3, 16e-3, 80e-3]
+    for tokens in [*range(1, 200), 1000, 4096]:
+        raw, _ = step_seconds(tables, tokens, 0, 0, 0, 0)
+        read, _ = step_seconds_at_tile_ends(tables, tokens, 0, 0, 0, 0)
+        assert read == pytest.approx(np.interp(tokens, ends, ends_s), rel=1e-12)
+        assert read <= raw + 1e-15  # never dearer than the staircase ...
+        if tokens in ends:
+            assert read == raw  # ... and the staircase itself at every tile end
+    # past the last point both extrapolate the same way; tables without tile edges are unchanged
+    assert step_seconds_at_tile_ends(tables, 5000, 0, 0, 0, 0) == step_seconds(tables, 5000, 0, 0, 0, 0)
+    for t, shape in ((sps_tables([1.0, 2.0, 1 / 0.45]), (2, 2, 0, 0, 0)),
+                     (TABLES["linear"], (300, 40, 40, 40 * 900, 5e4))):
+        assert step_seconds_at_tile_ends(t, *shape) == step_seconds(t, *shape)
+
+
+def test_tile_end_reading_smooths_the_profiled_staircase():
+    from costmodels.build import build
+
+    tables = build("llama-3.1-8b", "h100_sxm").tables
+    tokens = np.arange(1, 8193)  # 64 decodes over 64k KV tokens, and prefill tokens besides
+    raw = np.array([step_seconds(tables, b, 64, 64, 65536, 0)[0] for b in tokens])
+    read = np.array([step_seconds_at_tile_ends(tables, b, 64, 64, 65536, 0)[0] for b in tokens])
+    assert np.all(read <= raw + 1e-15) and np.all(np.diff(read) >= 0)
+    # the jumps where a GEMM tile opens (0.2-1 ms at 65, 257, 1025 tokens) are spread over their tiles
+    assert np.diff(raw).max() > 4e-4 and np.diff(read).max() < 0.25 * np.diff(raw).max()
+    edges = np.flatnonzero(np.diff(raw) > 1e-4)  # the last token of each tile
+    assert len(edges) > 10 and np.array_equal(read[edges], raw[edges])
 
 
 def test_appendix_a_early_stop_declines_the_first_extension():
@@ -150,39 +207,48 @@ def test_top_k_takes_the_highest_survivals_across_requests_in_prefix_order():
     assert b.ell.tolist() == [1, 1, 0]
 
 
-def test_lagged_topk_has_no_early_stop_on_a_jagged_table():
+def test_a_tile_edge_does_not_stop_dspark_and_the_lagged_k_is_the_raw_argmax():
     # the batch's prefill chunks fill a 16-token tile, so the first verify token crosses
-    # into the next tile (5 -> 7 ms) and does not pay alone: the early stop verifies
-    # nothing. The lagged K is the global argmax and fills the next tile (16 tokens).
+    # into the next tile (5 -> 7 ms): on the raw staircase it lowers Theta and an early
+    # stop there would verify nothing, although the whole next tile pays. dspark reads
+    # SPS between tile ends and verifies all 32 drafts; the lagged K is the global argmax
+    # over the raw table, which fills exactly the next tile (16 tokens).
     tables = jagged_tables()
     surv = survival_rows([[0.98] * 8] * 4)
     shape = (16, 4, 4, 4 * 512, 0)  # prefill chunks already fill the first tile
+    assert theta(surv, [1, 0, 0, 0], tables, shape, 0.0, ref.step_time) < theta(surv, [0] * 4, tables, shape, 0.0,
+                                                                                  ref.step_time)
     b = Batch(surv, lim=[8] * 4, slack=[64] * 4)
     x_dspark, *_ = b.budgets(sp.MODE_DSPARK, tables, shape)
+    assert x_dspark == 32 and b.ell.tolist() == [8, 8, 8, 8]
     k = sp.dspark_global_k(b.surv, b.lim, 4, 8, tables, *shape, 0.0, 1 << 20, b.scratch, b.heap)
-    assert x_dspark == 0 and k == 16
+    assert k == 16
     x, _, _, k_now = b.budgets(sp.MODE_DSPARK_LAGGED, tables, shape, lag_k=k)
     assert x == 16 and k_now == 16 and b.ell.tolist() == [4, 4, 4, 4]
 
 
 def test_verify_budget_shrinks_as_the_batch_grows_on_a_profiled_gpu():
-    # the paper's shape (DSpark Fig 8) on the bundled H100 tables for Llama-3.1-8B: ~4-6
-    # tokens per request at low concurrency, 0-1 near saturation
+    # DSpark Fig 8's shape on the bundled H100 tables for Llama-3.1-8B: the whole block
+    # at low concurrency, fewer drafts as the batch grows. The 64 -> 65 token tile edge
+    # does not stop the search (on the raw table the early stop verified one draft per
+    # request at 64). Decode attention, paid per sequence, dominates these steps even at
+    # 512 sequences, so verifying stays cheap there and the budget bottoms out near two;
+    # the engine's shape test drives a compute-bound model to 0-1.
     from costmodels.build import build
 
     tables = build("llama-3.1-8b", "h100_sxm").tables
     profile = np.array([sp.DEFAULT_PROFILE[:7]])
-    mean_budget = []
+    mean_budget = {}
     for n in (1, 4, 16, 64, 256, 512):
         surv = np.zeros((n, 7))
         sp.draft_confidences(np.arange(n), np.zeros(n, dtype=np.int64), n, profile, np.zeros(n, dtype=np.int64),
                              3, 0.3, 0.0, 7, surv)
         b = Batch(surv, lim=[7] * n, slack=[1 << 20] * n)
         x, *_ = b.budgets(sp.MODE_DSPARK, tables, decode_shape(n, 1024), 0.0, 8192)
-        mean_budget.append(x / n)
-    assert all(4 <= m <= 7 for m in mean_budget[:3])
-    assert mean_budget[-1] <= 1
-    assert all(a >= b for a, b in itertools.pairwise(mean_budget))
+        mean_budget[n] = x / n
+    assert [mean_budget[n] for n in (1, 4, 16)] == [7, 7, 7]
+    assert mean_budget[64] >= 4.5 and mean_budget[512] <= 2.5
+    assert all(a >= b for a, b in itertools.pairwise(mean_budget.values()))
 
 
 # ======================================================================================

@@ -1,12 +1,14 @@
 """Speculative decoding inside the engine: conservation, reproducibility, the report's
-figures, and the shape of DSpark's result on a profiled GPU (budgets shrink with load,
-adaptive budgets beat a fixed block at high load and match it at low load)."""
+figures, and the shape of DSpark's result on a model with GEMM-tile steps (budgets shrink
+with load, adaptive budgets beat a fixed block at high load and match it at low load)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from costmodels.costmodel import CostModel
+from costmodels.steptable import StepTables
 from policies.config import PolicyConfig
 from policies.engine import simulate, simulate_many
 from policies.result import State
@@ -78,39 +80,65 @@ def test_acceptance_profiles_by_class_change_who_gains():
     assert per_request_s[1::2].mean() < 0.5 * per_request_s[0::2].mean()
 
 
+# ======================================================================================
+# the shape of DSpark's result
+# ======================================================================================
+def tiled_cost_model():
+    """A GPU in miniature, shaped like profiled tables: token-linear time is a staircase of
+    32-token GEMM tiles (flat inside a tile, 0.15 ms more per tile opened), memory-bound
+    (4 ms of weights) up to 256 tokens and compute-bound past them (20 us a token);
+    decode attention is light, so a large batch is compute-bound and verifying stops
+    paying."""
+    tile, knee = 32, 256
+    ends = np.arange(tile, 8192 + 1, tile, dtype=float)
+    tokens = np.concatenate([[1.0], np.sort(np.concatenate([ends, ends[:-1] + 1]))])
+    tiles = np.ceil(tokens / tile)
+    linear = 4e-3 + 1.5e-4 * tiles + 2e-5 * np.maximum(0.0, tiles * tile - knee)
+    flat = np.array([0.0, 1e12])
+    tables = StepTables.from_grids(
+        linear_tokens=tokens, linear_s=linear, head_seqs=flat, head_s=np.zeros(2), decode_batch=flat,
+        decode_kv=flat, decode_s=np.outer(np.ones(2), flat) * 1e-8, decode_kv_measured=np.full(2, 1e12),
+        prefill_pairs=flat, prefill_s=np.zeros(2), overhead_s=1e-3, scale=1.0)
+    return CostModel.synthetic(kv_capacity_tokens=1 << 20, tables=tables)
+
+
 @pytest.fixture(scope="module")
-def h100_sweep():
-    """vLLM defaults for Llama-3.1-8B on the bundled H100 tables, a minute of Poisson
-    traffic at low (2 req/s) and near-saturation (32 req/s) load; drafting free (a
-    semi-autoregressive drafter proposes the block in one pass, as DSpark's)."""
-    from costmodels import build
-    from policies.presets import preset
+def load_sweep():
+    """Twenty seconds of Poisson traffic at low (2 req/s), middle (40) and near-saturation
+    (100) load on the tiled model; gamma = 5 as DSpark's production drafter, drafting
+    free (a semi-autoregressive drafter proposes the block in one pass)."""
     from studies.synthetic import LogNormal, Poisson, Tenant, generate
 
-    cost = build("meta-llama/Llama-3.1-8B", "h100")
-    base = preset("vllm-default", "h100").replace(speculative_draft_cost=0.0, num_speculative_tokens=7)
-    modes = ("fixed", "dspark", "dspark_lagged")
-    tenant = Tenant(prompt=LogNormal(1000, 0.8), output=LogNormal(250, 0.8))
-    slos = parse_slo("ttft:2000,tpot:40")
+    cost = tiled_cost_model()
+    base = PolicyConfig(max_num_batched_tokens=2048, max_num_seqs=512, gpu_memory_utilization=1.0, block_size=16,
+                        num_speculative_tokens=5, speculative_draft_cost=0.0)
+    modes = ("fixed", "dspark")
+    tenant = Tenant(prompt=LogNormal(200, 0.5), output=LogNormal(200, 0.5))
+    slos = parse_slo("ttft:1000,tpot:30")
     out = {}
-    for rate in (2, 32):
-        trace = generate(Poisson(rate), duration_s=60, tenants=[tenant], seed=1)
+    for rate in (2, 40, 100):
+        trace = generate(Poisson(rate), duration_s=20, tenants=[tenant], seed=1)
         results = simulate_many(trace, cost, [base.replace(speculative_mode=m) for m in modes],
                                 acceptance=AcceptanceModel(spread=0.3))
         out[rate] = {m: score(r, trace, slos) for m, r in zip(modes, results, strict=True)}
     return out
 
 
-def test_chosen_budget_shrinks_as_load_rises(h100_sweep):
+def test_chosen_budget_shrinks_as_load_rises(load_sweep):
     # DSpark Fig 8: about 4-6 drafts per request at low concurrency, 0-1 near saturation
-    assert h100_sweep[2]["dspark"].mean_verify_budget >= 4
-    assert h100_sweep[32]["dspark"].mean_verify_budget <= 1.5
-    assert h100_sweep[32]["dspark_lagged"].mean_verify_budget < h100_sweep[2]["dspark_lagged"].mean_verify_budget - 1
-    assert h100_sweep[2]["fixed"].mean_verify_budget > 6.5  # fixed verifies the block whatever the load
+    budget = {rate: load_sweep[rate]["dspark"].mean_verify_budget for rate in (2, 40, 100)}
+    assert 4 <= budget[2] <= 6
+    assert 0 <= budget[100] <= 1.5
+    # at middle load the batch crosses tile edges but is memory-bound: verifying still
+    # pays, and the budget stays near the block (the early stop on the raw staircase
+    # halted at the first tile edge here: 0.5 drafts per request)
+    assert budget[2] >= budget[40] >= 4.5 > budget[100]
+    assert load_sweep[2]["fixed"].mean_verify_budget > 4.8  # fixed verifies the block whatever the load
 
 
-def test_adaptive_budget_beats_a_fixed_block_at_high_load_and_matches_it_at_low(h100_sweep):
-    low, high = h100_sweep[2], h100_sweep[32]
-    assert low["dspark_lagged"].request_goodput == pytest.approx(low["fixed"].request_goodput, rel=0.02)
-    assert low["dspark"].request_goodput == pytest.approx(low["fixed"].request_goodput, rel=0.02)
-    assert high["dspark_lagged"].request_goodput > 1.2 * high["fixed"].request_goodput
+def test_adaptive_budget_beats_a_fixed_block_at_high_load_and_matches_it_at_low(load_sweep):
+    low, middle, high = load_sweep[2], load_sweep[40], load_sweep[100]
+    assert low["dspark"].request_goodput >= 0.98 * low["fixed"].request_goodput
+    assert middle["dspark"].request_goodput >= 0.98 * middle["fixed"].request_goodput
+    assert middle["dspark"].p90_tpot_ms <= 1.1 * middle["fixed"].p90_tpot_ms  # per-user speed kept
+    assert high["dspark"].request_goodput > 1.5 * high["fixed"].request_goodput
