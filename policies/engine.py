@@ -290,6 +290,7 @@ from policies.kernel_state import (
     SWAP_OUTS,
     SWAP_S,
     TARGET,
+    UNSORTED,
     USED,
     WAIT_SCAN,
     WAITING,
@@ -335,6 +336,7 @@ I_DRAFT_COST = KNOB_INDEX["speculative_draft_cost"]
 assert SCHEDULING_POLICIES == qm.QUEUE_ORDERS and FAIRNESS_COST_UNITS == fm.FAIRNESS_COST_UNITS
 EDF = SCHEDULING_POLICIES.index("edf")
 VTC = SCHEDULING_POLICIES.index("vtc")
+LPM = SCHEDULING_POLICIES.index("lpm")
 ADMIT_FIRST = MAX_WAIT_ACTIONS.index("admit_first")
 PREFILL_FIRST = SCHEDULE_MODES.index("prefill_first")
 ADMIT_NONE = ADMISSION_MODES.index("none")
@@ -1245,17 +1247,22 @@ def _expire(rep, st, cfg, t):
         ring = inbox.shape[0] - 1
         arrival = st.sf[S_ARRIVAL]
         admit_first = int(cfg[I_WAIT_ACTION]) == ADMIT_FIRST
-        p = g[WAIT_SCAN]
-        while p < g[INBOX_HEAD]:
-            r = inbox[p % ring]
+        p = g[WAIT_SCAN]  # every request delivered before position p has waited past max_wait
+        scan = p
+        while scan < g[INBOX_HEAD]:
+            r = inbox[scan % ring]
+            scan += 1
             if not t - arrival[r] > max_wait:
-                break
+                if g[UNSORTED] == 0:
+                    break
+                continue  # out of arrival order: a later position may hold an older request
             if rep.ri[STATUS, r] == WAITING and math.isnan(rep.rf[FIRST_SCHED, r]):
                 if admit_first:
                     qm.promote(_queue(rep, st), r)
                 else:
                     _end_request(rep, st, r, S_REJECTED, R_MAX_WAIT, t)
-            p += 1
+            if p == scan - 1:
+                p = scan
         g[WAIT_SCAN] = p
 
 
@@ -1527,11 +1534,11 @@ def _stuck_modes(cfg, quotas):
     """Modes under which a blocked waiting head stays blocked while decodes only grow:
     admission by free KV or reservation (new_token_ratio decays, so it may unblock), no
     step-time cap, quota or max wait, and a static queue order (EDF rejects by the clock,
-    VTC reorders by counters)."""
+    VTC reorders by counters, LPM by cached prefixes, which decodes may evict)."""
     mode = int(cfg[I_ADMISSION])
     order = int(cfg[I_POLICY])
     return (mode != ADMIT_NTR and cfg[I_STEP_CAP_MS] <= 0.0 and not quotas and cfg[I_MAX_WAIT] <= 0.0
-            and order != EDF and order != VTC)
+            and order != EDF and order != VTC and not (order == LPM and cfg[I_PREFIX_CACHING] != 0.0))
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -1902,6 +1909,9 @@ def deliver_carried(rep, st, r, t, carried_i, carried_f):
     heap = rep.lists[L_DHEAP]
     if heap[0] + inbox_pending(rep) >= ri.shape[1]:
         _compact_deadlines(rep, st)
+    g, inbox = rep.g, rep.lists[L_INBOX]
+    if g[N_DELIVERED] > 0 and st.sf[S_ARRIVAL, r] < st.sf[S_ARRIVAL, inbox[(g[N_DELIVERED] - 1) % (inbox.shape[0] - 1)]]:
+        g[UNSORTED] = 1
     deliver(rep, r, t)
 
 

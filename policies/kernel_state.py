@@ -137,7 +137,8 @@ ENTRY_BLOCKS = 52  # KV blocks per prefix-cache entry
 PC_STATS = 53  # policies.prefix_cache stats (N_STATS = 9 slots)
 HAND_OFF = 62  # P/D prefill replica: a request leaves once it has sampled a token (1/0)
 N_OUTBOX = 63  # requests in L_OUTBOX
-N_G = 64
+UNSORTED = 64  # a delivery arrived before one delivered earlier (a fleet's re-route): 1/0
+N_G = 65
 #: predicted mode: output/max_tokens ratio histogram bins (in g's tail, below).
 CALIBRATION_BINS = 64
 # g's tail: the predicted-mode histogram, then the fast-forward residues (block_size slots)

@@ -152,7 +152,7 @@ class Fleet:
 
     def new_replica(self, j: int, t: float) -> Reference:
         cap, host = self.limits[j]
-        rep = Reference(self.trace, self.costs[j], self.c, cap, host, *self.side, None, self.seed)
+        rep = Reference(self.trace, self.costs[j], self.c, cap, host, *self.side, None, self.seed + j)
         rep.t = t
         rep.hand_off = self.pd and self.pool[j] == 0
         rep.admitted = []

@@ -210,3 +210,23 @@ def test_swapped_out_requests_never_pin_the_gpu():
     got = assert_matches_reference(trace, cost_model(250, 64), config)  # "engine stalled" before the fix
     assert np.all(got.state == State.FINISHED)
     assert got.preemptions.sum() > 0 and got.swap_outs == 0, "every victim held cached blocks: recomputed"
+
+
+def test_lpm_head_unblocked_by_eviction_is_not_fast_forwarded_past():
+    """Regression (fleet reference, fast-forward on): under LPM with prefix caching, decode
+    steps that evict idle cached prefixes reorder the waiting queue, so a smaller request
+    can become the head and start although free KV only shrank. Fast-forward treated the
+    queue as stuck and admitted it late."""
+    prompt = [1] * 6 + [26, 120, 158, 160, 1, 1, 1, 136, 1, 144]
+    output = [0] * 6 + [54] * 4 + [0, 0, 0, 40, 0, 30]
+    offsets = [0, 1, 2, 3, 4, 5, 6, 7, 11, 16, 21, 22, 23, 24, 29, 30, 35]
+    flat = [10000, 10010, 10020, 10030, 10040, 10050, 10060, 10070, 10071, 10072, 10073, 10080, 10081, 10082,
+            10083, 10084, 0, 1, 2, 3, 10094, 10100, 10110, 10120, 10130, 10131, 10132, 10133, 10134, 10140,
+            0, 1, 2, 3, 10154]
+    hashes = [flat[offsets[i]:offsets[i + 1]] for i in range(16)]
+    trace = make_trace(np.zeros(16), prompt, output, np.maximum(output, 1), hashes=hashes, block_tokens=32)
+    config = PolicyConfig(max_num_batched_tokens=512, max_num_seqs=8, enable_chunked_prefill=False,
+                          gpu_memory_utilization=1.0, block_size=4, scheduling_policy="lpm",
+                          schedule_mode="prefill_first", enable_prefix_caching=True)
+    got = assert_matches_reference(trace, cost_model(800, 64), config)  # request 15 ended late before the fix
+    assert got.preemptions.sum() > 0, "the case needs preempted prompts cached and then evicted"

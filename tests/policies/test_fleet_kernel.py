@@ -15,7 +15,7 @@ from policies.config import ConfigError, PolicyConfig
 from policies.failures import FailureError, FailureSchedule
 from policies.fairness import T_WEIGHT
 from policies.fleet import simulate_fleet, simulate_fleet_many
-from policies.kernel_state import C_PREFILL_TOKENS, C_USED_END, COMPUTED, GENERATED, USED
+from policies.kernel_state import C_PREFILL_TOKENS, C_USED_END, COMPUTED, GENERATED, L_DHEAP, USED
 from policies.result import Reject, State
 
 from .conftest import cost_model, make_trace, poisson_trace
@@ -161,15 +161,19 @@ def test_round_robin_over_independent_replicas_is_the_split_and_merge(name):
     share of the trace with seed + R."""
     trace, cost, config, replicas = _trace(), cost_model(1500), CONFIGS[name], 3
     fleet = simulate_fleet(trace, cost, config, seed=2, replicas=replicas)
+    totals = dict.fromkeys(("steps", "busy_s", "prefill_tokens_computed", "kv_capacity_blocks", "kv_peak_blocks"), 0)
     for j in range(replicas):
         rows = np.arange(j, trace.n, replicas)
         alone = engine.simulate(trace.take(rows), cost, config, seed=2 + j)
+        for counter in totals:
+            totals[counter] += getattr(alone, counter)
         for name_ in PER_REQUEST:
             np.testing.assert_array_equal(getattr(fleet, name_)[rows], getattr(alone, name_), err_msg=name_)
         np.testing.assert_array_equal(fleet.replica[rows], np.where(alone.replica >= 0, j, -1))
         assert fleet.replica_kv_peak_blocks[j] == alone.kv_peak_blocks
         assert fleet.replica_prefix_hit_tokens[j] == alone.prefix_hit_tokens
     assert list(fleet.replica_routed) == [50, 50, 50]
+    assert {counter: getattr(fleet, counter) for counter in totals} == pytest.approx(totals, rel=1e-12)
 
 
 def test_many_configs_in_parallel_equal_one_at_a_time():
@@ -242,3 +246,37 @@ def test_bad_fleets_are_refused_with_the_reason():
         simulate_fleet(trace, cost, CONFIG, replicas=2, failures=FailureSchedule.from_rows([(4, 0.1, math.inf)]))
     with pytest.raises(TypeError, match="FailureSchedule"):
         simulate_fleet(trace, cost, CONFIG, replicas=2, failures=[(0, 0.1, 0.2)])
+
+
+def test_a_request_rerouted_behind_younger_ones_still_leaves_at_its_max_wait():
+    """Replica 0 fails at 0.1 s: its queued request 2 (arrived 0.01 s) lands on replica 1
+    behind request 3 (arrived 0.05 s). It is rejected at the first step boundary after its
+    own 0.3 s of waiting, not after request 3's."""
+    trace = make_trace([0.0, 0.001, 0.01, 0.05], [50, 50, 50, 50], [2000, 2000, 5, 5])
+    costs = [cost_model(4000), cost_model(4000)]
+    config = PolicyConfig(gpu_memory_utilization=1.0, max_num_seqs=1, max_wait_s=0.3)
+    result = simulate_fleet(trace, costs, config, failures=FailureSchedule.from_rows([(0, 0.1, math.inf)]))
+    assert list(result.reject_reason[2:]) == [Reject.MAX_WAIT, Reject.MAX_WAIT]
+    assert list(result.reroutes) == [1, 0, 1, 0]
+    assert 0.31 < result.finish_s[2] < result.finish_s[3] - 0.03, "request 2 left on its own clock"
+
+
+def test_a_request_delivered_to_the_same_replica_again_and_again_keeps_one_deadline():
+    """Migrated back and forth: every return leaves a stale deadline entry behind, which
+    must never overflow the heap (n slots); the deadline still ends it."""
+    trace = make_trace([0.0, 0.0], [400, 40], [300, 3], deadline=[0.5, np.nan])
+    cost, cfg = cost_model(), CONFIG.to_vector()
+    rep, st, weights = _replica(trace, cost)
+    carried_i, carried_f = engine.new_carried(trace.n)
+    t = 0.0
+    for _ in range(6):
+        engine.deliver_carried(rep, st, 0, t, carried_i, carried_f)
+        t += 0.05
+        engine.advance(rep, st, cost.tables, cfg, t)
+        assert rep.lists[L_DHEAP, 0] <= trace.n
+        engine.withdraw(rep, st, 0, True, carried_i, carried_f)
+    assert carried_i[engine.K_GENERATED, 0] > 0, "it made progress between moves"
+    engine.deliver_carried(rep, st, 0, t, carried_i, carried_f)
+    engine.advance(rep, st, cost.tables, cfg, np.inf)
+    out_i, out_f, _ = _outputs(trace, rep, weights)
+    assert out_i[engine.O_STATE, 0] == State.TIMED_OUT and out_f[engine.O_FINISH, 0] == 0.5

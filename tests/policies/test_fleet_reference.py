@@ -89,6 +89,7 @@ def fleet_configs(draw, replicas: int):
         admission_mode=draw(st.sampled_from(ADMISSION_MODES)),
         preemption_mode=draw(st.sampled_from(PREEMPTION_MODES)),
         max_queue_len=draw(st.sampled_from([0, 0, 3])),
+        max_wait_s=draw(st.sampled_from([0.0, 0.0, 0.05])),
         kv_high_water=draw(st.sampled_from([1.0, 1.0, 0.7])),
         enable_prefix_caching=draw(st.booleans()),
         router=draw(st.sampled_from(ROUTERS)),
