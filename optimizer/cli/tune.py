@@ -196,14 +196,16 @@ def _print_summary(console: Console, study, spec, stats: RunStats) -> None:
     best = recommend(study.get_trials(deepcopy=False), spec, directions(study))  # as the run folder says
     rows = {f"best (trial {best.number})": best, **baseline_trials(study)}
     table = Table(title=f"{spec.study_name}: SLO {spec.slos.describe()}")
+    failures = ("re-routed", "good/s during failures") if spec.failures is not None else ()
     for column in ("config", "GPUs", "weighted goodput (/s)", "SLO attainment", "p99 TTFT (ms)", "p99 TPOT (ms)",
-                   "rejected"):
+                   "rejected", *failures):
         table.add_column(column, justify="left" if column == "config" else "right")
     for name, t in rows.items():
         r = t.user_attrs["report"]
+        cells = [_num(r.get("failure_affected"), 0), _num(r.get("goodput_during_failures"), 3)] if failures else []
         table.add_row(name, str(t.user_attrs.get("gpus", "-")), _num(r.get("weighted_goodput"), 3),
                       _pct(r.get("slo_attainment")), _num(r.get("p99_ttft_ms"), 0), _num(r.get("p99_tpot_ms"), 1),
-                      _pct(r.get("rejected_fraction")))
+                      _pct(r.get("rejected_fraction")), *cells)
     console.print(table)
     attainments = [t.user_attrs["report"].get("slo_attainment") or 0.0 for t in rows.values()]
     if min(attainments) >= 0.999:

@@ -155,9 +155,10 @@ def test_tune_on_a_failing_fleet_reports_the_router_each_replica_and_the_failure
     run_dir = tmp_path / "run"
     out = runner.invoke(app, ["tune", "--trace", str(trace_file), *MODEL, "--slo", "ttft:500,tpot:50",
                               "--replicas", "2", "--router", "cache_aware", "--fail", "1@3:6", "--trials", "4",
-                              "--batch-size", "2", "--run-dir", str(run_dir), "--quiet"])
+                              "--batch-size", "2", "--run-dir", str(run_dir), "--quiet"], env={"COLUMNS": "200"})
     assert out.exit_code == 0, out.output
     assert "failures: replica@down:up seconds 1@3:6" in out.output
+    assert "re-routed" in out.output and "good/s during failures" in out.output
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["deployment"]["failures"] == {"windows": ["1@3:6"]}
     assert summary["deployment"]["routing"].startswith("cache_aware router")
