@@ -19,10 +19,10 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from engine_speed import best_of  # noqa: E402
 
 from costmodels import build  # noqa: E402
 from policies import engine  # noqa: E402
@@ -35,15 +35,6 @@ from studies.transforms import scale_rate  # noqa: E402
 
 SHARED = Path(os.environ.get("SERVETUNE_SHARED", ROOT / ".." / "shared"))
 MOONCAKE = SHARED / "traces" / "mooncake" / "conversation_trace.jsonl"
-
-
-def best_of(fn, repeats: int) -> tuple[float, object]:
-    best, out = np.inf, None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, out
 
 
 def describe(result, trace) -> str:

@@ -254,8 +254,9 @@ def fleet_kernel(statics, tables, block_hashes, kv_bytes, swap_bw, fail_t, fail_
 def fleet_many_kernel(statics, tables, block_hashes, kv_bytes, swap_bw, fail_t, fail_replica, fail_up, cfgs, caps,
                       hosts, seed, series_every, fast_forward, tenant_params, class_params, routers, outs):
     """``fleet_kernel`` for every row of ``cfgs`` (each its own fleet), in parallel."""
+    signed = np.arange(cfgs.shape[0])  # prange counts unsigned; typed lists take a signed index
     for m in prange(cfgs.shape[0]):
-        k = np.int64(m)  # typed lists take a signed index
+        k = signed[m]
         fleet_kernel(statics, tables, block_hashes, kv_bytes, swap_bw, fail_t, fail_replica, fail_up, cfgs[k],
                      caps[k], hosts[k], seed, series_every, fast_forward, tenant_params[k], class_params[k],
                      routers[k], outs[k])

@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from costmodels.costmodel import CostModelError
+from optimizer.cli.failure_options import FailOption, MtbfOption, RepairOption
 from optimizer.failplan import FailurePlan
 from policies.config import ConfigError, PolicyConfig, check_fleet
 from policies.failures import FailureError
@@ -48,12 +49,9 @@ def simulate_command(
     router: Annotated[str | None, typer.Option("--router", help="the fleet's router (sets the config's router)")] = None,
     prefill_replicas: Annotated[int | None, typer.Option(
         "--prefill-replicas", help="replicas 0..P-1 prefill, the rest decode (0 = colocated)")] = None,
-    fail: Annotated[str | None, typer.Option("--fail", help="failure windows REPLICA@DOWN:UP in seconds, "
-                                                           "e.g. 2@600:900,0@100:200")] = None,
-    mtbf: Annotated[float | None, typer.Option("--mtbf", help="random failures: mean seconds between a "
-                                                             "replica's failures (with --repair)")] = None,
-    repair: Annotated[float | None, typer.Option("--repair", help="random failures: seconds a failed replica "
-                                                                 "stays down")] = None,
+    fail: FailOption = None,
+    mtbf: MtbfOption = None,
+    repair: RepairOption = None,
     framework: Annotated[str, typer.Option("--framework", help="vllm, sglang or trtllm profiles")] = "vllm",
     config: Annotated[Path | None, typer.Option("--config", help="policy TOML file")] = None,
     preset_name: Annotated[str | None, typer.Option("--preset", help=f"one of {', '.join(PRESETS)}")] = None,

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from costmodels.costmodel import CostModelError
+from optimizer.cli.failure_options import FailOption, MtbfOption, RepairOption
 from optimizer.spec import SpecError, load_spec
 from optimizer.study import RunStats, StudyError
 from policies.config import ConfigError
@@ -55,12 +56,9 @@ def tune_command(
                                                                  "replicas > 1)")] = None,
     prefill_replicas: Annotated[int | None, typer.Option(
         "--prefill-replicas", help="fix the prefill pool size (0 = colocated; default: searched)")] = None,
-    fail: Annotated[str | None, typer.Option("--fail", help="failure windows REPLICA@DOWN:UP in seconds, "
-                                                           "e.g. 2@600:900,0@100:200")] = None,
-    mtbf: Annotated[float | None, typer.Option("--mtbf", help="random failures: mean seconds between a "
-                                                             "replica's failures (with --repair)")] = None,
-    repair: Annotated[float | None, typer.Option("--repair", help="random failures: seconds a failed replica "
-                                                                 "stays down")] = None,
+    fail: FailOption = None,
+    mtbf: MtbfOption = None,
+    repair: RepairOption = None,
     framework: Annotated[str | None, typer.Option("--framework", help="profiles: vllm, sglang, trtllm")] = None,
     speculative: Annotated[Path | None, typer.Option(
         "--speculative", help="drafter TOML (acceptance profile, draft cost, method): searches speculative "

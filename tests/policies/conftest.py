@@ -49,3 +49,18 @@ def cost_model(kv_tokens: int = 4096, host_tokens: int = 0, **table_kw) -> CostM
 @pytest.fixture
 def small_trace() -> Trace:
     return poisson_trace(300, rate=40.0, seed=1)
+
+
+def new_replica(trace, cost, config, seed=0):
+    """One engine replica for ``trace`` (``policies.engine.new_replica``), its statics and the
+    tenants' weights, as the fleet builds it."""
+    from policies import engine
+    from policies.fairness import T_WEIGHT
+
+    cap, host = engine.validate(trace, cost, config)
+    st = engine.statics(trace, cost, [config])
+    tenant_params, class_params = engine._side_params(trace, config, None)
+    rep = engine.new_replica(st, config.to_vector(), cap, host, cost.kv_bytes_per_token, cost.swap_bytes_per_s, seed,
+                             engine.default_series_every(trace), True, tenant_params, class_params,
+                             float(trace.arrival_s[0]))
+    return rep, st, tenant_params[:, T_WEIGHT]

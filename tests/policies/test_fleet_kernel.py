@@ -13,12 +13,11 @@ from costmodels.steptable import step_seconds
 from policies import engine
 from policies.config import ConfigError, PolicyConfig
 from policies.failures import FailureError, FailureSchedule
-from policies.fairness import T_WEIGHT
 from policies.fleet import simulate_fleet, simulate_fleet_many
 from policies.kernel_state import C_PREFILL_TOKENS, C_USED_END, COMPUTED, GENERATED, L_DHEAP, USED
 from policies.result import Reject, State
 
-from .conftest import cost_model, make_trace, poisson_trace
+from .conftest import cost_model, make_trace, new_replica, poisson_trace
 
 CONFIG = PolicyConfig(gpu_memory_utilization=1.0, max_num_batched_tokens=256, block_size=16)
 PER_REQUEST = ("state", "reject_reason", "first_token_s", "finish_s", "tokens_generated", "preemptions",
@@ -26,13 +25,7 @@ PER_REQUEST = ("state", "reject_reason", "first_token_s", "finish_s", "tokens_ge
 
 
 def _replica(trace, cost, config=CONFIG, seed=0):
-    cap, host = engine.validate(trace, cost, config)
-    st = engine.statics(trace, cost, [config])
-    tenant_params, class_params = engine._side_params(trace, config, None)
-    rep = engine.new_replica(st, config.to_vector(), cap, host, cost.kv_bytes_per_token, cost.swap_bytes_per_s, seed,
-                             engine.default_series_every(trace), True, tenant_params, class_params,
-                             float(trace.arrival_s[0]))
-    return rep, st, tenant_params[:, T_WEIGHT]
+    return new_replica(trace, cost, config, seed)
 
 
 def _outputs(trace, rep, weights):

@@ -7,9 +7,8 @@ import pytest
 
 from policies import engine
 from policies.config import PolicyConfig
-from policies.fairness import T_WEIGHT
 
-from .conftest import cost_model, make_trace, poisson_trace
+from .conftest import cost_model, make_trace, new_replica, poisson_trace
 
 CONFIGS = {
     "vllm": PolicyConfig(gpu_memory_utilization=1.0, max_num_batched_tokens=256),
@@ -20,14 +19,6 @@ CONFIGS = {
 }
 
 
-def _replica(trace, cost, config, seed=0):
-    cap, host = engine.validate(trace, cost, config)
-    st = engine.statics(trace, cost, [config])
-    tenant_params, class_params = engine._side_params(trace, config, None)
-    rep = engine.new_replica(st, config.to_vector(), cap, host, cost.kv_bytes_per_token, cost.swap_bytes_per_s, seed,
-                             engine.default_series_every(trace), True, tenant_params, class_params,
-                             float(trace.arrival_s[0]))
-    return rep, st, tenant_params[:, T_WEIGHT]
 
 
 def _result(trace, rep, weights):
@@ -56,7 +47,7 @@ def test_delivering_at_each_arrival_and_advancing_in_pieces_equals_one_run(name)
     every 50 ms that split steps and fast-forward stretches), then deliver what arrives."""
     trace, cost, config = _trace(), cost_model(3000, host_tokens=800), CONFIGS[name]
     whole = engine.simulate(trace, cost, config)
-    rep, st, weights = _replica(trace, cost, config)
+    rep, st, weights = new_replica(trace, cost, config)
     cfg = config.to_vector()
     ticks = np.arange(trace.arrival_s[0], trace.arrival_s[-1], 0.05)
     r = 0
@@ -73,7 +64,7 @@ def test_delivering_at_each_arrival_and_advancing_in_pieces_equals_one_run(name)
 def test_an_idle_replica_moves_its_clock_to_the_limit():
     trace = make_trace([0.0, 5.0], [40, 40], [3, 3])
     cost, config = cost_model(), CONFIGS["vllm"]
-    rep, st, _ = _replica(trace, cost, config)
+    rep, st, _ = new_replica(trace, cost, config)
     engine.deliver(rep, 0, 0.0)
     engine.advance(rep, st, cost.tables, config.to_vector(), 1.0)
     assert engine.outstanding(rep) == 0 and engine.clock(rep) == 1.0
@@ -87,7 +78,7 @@ def test_summary_counts_inbox_queue_and_running_requests():
     trace = make_trace(np.zeros(n), [100] * n, [50] * n)
     cost = cost_model(kv_tokens=400)
     config = PolicyConfig(gpu_memory_utilization=1.0, max_num_batched_tokens=64, block_size=16)
-    rep, st, _ = _replica(trace, cost, config)
+    rep, st, _ = new_replica(trace, cost, config)
     cfg = config.to_vector()
     for r in range(n):
         engine.deliver(rep, r, 0.0)
@@ -104,7 +95,7 @@ def test_summary_counts_inbox_queue_and_running_requests():
 
 def test_deliveries_must_not_go_back_in_time():
     trace = make_trace([0.0, 1.0], [10, 10], [2, 2])
-    rep, _, _ = _replica(trace, cost_model(), CONFIGS["vllm"])
+    rep, _, _ = new_replica(trace, cost_model(), CONFIGS["vllm"])
     engine.deliver(rep, 1, 1.0)
     with pytest.raises(ValueError, match="must not decrease"):
         engine.deliver(rep, 0, 0.5)
