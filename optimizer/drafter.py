@@ -30,7 +30,6 @@ marked placeholder for the user to fill in rather than a guess.
 from __future__ import annotations
 
 import math
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +37,7 @@ from typing import Any
 
 from policies.config import KNOB_BY_NAME, ConfigError, PolicyConfig
 from policies.speculative import DEFAULT_PROFILE, AcceptanceModel
+from studies.tomlfile import read_toml
 
 #: SGLang 0.5.23 ``--speculative-algorithm`` for a vLLM 0.33 ``speculative_config.method``.
 SGLANG_ALGORITHMS = {"eagle": "EAGLE", "eagle3": "EAGLE3", "mtp": "NEXTN", "deepseek_mtp": "NEXTN",
@@ -122,14 +122,8 @@ def drafter_from_mapping(data: Mapping[str, Any], where: str = "[speculative]") 
 
 def load_drafter(path: str | Path) -> Drafter:
     """A Drafter from a TOML file of the declaration's keys."""
-    path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise DrafterError(f"drafter file {path}: cannot read ({exc.strerror})") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise DrafterError(f"drafter file {path}: not valid TOML ({exc})") from None
-    return drafter_from_mapping(data, f"drafter file {path}")
+    label = f"drafter file {path}"
+    return drafter_from_mapping(read_toml(path, DrafterError, label), label)
 
 
 def _number(value: Any, name: str) -> float:

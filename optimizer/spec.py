@@ -27,7 +27,6 @@ import json
 import math
 import os
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -38,6 +37,7 @@ from optimizer.failplan import FailurePlan
 from optimizer.space import Fleet, SearchSpace, build_space, tp_degrees
 from policies.presets import vllm_default
 from studies.slo import SLOSet, parse_slo, slo_from_mapping
+from studies.tomlfile import read_toml
 
 
 class SpecError(ValueError):
@@ -304,13 +304,7 @@ _SECTIONS = {
 
 
 def _from_toml(path: Path) -> dict[str, Any]:
-    try:
-        data = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise SpecError(f"{path}: cannot read ({exc.strerror})") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise SpecError(f"{path}: not valid TOML ({exc})") from None
-    return _from_mapping(data, path.parent, path)
+    return _from_mapping(read_toml(path, SpecError), path.parent, path)
 
 
 def spec_from_dict(data: Mapping[str, Any], **flags: Any) -> StudySpec:

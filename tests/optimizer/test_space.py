@@ -8,18 +8,11 @@ from costmodels.costmodel import CostModel
 from optimizer.space import DEFAULTS, SpaceError, build_space, infeasibility
 from policies.config import KNOBS, PolicyConfig
 from policies.presets import sglang_default, vllm_default
+from tests.optimizer.tuning_helpers import sampled
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
-def sampled(space, n=60, seed=0):
-    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
-    out = []
-    for _ in range(n):
-        trial = study.ask()
-        out.append((space.suggest(trial), dict(trial.params)))
-        study.tell(trial, 0.0)
-    return out
 
 
 def test_every_knob_is_searched_or_fixed():

@@ -19,6 +19,7 @@ from tests.optimizer.tuning_helpers import (
     burst_cost_model,
     fake_score,
     make_trace,
+    sampled,
     write_csv_trace,
 )
 
@@ -49,14 +50,6 @@ def drafter_file(tmp_path):
     return path
 
 
-def sampled(space, n=80):
-    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
-    out = []
-    for _ in range(n):
-        trial = study.ask()
-        out.append((space.suggest(trial), dict(trial.params)))
-        study.tell(trial, 0.0)
-    return out
 
 
 # ======================================================================================
@@ -109,7 +102,7 @@ def test_a_drafter_opens_every_verify_budget_policy_and_the_draft_length():
     described = dict(space.describe())
     assert described["speculative_mode"] == "{" + ", ".join(SPECULATIVE_MODES) + "}"
     assert described["num_speculative_tokens"] == f"[1, 5] when speculative_mode in {SPECULATING}"
-    runs = sampled(space)
+    runs = sampled(space, 80)
     assert {c.speculative_mode for c, _ in runs} == set(SPECULATIVE_MODES)
     for config, params in runs:
         assert ("num_speculative_tokens" in params) == (config.speculative_mode != "off")

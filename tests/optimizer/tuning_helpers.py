@@ -12,6 +12,7 @@ from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
+import optuna
 
 from costmodels.costmodel import CostModel
 from costmodels.steptable import linear_tables
@@ -94,3 +95,14 @@ def fake_score(result, trace, slos) -> Report:
     rejected = 0.5 if result.max_wait_s > 0 else 0.0
     return fake_report(fake_goodput(result), rejected_fraction=rejected, p99_ttft_ms=100.0,
                        preemption_rate=0.0)
+
+
+def sampled(space, n=60, seed=0):
+    """(config, params) of n random-sampler trials of ``space``."""
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    out = []
+    for _ in range(n):
+        trial = study.ask()
+        out.append((space.suggest(trial), dict(trial.params)))
+        study.tell(trial, 0.0)
+    return out
