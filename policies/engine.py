@@ -335,6 +335,7 @@ I_DRAFT_COST = KNOB_INDEX["speculative_draft_cost"]
 assert SCHEDULING_POLICIES == qm.QUEUE_ORDERS and FAIRNESS_COST_UNITS == fm.FAIRNESS_COST_UNITS
 EDF = SCHEDULING_POLICIES.index("edf")
 VTC = SCHEDULING_POLICIES.index("vtc")
+LPM = SCHEDULING_POLICIES.index("lpm")
 ADMIT_FIRST = MAX_WAIT_ACTIONS.index("admit_first")
 PREFILL_FIRST = SCHEDULE_MODES.index("prefill_first")
 ADMIT_NONE = ADMISSION_MODES.index("none")
@@ -1527,11 +1528,11 @@ def _stuck_modes(cfg, quotas):
     """Modes under which a blocked waiting head stays blocked while decodes only grow:
     admission by free KV or reservation (new_token_ratio decays, so it may unblock), no
     step-time cap, quota or max wait, and a static queue order (EDF rejects by the clock,
-    VTC reorders by counters)."""
+    VTC reorders by counters, LPM by cached prefixes, which decodes may evict)."""
     mode = int(cfg[I_ADMISSION])
     order = int(cfg[I_POLICY])
     return (mode != ADMIT_NTR and cfg[I_STEP_CAP_MS] <= 0.0 and not quotas and cfg[I_MAX_WAIT] <= 0.0
-            and order != EDF and order != VTC)
+            and order != EDF and order != VTC and not (order == LPM and cfg[I_PREFIX_CACHING] != 0.0))
 
 
 @njit(cache=True, nogil=True, inline="always")
