@@ -63,7 +63,10 @@ Pure-decode stretches (no arrival or deadline due, blocks enough, and nothing wa
 a waiting head that the last step could not admit and that stays blocked as decodes only
 take KV) are fast-forwarded up to and including the step in which the first requests
 finish: one decode-attention lookup per step, per-request arrays touched once at the
-end. The result is bit-identical to stepping one by one.
+end. Likewise stretches where the newest running request computes prompt chunks of one
+size next to the same decodes, while the chunk takes the rest of the token budget or
+nothing waits (``_fast_forward_chunk``: one step-time lookup per step). The result is
+bit-identical to stepping one by one.
 
 A resumable replica (the interface a fleet drives; requests are indexed globally, in
 trace order, and every per-request array is sized n):
@@ -114,6 +117,7 @@ from __future__ import annotations
 
 import math
 import os
+import weakref
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -1395,6 +1399,29 @@ def _book_step(g, gf, series, cfg, dt_compute, oor):
 # fast-forward over pure-decode stretches
 # ======================================================================================
 @njit(cache=True, nogil=True)
+def _decode_layout(ri, run, k, cached_held, prompt, hash_tokens, residues):
+    """For the first k running requests, all decoding: fill ``residues`` (a histogram of
+    positions modulo the block size: which step allocates whose next block) and return
+    the KV tokens their next decode reads and the steps until the first one finishes
+    (0 when one of them is not decoding)."""
+    if not _is_decode(ri, prompt, run[k - 1], 1):
+        return 0, 0  # the newest is the likeliest to be still in its prefill
+    block_size = residues.shape[0]
+    residues[:] = 0
+    kv = 0
+    run_len = np.iinfo(np.int64).max
+    for i in range(k):
+        r = run[i]
+        c = ri[COMPUTED, r]
+        if not _is_decode(ri, prompt, r, 1):
+            return 0, 0
+        residues[(c - cached_held[r] * hash_tokens) % block_size] += 1
+        kv += c + 1
+        run_len = min(run_len, ri[TARGET, r] - ri[GENERATED, r])
+    return kv, run_len
+
+
+@njit(cache=True, nogil=True)
 def _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables, cfg, hash_tokens, next_event, next_deadline,
                   truly_free):
     """Run consecutive all-decode steps that the step-by-step loop would form identically.
@@ -1418,17 +1445,9 @@ def _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables, cfg, hash
         return 0, 0.0, 0.0, False
     block_size = int(cfg[I_BLOCK_SIZE])
     residues = g[G_RESIDUES:G_RESIDUES + block_size]
-    residues[:] = 0
-    kv = 0
-    run_len = np.iinfo(np.int64).max
-    for i in range(k):
-        r = run[i]
-        c = ri[COMPUTED, r]
-        if not _is_decode(ri, prompt, r, 1):
-            return 0, 0.0, 0.0, False
-        residues[(c - cached_held[r] * hash_tokens) % block_size] += 1
-        kv += c + 1
-        run_len = min(run_len, ri[TARGET, r] - ri[GENERATED, r])  # steps until the first finish
+    kv, run_len = _decode_layout(ri, run, k, cached_held, prompt, hash_tokens, residues)
+    if run_len == 0:
+        return 0, 0.0, 0.0, False
     if next_event <= gf[CLOCK] or next_deadline <= gf[CLOCK]:
         return 0, 0.0, 0.0, False
     base = decode_run_base(tables, k)
@@ -1441,10 +1460,11 @@ def _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables, cfg, hash
     out_of_range = 0
     t_sample = gf[SERIES_T0] + g[SAMPLE_K] * gf[SERIES_EVERY]  # next series grid time
     j = 0
+    slot = 0  # residue whose requests start a block at step j: -j modulo the block size
     sum_dt = 0.0
     sum_j_dt = 0.0  # for KV byte-seconds: context grows by one token per step
     while j < run_len and next_event > t and next_deadline > t:
-        need = residues[(block_size - j % block_size) % block_size]
+        need = residues[slot]
         if need > truly_free:
             break
         truly_free -= need
@@ -1466,6 +1486,7 @@ def _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables, cfg, hash
         sum_dt += dt
         sum_j_dt += j * dt
         j += 1
+        slot = slot - 1 if slot > 0 else block_size - 1
     g[FREE] = free
     g[USED] = used
     g[PEAK] = peak
@@ -1474,6 +1495,114 @@ def _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables, cfg, hash
     gf[BUSY] = busy
     gf[CLOCK] = t
     return j, sum_dt, sum_j_dt, j == run_len
+
+
+@njit(cache=True, nogil=True)
+def _fast_forward_chunk(ri, g, gf, series, run, cached_held, prompt, ledger, tenant, tables, cfg, hash_tokens,
+                        next_event, next_deadline, truly_free):
+    """Run consecutive steps of the same shape: every running request but the newest
+    decodes, the newest computes a prompt chunk of a fixed size that does not finish its
+    prefill (chunked prefill of a long prompt next to the same decodes).
+
+    The step-by-step loop forms these steps identically while nothing is due (as
+    ``_fast_forward``), the new blocks fit without eviction and no waiting request can
+    start: none waits, or the decodes and the chunk take the whole token budget. Each
+    step is one ``step_seconds`` lookup; the chunk's blocks, tokens and prompt-token
+    charge are applied here, the decodes' by ``_settle_fast_forward`` (first k - 1
+    running). The caller checked the modes (``_chunk_modes``). Returns the steps taken
+    and whether the last one finished requests (``_end_fast_forward`` ends them).
+    """
+    k = g[N_RUN]
+    d = k - 1  # decodes, scheduled before the chunk
+    budget = int(cfg[I_MAX_BATCHED])
+    if k == 0 or d >= budget or next_event <= gf[CLOCK] or next_deadline <= gf[CLOCK]:
+        return 0, False
+    p = run[d]
+    total = prompt[p] + ri[GENERATED, p]
+    computed = ri[COMPUTED, p]
+    chunk = budget - d
+    threshold = int(cfg[I_LONG_PREFILL])
+    if 0 < threshold < chunk:
+        chunk = threshold
+    if computed + chunk >= total or cached_held[p] < ri[PC_REQ + pcm.R_N_FULL, p]:
+        return 0, False  # the chunk would finish the prefill, or complete prompt hash blocks
+    if g[N_WAIT] > 0 and d + chunk < budget:
+        return 0, False  # a waiting request could start with the budget left
+    block_size = int(cfg[I_BLOCK_SIZE])
+    residues = g[G_RESIDUES:G_RESIDUES + block_size]
+    run_len = np.iinfo(np.int64).max
+    kv = 0
+    if d > 0:
+        kv, run_len = _decode_layout(ri, run, d, cached_held, prompt, hash_tokens, residues)
+        if run_len == 0:
+            return 0, False
+    held_entries = cached_held[p]
+    held = ri[HELD, p]
+    cost = cfg[I_W_IN] * chunk  # the chunk's prompt tokens, charged to its tenant as scheduled
+    t = gf[CLOCK]
+    busy = gf[BUSY]
+    free = g[FREE]
+    used = g[USED]
+    peak = g[PEAK]
+    out_of_range = 0
+    t_sample = gf[SERIES_T0] + g[SAMPLE_K] * gf[SERIES_EVERY]
+    j = 0
+    slot = 0  # as in ``_fast_forward``
+    while j < run_len and computed + chunk < total and next_event > t and next_deadline > t:
+        held_after = pcm.private_blocks(computed + chunk, held_entries, hash_tokens, block_size)
+        need = held_after - held
+        if d > 0:
+            need += residues[slot]
+        if need > truly_free:
+            break
+        truly_free -= need
+        free -= need
+        used += need
+        peak = max(peak, used)
+        held = held_after
+        ledger[fm.TS_SERVICE, tenant[p]] += cost
+        ledger[fm.TS_COUNTER, tenant[p]] += cost / ledger[fm.TS_WEIGHT, tenant[p]]
+        pairs = chunk * computed + chunk * (chunk + 1) // 2
+        dt, oor = step_seconds(tables, d + chunk, d, d, kv, pairs)
+        if oor:
+            out_of_range += 1
+        if t + dt > t_sample:
+            g[USED] = used
+            _sample_until(g, gf, series, t + dt)
+            t_sample = gf[SERIES_T0] + g[SAMPLE_K] * gf[SERIES_EVERY]
+        t = t + dt
+        busy += dt
+        kv += d
+        computed += chunk
+        j += 1
+        slot = slot - 1 if slot > 0 else block_size - 1
+    if j == 0:
+        return 0, False
+    ri[COMPUTED, p] = computed
+    ri[HELD, p] = held
+    _cover_reservation(ri, g, p)
+    g[FREE] = free
+    g[USED] = used
+    g[PEAK] = peak
+    g[STEPS] += j
+    g[PREFILL_TOKENS] += j * chunk
+    g[OUT_OF_RANGE] += out_of_range
+    gf[BUSY] = busy
+    gf[CLOCK] = t
+    g[STUCK] = 0  # as after any step with prefill work (``_note_admission``)
+    return j, j == run_len
+
+
+@njit(cache=True, nogil=True)
+def _chunk_modes(cfg, quotas, hand_off):
+    """Modes under which ``_fast_forward_chunk`` applies: decode-first scheduling, no
+    step-time cap, quota or max wait (its expiries need every boundary), admission by
+    free KV or reservation, prompt tokens as the cost unit (charged per scheduled chunk,
+    not per step) and no P/D hand-off."""
+    mode = int(cfg[I_ADMISSION])
+    return (int(cfg[I_SCHEDULE_MODE]) != PREFILL_FIRST and cfg[I_STEP_CAP_MS] <= 0.0 and not quotas
+            and cfg[I_MAX_WAIT] <= 0.0 and mode != ADMIT_NTR and int(cfg[I_COST_UNIT]) == fm.TOKENS
+            and not hand_off)
 
 
 @njit(cache=True, nogil=True)
@@ -1499,15 +1628,14 @@ def _end_fast_forward(rep, st, cfg):
 
 
 @njit(cache=True, nogil=True)
-def _settle_fast_forward(ri, g, gf, run, cached_held, si, ledger, cfg, hash_tokens, j, sum_dt, sum_j_dt):
-    """Apply j fast-forwarded decode steps to every running request: tokens, blocks,
-    reservations and its tenant's usage and charge."""
+def _settle_fast_forward(ri, g, gf, run, k, cached_held, si, ledger, cfg, hash_tokens, j, sum_dt, sum_j_dt):
+    """Apply j fast-forwarded decode steps to the first k running requests: tokens,
+    blocks, reservations and their tenants' usage and charge."""
     tenant = si[S_TENANT]
     block_size = int(cfg[I_BLOCK_SIZE])
     unit = int(cfg[I_COST_UNIT])
     quotas = g[QUOTAS] != 0
     kv_bytes = gf[KV_BYTES]
-    k = g[N_RUN]
     for i in range(k):
         r = run[i]
         c = ri[COMPUTED, r]
@@ -1668,6 +1796,7 @@ def _advance(rep, st, tables, cfg, t_limit, through):
     # every speculative step draws its own outcomes; VTC keeps exact counters step by step
     fast_forward = g[FAST_FORWARD] != 0 and not speculating and int(cfg[I_POLICY]) != VTC
     hand_off = g[HAND_OFF] != 0
+    chunk_stretches = fast_forward and _chunk_modes(cfg, g[QUOTAS] != 0, hand_off)
     while g[N_DONE] < g[N_DELIVERED]:
         t = gf[CLOCK]
         if t > t_limit or (t == t_limit and not through):
@@ -1688,8 +1817,20 @@ def _advance(rep, st, tables, cfg, t_limit, through):
                                                           hash_tokens, min(_next_delivery(rep), t_limit), next_deadline,
                                                           truly_free)
             if j > 0:
-                _settle_fast_forward(ri, g, gf, run, cached_held, st.si, rep.ledger, cfg, hash_tokens, j, sum_dt,
-                                     sum_j_dt)
+                _settle_fast_forward(ri, g, gf, run, g[N_RUN], cached_held, st.si, rep.ledger, cfg, hash_tokens, j,
+                                     sum_dt, sum_j_dt)
+                if finished:
+                    _end_fast_forward(rep, st, cfg)
+                continue
+        if chunk_stretches and g[N_RUN] > 0:
+            next_deadline = _next_deadline(rep, st) if dheap[0] > 0 else np.inf
+            truly_free = g[FREE] - g[PC_STATS + pcm.S_EVICTABLE] * g[ENTRY_BLOCKS]
+            j, finished = _fast_forward_chunk(ri, g, gf, series, run, cached_held, prompt, rep.ledger, st.si[S_TENANT],
+                                              tables, cfg, hash_tokens, min(_next_delivery(rep), t_limit),
+                                              next_deadline, truly_free)
+            if j > 0:
+                _settle_fast_forward(ri, g, gf, run, g[N_RUN] - 1, cached_held, st.si, rep.ledger, cfg, hash_tokens,
+                                     j, 0.0, 0.0)
                 if finished:
                     _end_fast_forward(rep, st, cfg)
                 continue
@@ -2103,7 +2244,25 @@ class SharingInputs(NamedTuple):
 
 
 def sharing_inputs(trace, cost_model: CostModel) -> SharingInputs:
-    """Prefix-cache layout, queue lanes and service estimates for one trace and cost model."""
+    """Prefix-cache layout, queue lanes and service estimates for one trace and cost model.
+
+    Kept per trace (weakly) and cost model: a search replays the same pair thousands of
+    times, and sorting the prefix hashes costs more than a short replay. Traces are
+    immutable (read-only columns, ``replace`` makes a new one), so the entry stays valid.
+    """
+    held = _SHARING_CACHE.setdefault(trace, [])
+    for model_ref, inputs in held:
+        if model_ref() is cost_model:
+            return inputs
+    inputs = _sharing_inputs(trace, cost_model)
+    held[:] = [(ref, kept) for ref, kept in held if ref() is not None] + [(weakref.ref(cost_model), inputs)]
+    return inputs
+
+
+_SHARING_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _sharing_inputs(trace, cost_model: CostModel) -> SharingInputs:
     entry, n_full, n_entries = pcm.prefix_layout(trace.block_offsets, trace.block_hashes,
                                                  trace.prompt_tokens, trace.block_tokens)
     n_tenants, n_classes = len(trace.tenant_names), len(trace.slo_class_names)

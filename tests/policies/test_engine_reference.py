@@ -175,6 +175,25 @@ def test_fast_forward_is_bit_identical(monkeypatch, fast_forward):
         assert got.steps > 1000
 
 
+@pytest.mark.parametrize("fast_forward", ["0", "1"])
+@pytest.mark.parametrize("threshold", [0, 48])
+def test_chunked_prefill_stretches_are_bit_identical(monkeypatch, fast_forward, threshold):
+    """Long prompts chunked next to the same decodes (fast-forwarded as a stretch while
+    the chunk takes the rest of the budget, or nothing waits) match the reference, with
+    arrivals queueing behind them and KV filling up."""
+    monkeypatch.setenv("SERVETUNE_ENGINE_FAST_FORWARD", fast_forward)
+    rng = np.random.default_rng(11)
+    n = 24
+    trace = make_trace(np.cumsum(rng.exponential(0.05, n)), rng.integers(200, 900, n), rng.integers(20, 200, n))
+    for config in (PolicyConfig(gpu_memory_utilization=1.0, block_size=4, max_num_batched_tokens=64,
+                                long_prefill_token_threshold=threshold),
+                   PolicyConfig(gpu_memory_utilization=1.0, block_size=4, max_num_batched_tokens=64,
+                                long_prefill_token_threshold=threshold, admission_mode="reservation")):
+        got = assert_matches_reference(trace, cost_model(3000), config)
+        assert got.prefill_tokens_computed >= trace.prompt_tokens.sum()
+        assert got.steps > 500
+
+
 def test_full_prompt_block_computed_twice_is_not_freed_twice():
     """Regression (hypothesis): requests 3 and 6 share the full-prompt block 0. Request 3
     caches it and finishes (the entry goes idle, counted free); request 6, admitted before
