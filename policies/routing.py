@@ -288,13 +288,6 @@ def lone_prefill_s(tables, new_tokens, context_tokens):
 
 
 @njit(cache=True, nogil=True)
-def saved_prefill_s(tables, prompt_tokens, cached_tokens):
-    """T_saved: lone prefill of the whole prompt minus that of its uncached part."""
-    return lone_prefill_s(tables, prompt_tokens, 0) - lone_prefill_s(tables, prompt_tokens - cached_tokens,
-                                                                      cached_tokens)
-
-
-@njit(cache=True, nogil=True)
 def queue_wait_s(tables, queued_tokens, max_batched):
     """T_queue: the queued tokens prefilled in full chunks of ``max_batched`` tokens."""
     if queued_tokens <= 0:
