@@ -11,8 +11,9 @@ simulates the rest in one parallel ``simulate_many`` call and tells each result 
 as its batch finishes, so a killed run loses at most the batch in flight. The trial
 budget is global: every process counts the study's non-failed trials, so several workers
 share one budget; a trial asked past the budget (two workers racing) is told FAIL with
-``user_attrs["over_budget"]``. Trials left RUNNING by a dead local process are failed when
-the next process starts; on an RDB, heartbeats do the same for remote workers.
+``user_attrs["over_budget"]``. Every trial names its owning process from the moment it is
+written (``optimizer.ownership``); trials left RUNNING by a dead local process are failed
+when the next process starts, and on an RDB, heartbeats do the same for remote workers.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from optuna.trial import TrialState
 
 from optimizer import objective as objectives
 from optimizer.capacity import capacity_many
+from optimizer.ownership import WORKER_ATTR, OwnedJournalStorage, OwnedRDBStorage, heartbeats
 from optimizer.spec import StudySpec, spec_from_dict
 
 MANIFEST = "study.json"
@@ -87,10 +89,9 @@ def open_storage(spec: StudySpec):
         path = Path(url) if url else Path(spec.run_dir) / JOURNAL
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            from optuna.storages import JournalStorage
             from optuna.storages.journal import JournalFileBackend
 
-            return JournalStorage(JournalFileBackend(str(path)))
+            return OwnedJournalStorage(JournalFileBackend(str(path)))
         except OSError as exc:
             raise StudyError(f"cannot open journal storage {path}: {exc.strerror or exc}") from None
     kwargs: dict[str, Any] = {}
@@ -99,8 +100,7 @@ def open_storage(spec: StudySpec):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=3 * HEARTBEAT_S,
-                                              **kwargs)
+            return OwnedRDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=3 * HEARTBEAT_S, **kwargs)
     except Exception as exc:  # sqlalchemy/driver errors vary by backend
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise StudyError(f"cannot reach storage {redact(url)}: {detail}") from None
@@ -240,16 +240,12 @@ def rejected_cap(study: optuna.Study, spec: StudySpec, evaluator) -> float:
 
 
 # -- the loop ------------------------------------------------------------------------------
-def worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
 def fail_dead_local_trials(study: optuna.Study) -> int:
     """Fail RUNNING trials whose owner is a dead process on this host; return how many."""
     host = socket.gethostname()
     failed = 0
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        owner = str(t.user_attrs.get("worker", ""))
+        owner = str(t.user_attrs.get(WORKER_ATTR, ""))
         owner_host, _, pid = owner.rpartition(":")
         if owner_host == host and pid.isdigit() and not _alive(int(pid)):
             study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
@@ -282,7 +278,6 @@ def run(study: optuna.Study, spec: StudySpec, evaluator, *, on_trial: Callable |
     engine_before = evaluator.engine_seconds
     cap = rejected_cap(study, spec, evaluator)
     baselines = evaluator.baselines()
-    me = worker_id()
     while not (stop and stop()):
         t0 = time.perf_counter()
         trials = study.get_trials(deepcopy=False)
@@ -292,12 +287,13 @@ def run(study: optuna.Study, spec: StudySpec, evaluator, *, on_trial: Callable |
         if k == 0:
             stats.optuna_s += time.perf_counter() - t0
             break
-        batch = _ask(study, spec, baselines, k, me)
+        batch = _ask(study, spec, baselines, k)
         stats.optuna_s += time.perf_counter() - t0
         if not batch:
             break
         try:
-            _evaluate_and_tell(study, spec, evaluator, batch, cap, stats, on_trial)
+            with heartbeats(study, [trial._trial_id for trial, *_ in batch]):
+                _evaluate_and_tell(study, spec, evaluator, batch, cap, stats, on_trial)
         except BaseException:
             for trial, *_ in batch:  # told trials are skipped; nothing completed is undone
                 study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
@@ -307,12 +303,13 @@ def run(study: optuna.Study, spec: StudySpec, evaluator, *, on_trial: Callable |
     return stats
 
 
-def _ask(study, spec, baselines, k, me) -> list[tuple[Any, Any, Any]]:
+def _ask(study, spec, baselines, k) -> list[tuple[Any, Any, Any]]:
     """Up to ``k`` (trial, config, fleet); baselines run on the spec's fleet."""
     batch = []
     for _ in range(k):
-        trial = study.ask()
-        trial.set_user_attr("worker", me)
+        with warnings.catch_warnings():  # Optuna expects heartbeats from optimize(); ours come from run()
+            warnings.filterwarnings("ignore", "Heartbeat of storage", UserWarning)
+            trial = study.ask()
         earlier = sum(t.state != TrialState.FAIL and t.number < trial.number
                       for t in study.get_trials(deepcopy=False))
         if earlier >= spec.trials:
@@ -364,8 +361,9 @@ def _evaluate_and_tell(study, spec, evaluator, batch, cap, stats: RunStats, on_t
 
 
 def _fail_stale(study: optuna.Study) -> None:
-    storage = study._storage  # heartbeats live on the storage; Optuna exposes no public handle
-    if getattr(storage, "is_heartbeat_enabled", lambda: False)():
+    """Fail RUNNING trials whose heartbeat went stale (a no-op on storages without heartbeats)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
 
 
