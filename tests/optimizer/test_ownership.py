@@ -7,6 +7,7 @@ import time
 import warnings
 
 import optuna
+import pytest
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
@@ -59,6 +60,7 @@ def test_live_trials_and_claimed_waiting_trials_belong_to_this_process(tmp_path)
     assert all(t.state == TrialState.RUNNING for t in study.get_trials())
 
 
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage:UserWarning")  # we beat ourselves, outside optimize()
 def test_rdb_trials_of_a_dead_remote_worker_go_stale_while_beating_ones_stay(tmp_path):
     url = f"sqlite:///{tmp_path / 'study.db'}"
     with warnings.catch_warnings():
