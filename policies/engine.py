@@ -60,8 +60,8 @@ Sharing (issue 6; state in ``Replica.pc``/``wq``/``sh``, rules in
   VTC runs step by step (no fast-forward) so its counters match the reference exactly.
 
 Pure-decode stretches (no arrival or deadline due, blocks enough, and nothing waiting or
-a waiting head that the last step could not admit and that stays blocked as decodes only
-take KV) are fast-forwarded up to and including the step in which the first requests
+a waiting head that could not start at the stretch's first step, so stays blocked as
+decodes only take KV: ``_head_start_free``) are fast-forwarded up to and including the step in which the first requests
 finish: one decode-attention lookup per step, per-request arrays touched once at the
 end. Likewise stretches where the newest running request computes prompt chunks of one
 size next to the same decodes, while the chunk takes the rest of the token budget or
@@ -198,6 +198,7 @@ from policies.kernel_state import (
     HOST_FREE,
     INBOX_HEAD,
     KV_BLOCK_SIZE,
+    LEFT_WAITING,
     KV_BYTES,
     L_BATCH,
     L_DHEAP,
@@ -285,11 +286,7 @@ from policies.kernel_state import (
     STATE,
     STATUS,
     STEPS,
-    STUCK,
-    STUCK_DONE,
-    STUCK_FREE,
     STUCK_MODES,
-    STUCK_SEQ,
     SWAP_BW,
     SWAP_OUTS,
     SWAP_S,
@@ -347,6 +344,7 @@ ADMIT_NONE = ADMISSION_MODES.index("none")
 ADMIT_RESERVATION = ADMISSION_MODES.index("reservation")
 ADMIT_PREDICTED = ADMISSION_MODES.index("predicted")
 ADMIT_NTR = ADMISSION_MODES.index("new_token_ratio")
+NEVER = np.iinfo(np.int64).max  # ``_head_start_free`` of a head no amount of free KV would start
 PREEMPT_RECOMPUTE = PREEMPTION_MODES.index("recompute")
 PREEMPT_SWAP = PREEMPTION_MODES.index("swap")
 VICTIM_NEWEST = PREEMPTION_VICTIMS.index("newest")
@@ -830,14 +828,27 @@ def _reservation_blocks(ri, g, prompt, cfg, r):
     return _blocks(prompt[r] + max_out, block_size)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _watermark_free(ri, g, pc, prompt, cfg, r, held, idle_blocks):
+    """Free blocks waiting r needs to start: its whole prompt past its cached prefix, plus
+    the headroom."""
+    return _need_blocks(ri, pc, r, prompt[r] + ri[GENERATED, r], held, idle_blocks, int(cfg[I_BLOCK_SIZE])) + g[HEADROOM]
+
+
 @njit(cache=True, nogil=True)
 def _admissible(ri, g, gf, pc, prompt, cfg, r, held, idle_blocks):
     """Whether waiting r may start now: watermark over its whole prompt (past its cached
-    prefix), then the mode's rule."""
-    block_size = int(cfg[I_BLOCK_SIZE])
-    generated = ri[GENERATED, r]
-    if g[FREE] - _need_blocks(ri, pc, r, prompt[r] + generated, held, idle_blocks, block_size) < g[HEADROOM]:
+    prefix), then the mode's rule (``_rule_admits``)."""
+    if g[FREE] < _watermark_free(ri, g, pc, prompt, cfg, r, held, idle_blocks):
         return False
+    return _rule_admits(ri, g, gf, prompt, cfg, r)
+
+
+@njit(cache=True, nogil=True)
+def _rule_admits(ri, g, gf, prompt, cfg, r):
+    """The admission mode's rule for waiting r (reservations, or new_token_ratio's
+    running budget, which an admitted request draws down)."""
+    generated = ri[GENERATED, r]
     mode = int(cfg[I_ADMISSION])
     if mode == ADMIT_RESERVATION or mode == ADMIT_PREDICTED:
         return g[RESERVED_TOTAL] + _reservation_blocks(ri, g, prompt, cfg, r) <= g[CAP] - g[HEADROOM]
@@ -847,6 +858,53 @@ def _admissible(ri, g, gf, pc, prompt, cfg, r, held, idle_blocks):
             return False
         gf[NTR_REM] -= total
     return True
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _first_chunk(ri, prompt, cfg, r, computed, budget, rem_input, prefill_started):
+    """Tokens waiting r would compute in this step, ``computed`` of them done (cached or
+    kept): its rest up to the long-prefill threshold and the token budget; 0 when it
+    cannot start here (a prefill-first step already holds prefill and r exceeds the
+    prefill budget left, or prefill is unchunked and r exceeds the token budget)."""
+    n = prompt[r] + ri[GENERATED, r] - computed
+    threshold = int(cfg[I_LONG_PREFILL])
+    if 0 < threshold < n:
+        n = threshold
+    if (prefill_started and n > rem_input) or (cfg[I_CHUNKED] == 0.0 and n > budget):
+        return 0
+    return min(n, budget)
+
+
+@njit(cache=True, nogil=True)
+def _head_start_free(rep, st, cfg):
+    """The fewest free KV blocks at which the coming step, every running request decoding,
+    would start the waiting head (``_admit_waiting``'s first pick); ``NEVER`` when it
+    could not start it however much KV were free (a budget is used up, or the admission
+    rule refuses).
+
+    Only under ``_stuck_modes``: then nothing else this decision reads changes over a
+    decode stretch (static queue keys, no quota, clock or ratio rule, reservations only
+    grow) while free KV only shrinks, so a stretch whose free KV stays below this never
+    starts anyone. A decode-first step decides after its decodes took their blocks and
+    tokens, a prefill-first step before (its decodes wait for a step without prefill).
+    """
+    ri, g = rep.ri, rep.g
+    prefill_first = int(cfg[I_SCHEDULE_MODE]) == PREFILL_FIRST
+    budget = int(cfg[I_MAX_BATCHED]) - (0 if prefill_first else g[N_RUN])
+    if g[N_RUN] >= int(cfg[I_MAX_SEQS]) or budget <= 0:
+        return NEVER
+    pc, wq = _cache(rep, st), _queue(rep, st)
+    prompt = st.si[S_PROMPT]
+    r = qm.pick(wq, int(cfg[I_POLICY]), wq.lanes[qm.L_BLOCKED], _shares(rep).tenants[fm.TS_COUNTER], pc, st.offsets,
+                prompt)
+    held, computed, idle = ri[PC_REQ + pcm.R_HELD, r], ri[COMPUTED, r], 0
+    if g[CACHING] and computed == 0 and ri[HOST, r] == 0:
+        held, computed, idle = pcm.match(pc, st.offsets, prompt, r)
+        idle *= g[ENTRY_BLOCKS]
+    if _first_chunk(ri, prompt, cfg, r, computed, budget, 0, False) == 0 or not _rule_admits(ri, g, rep.gf, prompt,
+                                                                                              cfg, r):
+        return NEVER
+    return _watermark_free(ri, g, pc, prompt, cfg, r, held, idle)
 
 
 @njit(cache=True, nogil=True)
@@ -894,7 +952,6 @@ def _admit_waiting(rep, st, tables, cfg, prefill_first):
     si, sf = st.si, st.sf
     prompt, offsets = si[S_PROMPT], st.offsets
     block_size = int(cfg[I_BLOCK_SIZE])
-    threshold = int(cfg[I_LONG_PREFILL])
     chunked = cfg[I_CHUNKED] != 0.0
     max_seqs = int(cfg[I_MAX_SEQS])
     order = int(cfg[I_POLICY])
@@ -923,23 +980,17 @@ def _admit_waiting(rep, st, tables, cfg, prefill_first):
             held, cached, idle = pcm.match(pc, offsets, prompt, r)
             idle *= g[ENTRY_BLOCKS]
             ri[COMPUTED, r] = cached  # provisional: the step-cap and NTR checks see the cache
-        n = prompt[r] + ri[GENERATED, r] - ri[COMPUTED, r]
-        if 0 < threshold < n:
-            n = threshold
-        stop = (prefill_first and n > rem_input and g[B_TOKENS] > 0) or (not chunked and n > g[BUDGET])
-        if not stop:
-            n = min(n, g[BUDGET])
-            if cfg[I_STEP_CAP_MS] > 0.0:
-                n = _fit_step_cap(ri, g, gf, tables, prompt, cfg, r, n, chunked)
-            if n > 0 and quotas:
-                first = _need_blocks(ri, pc, r, ri[COMPUTED, r] + n, held, idle, block_size)
-                if fm.admission_check(sh, si[S_TENANT, r], si[S_CLASS, r], first, n, g[FREE] - first, g[CAP],
-                                      int(cfg[I_MAX_BATCHED]), g[N_RUN]) != fm.ADMIT:
-                    ri[COMPUTED, r] = 0 if lookup else ri[COMPUTED, r]
-                    lane_blocked[wq.lane_of[r]] = 1
-                    continue
-            stop = n == 0 or not _admissible(ri, g, gf, pc, prompt, cfg, r, held, idle)
-        if stop:
+        n = _first_chunk(ri, prompt, cfg, r, ri[COMPUTED, r], g[BUDGET], rem_input, prefill_first and g[B_TOKENS] > 0)
+        if n > 0 and cfg[I_STEP_CAP_MS] > 0.0:
+            n = _fit_step_cap(ri, g, gf, tables, prompt, cfg, r, n, chunked)
+        if n > 0 and quotas:
+            first = _need_blocks(ri, pc, r, ri[COMPUTED, r] + n, held, idle, block_size)
+            if fm.admission_check(sh, si[S_TENANT, r], si[S_CLASS, r], first, n, g[FREE] - first, g[CAP],
+                                  int(cfg[I_MAX_BATCHED]), g[N_RUN]) != fm.ADMIT:
+                ri[COMPUTED, r] = 0 if lookup else ri[COMPUTED, r]
+                lane_blocked[wq.lane_of[r]] = 1
+                continue
+        if n == 0 or not _admissible(ri, g, gf, pc, prompt, cfg, r, held, idle):
             if lookup:
                 ri[COMPUTED, r] = 0
             break
@@ -1423,13 +1474,14 @@ def _decode_layout(ri, run, k, cached_held, prompt, hash_tokens, residues):
 
 @njit(cache=True, nogil=True)
 def _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables, cfg, hash_tokens, next_event, next_deadline,
-                  truly_free):
+                  truly_free, start_free):
     """Run consecutive all-decode steps that the step-by-step loop would form identically.
 
-    Applies while nothing waits (or admission is stuck, ``_admission_stuck``), every
-    running request is decoding, no delivery, deadline or limit (``next_event``) is due
-    at a boundary and the new blocks fit (``truly_free``: free without evicting cached
-    prefixes). The stretch ends at the latest with the step in which the first requests
+    Applies while every running request is decoding, no delivery, deadline or limit
+    (``next_event``) is due at a boundary, the new blocks fit (``truly_free``: free
+    without evicting cached prefixes) and free KV stays below ``start_free``, the level
+    at which a waiting request would start (``_head_start_free``; ``NEVER`` if none
+    waits). The stretch ends at the latest with the step in which the first requests
     reach their last token (``_end_fast_forward`` ends them). Each step costs one
     decode-attention lookup (the token-linear and lm-head parts are the same for the
     whole stretch); blocks come from a histogram of positions modulo the block size.
@@ -1443,13 +1495,18 @@ def _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables, cfg, hash
     prefill_first = int(cfg[I_SCHEDULE_MODE]) == PREFILL_FIRST
     if k == 0 or (not prefill_first and k > int(cfg[I_MAX_BATCHED])):
         return 0, 0.0, 0.0, False
+    decode_blocks = 0 if prefill_first else k  # at most, before the layout says
+    if next_event <= gf[CLOCK] or next_deadline <= gf[CLOCK] or g[FREE] - decode_blocks >= start_free:
+        return 0, 0.0, 0.0, False
     block_size = int(cfg[I_BLOCK_SIZE])
     residues = g[G_RESIDUES:G_RESIDUES + block_size]
     kv, run_len = _decode_layout(ri, run, k, cached_held, prompt, hash_tokens, residues)
     if run_len == 0:
         return 0, 0.0, 0.0, False
-    if next_event <= gf[CLOCK] or next_deadline <= gf[CLOCK]:
-        return 0, 0.0, 0.0, False
+    if not prefill_first:
+        decode_blocks = residues[0]
+    if g[FREE] - decode_blocks >= start_free:
+        return 0, 0.0, 0.0, False  # free KV only shrinks: checking the first step is enough
     base = decode_run_base(tables, k)
     ntr = int(cfg[I_ADMISSION]) == ADMIT_NTR
     t = gf[CLOCK]
@@ -1589,7 +1646,6 @@ def _fast_forward_chunk(ri, g, gf, series, run, cached_held, prompt, ledger, ten
     g[OUT_OF_RANGE] += out_of_range
     gf[BUSY] = busy
     gf[CLOCK] = t
-    g[STUCK] = 0  # as after any step with prefill work (``_note_admission``)
     return j, j == run_len
 
 
@@ -1667,25 +1723,6 @@ def _stuck_modes(cfg, quotas):
     order = int(cfg[I_POLICY])
     return (mode != ADMIT_NTR and cfg[I_STEP_CAP_MS] <= 0.0 and not quotas and cfg[I_MAX_WAIT] <= 0.0
             and order != EDF and order != VTC and not (order == LPM and cfg[I_PREFIX_CACHING] != 0.0))
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _note_admission(g, waiting_before):
-    """After forming a step: was it pure decode with waiting requests none of which could
-    start? Then, until a request ends, one is queued or free KV grows, the same head
-    stays blocked (free KV and reservations only shrink, the queue and cache are
-    unchanged), so the following decode steps can be fast-forwarded."""
-    stuck = (g[STUCK_MODES] != 0 and g[N_WAIT] > 0 and g[N_WAIT] == waiting_before and g[PREEMPTED_NOW] == 0
-             and g[B_PREFILL] == 0)
-    g[STUCK] = 1 if stuck else 0
-    g[STUCK_DONE] = g[N_DONE]
-    g[STUCK_SEQ] = g[QUEUE_SEQ]
-    g[STUCK_FREE] = g[FREE]
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _admission_stuck(g):
-    return g[STUCK] != 0 and g[N_DONE] == g[STUCK_DONE] and g[QUEUE_SEQ] == g[STUCK_SEQ] and g[FREE] <= g[STUCK_FREE]
 
 
 # ======================================================================================
@@ -1810,12 +1847,17 @@ def _advance(rep, st, tables, cfg, t_limit, through):
         if g[N_RUN] == 0 and g[N_WAIT] == 0:  # idle: jump to the next delivery (or the limit)
             _idle_until(g, gf, series, cfg, min(_next_delivery(rep), t_limit))
             continue
-        if fast_forward and (g[N_WAIT] == 0 or _admission_stuck(g)):
+        # with requests waiting, a stretch is tried only while the queue stays backed up (an
+        # arrival to a queue the last step emptied almost always starts at once) and the
+        # newest running request decodes (else no stretch starts)
+        if fast_forward and (g[N_WAIT] == 0 or (g[STUCK_MODES] != 0 and g[LEFT_WAITING] > 0 and g[N_RUN] > 0
+                                                  and _is_decode(ri, prompt, run[g[N_RUN] - 1], 1))):
+            start_free = _head_start_free(rep, st, cfg) if g[N_WAIT] > 0 else NEVER
             next_deadline = _next_deadline(rep, st) if dheap[0] > 0 else np.inf
             truly_free = g[FREE] - g[PC_STATS + pcm.S_EVICTABLE] * g[ENTRY_BLOCKS]
             j, sum_dt, sum_j_dt, finished = _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables, cfg,
                                                           hash_tokens, min(_next_delivery(rep), t_limit), next_deadline,
-                                                          truly_free)
+                                                          truly_free, start_free)
             if j > 0:
                 _settle_fast_forward(ri, g, gf, run, g[N_RUN], cached_held, st.si, rep.ledger, cfg, hash_tokens, j,
                                      sum_dt, sum_j_dt)
@@ -1842,9 +1884,8 @@ def _advance(rep, st, tables, cfg, t_limit, through):
         g[B_KV_DECODE] = 0
         g[B_PAIRS] = 0
         g[B_PREFILL] = 0
-        waiting_before = g[N_WAIT]
         _form_batch(rep, st, tables, cfg)
-        _note_admission(g, waiting_before)
+        g[LEFT_WAITING] = g[N_WAIT]
         if g[B_TOKENS] == 0:
             g[N_BATCH] = 0
             if g[PREEMPTED_NOW] != 0 or g[N_RUN] + g[N_WAIT] == 0:

@@ -112,12 +112,7 @@ B_KV_DECODE = 29
 B_PAIRS = 30
 B_PREFILL = 31  # prefill (non-decode) tokens in the batch
 MAX_LEN = 32  # longest prompt + output a request may reach
-# admission was stuck in the last formed step (pure decode, nothing admitted), with the
-# snapshot that keeps it stuck: no request ended, none queued, free KV did not grow
-STUCK = 33
-STUCK_DONE = 34
-STUCK_SEQ = 35
-STUCK_FREE = 36
+LEFT_WAITING = 33  # requests still waiting after the last formed step
 # speculative decoding: decode slots of this step, run counters, dspark_lagged's K pipe
 SPEC_SLOTS = 37
 SPEC_DECODES = 38  # decode slots of steps that could speculate
@@ -128,7 +123,7 @@ SPEC_LAG = 42  # two slots: K computed at steps of each parity
 N_DELIVERED = 44  # requests delivered so far (inbox tail position)
 CACHING = 45  # prefix caching on (1/0)
 QUOTAS = 46  # some tenant quota or class budget binds: lanes may be blocked (1/0)
-STUCK_MODES = 47  # admission may stay stuck across decode steps under this config (1/0)
+STUCK_MODES = 47  # a blocked waiting head stays blocked over a decode stretch under this config (1/0)
 FAST_FORWARD = 48  # fast-forward pure-decode stretches (1/0)
 ERROR = 49  # 0, or an internal error code (the kernel could not make progress)
 HOST_CAP = 50  # host KV blocks

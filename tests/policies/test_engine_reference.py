@@ -194,6 +194,28 @@ def test_chunked_prefill_stretches_are_bit_identical(monkeypatch, fast_forward, 
         assert got.steps > 500
 
 
+@pytest.mark.parametrize("fast_forward", ["0", "1"])
+@pytest.mark.parametrize("variant", [dict(), dict(schedule_mode="prefill_first"), dict(admission_mode="reservation"),
+                                     dict(admission_mode="predicted", scheduling_policy="priority", aging_rate=0.5),
+                                     dict(scheduling_policy="sjf", enable_prefix_caching=True)])
+def test_backed_up_queue_stretches_are_bit_identical(monkeypatch, fast_forward, variant):
+    """KV too small for the offered load: a queue stays backed up behind a head that
+    cannot start, and decode stretches run across finishes and arrivals while free KV
+    stays below what the head needs (``_head_start_free``). Matches the reference."""
+    monkeypatch.setenv("SERVETUNE_ENGINE_FAST_FORWARD", fast_forward)
+    rng = np.random.default_rng(5)
+    n = 80
+    prompt = rng.integers(20, 400, n)
+    hashes = [[int(h) for h in rng.integers(0, 6, size=p // BLOCK_TOKENS)] for p in prompt]
+    trace = make_trace(np.cumsum(rng.exponential(0.02, n)), prompt, rng.integers(50, 400, n),
+                       priority=rng.integers(0, 3, n), hashes=hashes, block_tokens=BLOCK_TOKENS)
+    config = PolicyConfig(gpu_memory_utilization=1.0, block_size=4, max_num_batched_tokens=512, kv_headroom=0.05,
+                          **{"enable_prefix_caching": False, **variant})
+    got = assert_matches_reference(trace, cost_model(1500), config)
+    assert np.all(got.state == State.FINISHED)
+    assert np.mean(got.queue_s > 0.5) > 0.4, "the queue must stay backed up"
+
+
 def test_full_prompt_block_computed_twice_is_not_freed_twice():
     """Regression (hypothesis): requests 3 and 6 share the full-prompt block 0. Request 3
     caches it and finishes (the entry goes idle, counted free); request 6, admitted before
