@@ -2013,6 +2013,26 @@ def newest_running(rep):
     return rep.lists[L_RUN, g[N_RUN] - 1] if g[N_RUN] > 0 else -1
 
 
+@njit(cache=True, nogil=True)
+def stays_unqueued(rep, st, cfg):
+    """Whether nothing waits here and nothing will until the next delivery: all the KV its
+    running requests can still take (whole prompt and output, full prompt hash blocks
+    counted again as whole cache entries) fits in free KV, so no preemption can queue
+    one. Free KV minus that demand never falls as the replica runs, so the answer holds
+    at any later time. Speculative runs are excluded (verify tokens take KV beyond it)."""
+    if waiting(rep) > 0 or int(cfg[I_SPEC_MODE]) != spm.MODE_OFF:
+        return False
+    ri, g = rep.ri, rep.g
+    run = rep.lists[L_RUN]
+    prompt = st.si[S_PROMPT]
+    block_size = int(cfg[I_BLOCK_SIZE])
+    demand = 0
+    for i in range(g[N_RUN]):
+        r = run[i]
+        demand += _blocks(prompt[r] + ri[TARGET, r], block_size) + ri[PC_REQ + pcm.R_N_FULL, r] - ri[HELD, r]
+    return demand <= g[FREE]
+
+
 @njit(cache=True, nogil=True, inline="always")
 def capacity_blocks(rep):
     return rep.g[CAP]

@@ -385,10 +385,11 @@ def _next_event(fl, t, n_stepping):
         t_next = min(t_next, fl.flight_t[0])
     if fg[FG_NEXT_FAILURE] < fl.fail_t.shape[0]:
         t_next = min(t_next, fl.fail_t[fg[FG_NEXT_FAILURE]])
-    if fl.cfg[I_MIGRATION] != 0.0 and _anyone_holds(fl):
+    if fl.cfg[I_MIGRATION] != 0.0:
         while fl.t0 + fg[FG_TICK] * fl.cfg[I_MIGRATION_INTERVAL] <= t:
             fg[FG_TICK] += 1
-        t_next = min(t_next, fl.t0 + fg[FG_TICK] * fl.cfg[I_MIGRATION_INTERVAL])
+        if _tick_may_act(fl):
+            t_next = min(t_next, fl.t0 + fg[FG_TICK] * fl.cfg[I_MIGRATION_INTERVAL])
     for k in range(n_stepping):
         c = engine.clock(fl.nodes[fl.stepping[k]][0])
         if c > t:
@@ -402,20 +403,45 @@ def _reads_every_replica(fl, t):
     to dispatch), promises (P/D dispatch), a failure or a migration tick. Otherwise they
     are P/D step ends, whose replicas are already at t, and deliveries, which only fill
     an inbox; the other replicas may lag, since a replica advanced later in one go ends
-    exactly where one advanced event by event would (``engine.advance`` is resumable)."""
+    exactly where one advanced event by event would (``engine.advance`` is resumable).
+
+    A migration tick needs them only if some replica may have a queue at t: one is
+    delivered something at t, or one may hold a queue (``engine.stays_unqueued`` at its
+    own, earlier clock is enough). Otherwise no replica is a source and the tick does
+    nothing."""
     fg = fl.fg
-    if fl.cfg[I_MIGRATION] != 0.0 or fg[FG_Q_LEN] > 0:
+    if fg[FG_Q_LEN] > 0:
         return True
     arrival = fl.nodes[0][1].sf[S_ARRIVAL]
     if fg[FG_NEXT_ARRIVAL] < arrival.shape[0] and arrival[fg[FG_NEXT_ARRIVAL]] == t:
         return True
-    return fg[FG_NEXT_FAILURE] < fl.fail_t.shape[0] and fl.fail_t[fg[FG_NEXT_FAILURE]] == t
+    if fg[FG_NEXT_FAILURE] < fl.fail_t.shape[0] and fl.fail_t[fg[FG_NEXT_FAILURE]] == t:
+        return True
+    if fl.cfg[I_MIGRATION] == 0.0 or t != fl.t0 + fg[FG_TICK] * fl.cfg[I_MIGRATION_INTERVAL]:
+        return False
+    return (fg[FG_N_FLIGHT] > 0 and fl.flight_t[0] == t) or _may_queue(fl)
 
 
 @njit(cache=True, nogil=True)
-def _anyone_holds(fl):
+def _tick_may_act(fl):
+    """Whether the next migration tick is an event. The contract makes it one while some
+    alive replica holds a request; a tick with the fleet queue empty and no replica able
+    to hold a queue by then does nothing, so those are skipped (with the queue holding
+    requests every replica is at the current time, so ``outstanding`` is exact)."""
+    if fl.fg[FG_Q_LEN] > 0:
+        for j in range(fl.fr.shape[1]):
+            if fl.fr[FR_ALIVE, j] and engine.outstanding(fl.nodes[j][0]) > 0:
+                return True
+        return False
+    return _may_queue(fl)
+
+
+@njit(cache=True, nogil=True)
+def _may_queue(fl):
+    """Whether some alive replica may hold a queue now or before its next delivery."""
     for j in range(fl.fr.shape[1]):
-        if fl.fr[FR_ALIVE, j] and engine.outstanding(fl.nodes[j][0]) > 0:
+        rep, st, _ = fl.nodes[j]
+        if fl.fr[FR_ALIVE, j] and not engine.stays_unqueued(rep, st, fl.cfg):
             return True
     return False
 

@@ -50,9 +50,9 @@ Rules the contract leaves open, as implemented here:
   its deadline is now, and its replica settles it. A request still queued when no
   replica will come back ends at its deadline if it has one, else FAILED at the time it
   was last queued.
-* Migration ticks at first arrival + k·``migration_interval_s`` (k = 1, 2, ...); the
-  next tick after the current time is an event while some alive replica holds a
-  request. Per pool (P/D: prefill and decode replicas apart), F_j = (free − headroom −
+* Migration ticks at first arrival + k·``migration_interval_s`` (k = 1, 2, ...), at
+  every event that falls on one; the next tick after the current time is itself an
+  event while some alive replica holds a request. Per pool (P/D: prefill and decode replicas apart), F_j = (free − headroom −
   head_demand) / max(1, running + [waiting > 0]); a source has F < threshold and a head
   whose blocks(prompt + generated) exceed free − headroom; a destination F >= threshold.
   Sources by increasing (F, index) pair with destinations by decreasing F (then index);
@@ -419,10 +419,11 @@ class Fleet:
             times.append(self.downs[0][0])
         if self.ups:
             times.append(self.ups[0][0])
-        if self.c.migration and any(self.alive[j] and self.reps[j].holds() for j in range(self.n_rep)):
+        if self.c.migration:
             while self.t0 + self.tick * self.c.migration_interval_s <= t:
                 self.tick += 1
-            times.append(self.t0 + self.tick * self.c.migration_interval_s)
+            if any(self.alive[j] and self.reps[j].holds() for j in range(self.n_rep)):
+                times.append(self.t0 + self.tick * self.c.migration_interval_s)
         times += [self.reps[j].t for j in stepping if self.reps[j].t > t]
         return min(times) if times else None
 

@@ -103,6 +103,39 @@ def test_a_prefill_replica_hands_off_after_the_first_token_and_keeps_the_prefix_
     assert out_i[engine.O_STATE, 1] == State.FINISHED and len(engine.handed_off(rep)) == 0, "one token: done here"
 
 
+@pytest.mark.parametrize("caching", [False, True])
+def test_a_replica_that_stays_unqueued_never_queues_before_its_next_delivery(caching):
+    """``engine.stays_unqueued`` lets migration ticks skip replicas: once it holds, no
+    step until the next delivery may leave a request waiting (no preemption). Checked
+    step boundary by step boundary on KV-starved replicas, where it must also say no."""
+    config = CONFIG.replace(enable_prefix_caching=caching)
+    said = {True: 0, False: 0}
+    for seed in range(12):
+        rng = np.random.default_rng(seed)
+        n = 30
+        prompt = rng.integers(20, 300, n)
+        hashes = [[int(h) for h in rng.integers(0, 4, size=-(-p // 32))] for p in prompt]
+        trace = make_trace(np.sort(rng.uniform(0.0, 0.05, n)), prompt, rng.integers(10, 200, n), hashes=hashes,
+                           block_tokens=32)
+        cost = cost_model(int(rng.integers(600, 4000)))
+        rep, st, _ = _replica(trace, cost, config)
+        cfg = config.to_vector()
+        first = int(rng.integers(1, n))
+        for r in range(first):
+            engine.deliver(rep, r, trace.arrival_s[r])
+        t = float(trace.arrival_s[first - 1])
+        quiet = False
+        while engine.outstanding(rep) > 0 and t < 60.0:
+            engine.advance(rep, st, cost.tables, cfg, t)
+            if not quiet:
+                quiet = engine.stays_unqueued(rep, st, cfg)
+                said[quiet] += 1
+            else:
+                assert engine.waiting(rep) == 0, f"seed {seed}: queued at {t} after stays_unqueued"
+            t += 0.002
+    assert said[True] > 0 and said[False] > said[True], said
+
+
 def test_advance_through_runs_the_step_that_starts_at_the_limit():
     trace = make_trace([0.0], [100], [5])
     cost, cfg = cost_model(), CONFIG.to_vector()
