@@ -2019,10 +2019,15 @@ def stays_unqueued(rep, st, cfg):
     running requests can still take (whole prompt and output, full prompt hash blocks
     counted again as whole cache entries) fits in free KV, so no preemption can queue
     one. Free KV minus that demand never falls as the replica runs, so the answer holds
-    at any later time. Speculative runs are excluded (verify tokens take KV beyond it)."""
-    if waiting(rep) > 0 or int(cfg[I_SPEC_MODE]) != spm.MODE_OFF:
-        return False
+    at any later time. A speculative run qualifies only when idle (verify tokens take KV
+    beyond that demand)."""
     ri, g = rep.ri, rep.g
+    if waiting(rep) > 0:
+        return False
+    if g[N_RUN] == 0:
+        return True
+    if int(cfg[I_SPEC_MODE]) != spm.MODE_OFF:
+        return False
     run = rep.lists[L_RUN]
     prompt = st.si[S_PROMPT]
     block_size = int(cfg[I_BLOCK_SIZE])
@@ -2474,6 +2479,14 @@ def simulate_many(trace, cost_model: CostModel, configs: Sequence[PolicyConfig],
 
 def warmup() -> None:
     """Compile (or load from cache) every kernel on a tiny trace, with every mode exercised."""
+    trace, cost, configs = warmup_inputs()
+    simulate(trace, cost, configs[0])
+    simulate_many(trace, cost, configs)
+
+
+def warmup_inputs():
+    """A tiny trace, a synthetic cost model and configs that exercise every mode, for
+    warm-up (the fleet's too) without importing studies."""
     n = 8
     arrival = np.linspace(0.0, 0.05, n)
     prompt = np.array([40, 3, 70, 5, 33, 64, 9, 12], dtype=np.int64)
@@ -2484,8 +2497,7 @@ def warmup() -> None:
     base = PolicyConfig(max_num_batched_tokens=64, max_num_seqs=4, gpu_memory_utilization=1.0)
     configs = [base, base.replace(schedule_mode="prefill_first", admission_mode="new_token_ratio"),
                base.replace(enable_prefix_caching=True, scheduling_policy="vtc", speculative_mode="dspark")]
-    simulate(trace, cost, base)
-    simulate_many(trace, cost, configs)
+    return trace, cost, configs
 
 
 class _WarmupTrace:

@@ -151,11 +151,13 @@ def worker_command(
 
 
 def warmup_command() -> None:
-    """Compile (or load from the cache) the simulator kernels, so the first trial is fast."""
-    from policies.engine import warmup
+    """Compile (or load from the cache) the simulator kernels, single replica and fleet,
+    so the first trial is fast."""
+    from policies import engine, fleet
 
     start = time.perf_counter()
-    warmup()
+    engine.warmup()
+    fleet.warmup()
     typer.echo(f"kernels ready in {time.perf_counter() - start:.1f} s")
 
 

@@ -26,6 +26,7 @@ from policies.config import (
     PolicyConfig,
 )
 from policies.failures import FailureSchedule
+from policies.result import State
 
 from .conftest import cost_model, make_trace
 from .reference_fleet import reference_fleet
@@ -182,3 +183,17 @@ def test_every_router_under_failures_migration_and_pd(simulator, router):
         ref = assert_matches_reference(simulator, trace, costs, config.replace(**knobs), failures)
         assert ref["reroutes"].sum() > 0
         assert (ref["handoffs"] > 0) == bool(knobs) and (ref["migrations"] > 0) == (not knobs)
+
+
+@pytest.mark.parametrize("simulator", SIMULATORS)
+def test_migration_ticks_stop_once_speculative_replicas_are_idle(simulator):
+    """Regression: while a speculative replica runs, it may always come to hold a queue,
+    and an idle one was counted the same way, so ticks woke the loop forever after the
+    last request ended."""
+    rng = np.random.default_rng(2)
+    n = 30
+    trace = make_trace(np.cumsum(rng.exponential(0.01, n)), rng.integers(20, 200, n), rng.integers(5, 60, n))
+    config = PolicyConfig(gpu_memory_utilization=1.0, max_num_batched_tokens=256, block_size=16, router="least_kv",
+                          migration=True, speculative_mode="dspark")
+    ref = assert_matches_reference(simulator, trace, [cost_model(800), cost_model(3000)], config, None)
+    assert np.all(ref["state"] == int(State.FINISHED))
