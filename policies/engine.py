@@ -61,9 +61,9 @@ Sharing (issue 6; state in ``Replica.pc``/``wq``/``sh``, rules in
 
 Pure-decode stretches (no arrival or deadline due, blocks enough, and nothing waiting or
 a waiting head that could not start at the stretch's first step, so stays blocked as
-decodes only take KV: ``_head_start_free``) are fast-forwarded up to and including the step in which the first requests
-finish: one decode-attention lookup per step, per-request arrays touched once at the
-end. Likewise stretches where the newest running request computes prompt chunks of one
+decodes only take KV: ``_head_start_free``) are fast-forwarded up to and including the
+step in which the first requests finish: one decode-attention lookup per step,
+per-request arrays touched once at the end. Likewise stretches where the newest running request computes prompt chunks of one
 size next to the same decodes, while the chunk takes the rest of the token budget or
 nothing waits (``_fast_forward_chunk``: one step-time lookup per step). The result is
 bit-identical to stepping one by one.
@@ -198,7 +198,6 @@ from policies.kernel_state import (
     HOST_FREE,
     INBOX_HEAD,
     KV_BLOCK_SIZE,
-    LEFT_WAITING,
     KV_BYTES,
     L_BATCH,
     L_DHEAP,
@@ -208,6 +207,7 @@ from policies.kernel_state import (
     L_QUEUE,
     L_RUN,
     L_SPEC,
+    LEFT_WAITING,
     MAX_LEN,
     MAX_OUT,
     MIN_CALIBRATION,

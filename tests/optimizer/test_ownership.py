@@ -11,7 +11,13 @@ import pytest
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
-from optimizer.ownership import WORKER_ATTR, OwnedJournalStorage, OwnedRDBStorage, heartbeats, worker_id
+from optimizer.ownership import (
+    WORKER_ATTR,
+    OwnedJournalStorage,
+    OwnedRDBStorage,
+    heartbeats,
+    worker_id,
+)
 from optimizer.study import _fail_stale, fail_dead_local_trials
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
