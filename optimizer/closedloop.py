@@ -32,7 +32,7 @@ import numpy as np
 from costmodels.costmodel import CostModel
 from policies.config import PolicyConfig
 from policies.engine import simulate
-from policies.presets import preset
+from policies.engines import EngineContext, preset
 from policies.result import SimResult, State
 from studies.metrics import request_latencies
 from studies.traces import Trace
@@ -48,12 +48,10 @@ class ClosedLoopError(ValueError):
     """A closed loop that cannot run: bad sizes, requests that never finish, no convergence."""
 
 
-def framework_config(framework: str, gpu: str = "h100") -> PolicyConfig:
-    """The scheduler a measured run used: each framework's serving defaults."""
-    if framework == "vllm":
-        return preset("vllm-default", gpu)
-    if framework == "sglang":
-        return preset("sglang-default", gpu)
+def framework_config(framework: str, ctx: EngineContext) -> PolicyConfig:
+    """The scheduler a measured run used: each framework's serving defaults on ``ctx``."""
+    if framework in ("vllm", "sglang"):
+        return preset(f"{framework}-default", ctx)
     if framework == "trtllm":
         return TRTLLM_DEFAULT
     raise ClosedLoopError(f"unknown framework {framework!r}; valid: vllm, sglang, trtllm")

@@ -37,8 +37,8 @@ from optimizer.failplan import compressed
 from optimizer.space import Fleet, infeasibility
 from optimizer.spec import SpecError, StudySpec
 from policies.config import ConfigError, PolicyConfig, check_fleet
+from policies.engines import target as engine_target
 from policies.failures import FailureError, FailureSchedule
-from policies.presets import PRESETS, preset
 
 
 class Evaluator:
@@ -50,7 +50,10 @@ class Evaluator:
         self.spec = spec
         self.slos = spec.slos
         self.fleet = spec.fleet
-        self.trace = trace if trace is not None else load_study_trace(spec)
+        loaded = trace if trace is not None else load_study_trace(spec)
+        #: the tuning window, and the held-out end of the trace scored after the search (None: no holdout)
+        self.trace, self.holdout_trace = split_holdout(loaded, spec.holdout)
+        self.target = engine_target(spec.engine)
         self._build = cost_model_for if cost_model_for is not None else (lambda tp: build_cost_model(spec, tp))
         self._cost_models: dict[int, Any] = {} if cost_model is None else {self.fleet.tp: cost_model}
         for tp in spec.search_space.tp_choices:  # a TP the model cannot run fails now, not mid-study
@@ -66,14 +69,18 @@ class Evaluator:
         self._results: OrderedDict[bytes, Any] = OrderedDict()
         self._scaled: dict[float, Any] = {1.0: self.trace}
         self._schedules: dict[tuple[float, int], FailureSchedule | None] = {}
-        self._request_tokens = np.asarray(self.trace.prompt_tokens) + np.asarray(self.trace.max_tokens)
+        # the most KV each request will hold (prompt + the output it will generate, within
+        # its cap): pruning asks whether the trace's requests can fit, not a scheduling question
+        self._request_tokens = np.asarray(self.trace.prompt_tokens) + np.minimum(
+            np.asarray(self.trace.max_tokens), np.maximum(np.asarray(self.trace.output_tokens), 1))
 
     # -- configs -------------------------------------------------------------------------
     def baselines(self) -> dict[str, PolicyConfig]:
-        """The engines' own defaults for the spec's GPU (behind the deployment's router and
-        pools, when the spec fixes them): every result's point of comparison."""
+        """The target's baselines (an engine's own defaults for the spec's GPU and model;
+        both engines' for the what-if target), behind the deployment's router and pools
+        when the spec fixes them: every result's point of comparison."""
         fixed = self.spec.deployment_knobs
-        return {name: preset(name, self.spec.gpu).replace(**fixed) for name in PRESETS}
+        return {name: config.replace(**fixed) for name, config in self.target.baselines(self.spec.context).items()}
 
     def cost_model_at(self, tp: int):
         """The cost model of the study's model and GPU at TP ``tp`` (built once)."""
@@ -87,6 +94,9 @@ class Evaluator:
     def infeasibility(self, config: PolicyConfig, fleet: Fleet | None = None) -> str | None:
         """Why ``config`` cannot serve this trace on ``fleet`` (pruned before simulating), or None."""
         fleet = fleet or self.fleet
+        broken = self.target.violations(config, self.spec.context)
+        if broken:
+            return f"{self.target.display} {self.target.version} refuses it: " + "; ".join(broken)
         cost_model = self.cost_model_at(fleet.tp)
         reason = infeasibility(config, cost_model, self._request_tokens, self.trace.prompt_tokens)
         if reason is not None:
@@ -208,7 +218,8 @@ class Evaluator:
 
 
 def load_study_trace(spec: StudySpec):
-    """The spec's trace file, loaded and rate-transformed as the spec says."""
+    """The spec's trace file, loaded and rate-transformed as the spec says, with the caps a
+    client sends where the file has none and the output estimate the spec's predictor gives."""
     from studies.traces import load_trace
 
     trace = load_trace(spec.trace, format=spec.trace_format, **dict(spec.trace_options))
@@ -216,7 +227,27 @@ def load_study_trace(spec: StudySpec):
         from studies.transforms import scale_rate
 
         trace = scale_rate(trace, factor=spec.rate_scale, target_rps=spec.target_rps)
-    return trace
+    return client_view(trace, spec)
+
+
+def client_view(trace, spec: StudySpec):
+    """``trace`` as the scheduler sees it: the clients' caps and the predictor's estimates."""
+    from studies.lengths import Predictor, with_client_caps
+
+    trace = with_client_caps(trace, max_tokens=spec.max_tokens, context_len=spec.context.context_len)
+    return Predictor.parse(spec.predictor).apply(trace, seed=spec.seed)
+
+
+def split_holdout(trace, holdout: float):
+    """(tuning part, held-out part): the last ``holdout`` share of the arrival window is kept
+    for scoring the recommendation on traffic it was not tuned on (None when 0)."""
+    if holdout <= 0 or trace.n < 2:
+        return trace, None
+    from studies.transforms import window
+
+    t0, t1 = float(trace.arrival_s[0]), float(trace.arrival_s[-1])
+    split = t0 + (1.0 - holdout) * (t1 - t0)
+    return window(trace, t0, split, rebase=False), window(trace, split, None, rebase=True)
 
 
 def build_cost_model(spec: StudySpec, tp: int):

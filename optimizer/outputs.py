@@ -34,7 +34,15 @@ from optuna.trial import FrozenTrial, TrialState
 
 from optimizer import plots
 from optimizer.capacity import capacity_many
-from optimizer.exports import Deployment, TrafficShape, goodput_bounds, write_exports
+from optimizer.exports import (
+    Deployment,
+    TrafficShape,
+    engine_yaml,
+    goodput_bounds,
+    policy_toml,
+    read_engine_file,
+    write_exports,
+)
 from optimizer.review import (
     Capacity,
     ConfigFigures,
@@ -48,7 +56,7 @@ from optimizer.review import (
     write_review,
 )
 from optimizer.space import Fleet
-from policies.config import PolicyConfig
+from policies.config import FLEET_KNOBS, PolicyConfig
 from policies.result import State
 from studies.metrics import json_safe, request_latencies
 
@@ -351,17 +359,50 @@ class Evaluated:
     diagnosed_at_rps: float
 
 
+@dataclass(frozen=True)
+class FileReplay:
+    """The recommendation as deployed: the file written for the target, read back as the
+    engine runs it, and that config's simulation. Every figure servetune reports for a
+    recommendation is this replay's, never the searched trial's."""
+
+    name: str  # the file: vllm.yaml, sglang.yaml or policy.toml
+    text: str
+    config: PolicyConfig
+
+
+def file_replay(spec, evaluator, config: PolicyConfig, fleet: Fleet, note: str = "",
+                expected: Mapping[str, float] | None = None) -> FileReplay:
+    """Write ``config`` as the study's target writes it and read it back (``optimizer.exports``)."""
+    target, ctx = evaluator.target, spec.context
+    if target.what_if:
+        text = policy_toml(config, note, what_if=True)
+        return FileReplay("policy.toml", text, PolicyConfig.from_toml(text))
+    deployment = deployment_of(spec, fleet)
+    text = engine_yaml(target, config, deployment, ctx, note, expected)
+    replayed = read_engine_file(target, text, ctx, drafter=spec.speculative,
+                                fleet_knobs={k: getattr(config, k) for k in FLEET_KNOBS})
+    return FileReplay(f"{target.name}.yaml", text, replayed)
+
+
 def write_run_outputs(run_dir, study, spec, evaluator) -> RunOutputs:
-    """Write every run-folder output for the study's recommended trial; return paths and summary."""
+    """Write every run-folder output for the study's recommended trial; return paths and summary.
+
+    The recommended figures are those of the exported file read back and simulated
+    (``file_replay``); the run also scores that file and the baselines on the held-out end
+    of the trace and at +-20% of its rate (``generalisation``).
+    """
     run_dir = Path(run_dir)
     trials = study.get_trials(deepcopy=False)
     dirs, names = directions(study), metric_names(study)
     best = recommend(trials, spec, dirs)
     presets = evaluator.baselines()
     found = baseline_trials(trials)
-    label = f"best (trial {best.number}" + (f", {baseline_name(best)})" if baseline_name(best) else ")")
-    configs = {label: trial_config(best, spec, presets), **presets}
-    fleets = [trial_fleet(best, spec), *[spec.fleet] * len(presets)]  # baselines: the deployment's fleet
+    note = f"servetune study {spec.study_name}, trial {best.number}"
+    best_fleet = trial_fleet(best, spec)
+    replay = file_replay(spec, evaluator, trial_config(best, spec, presets), best_fleet, note)
+    label = f"{replay.name} (trial {best.number}" + (f", {baseline_name(best)})" if baseline_name(best) else ")")
+    configs = {label: replay.config, **presets}
+    fleets = [best_fleet, *[spec.fleet] * len(presets)]  # baselines: the deployment's fleet
     trial_of = {label: best, **{name: found.get(name) for name in presets}}
 
     traffic = TrafficShape.of(evaluator.trace)
@@ -381,12 +422,14 @@ def write_run_outputs(run_dir, study, spec, evaluator) -> RunOutputs:
                                    capacity, diagnosis, limit_scale * traffic.rate_rps))
     recommended, baselines = evaluated[0], evaluated[1:]
 
-    deployment = deployment_of(spec, evaluator, recommended.fleet)
+    deployment = deployment_of(spec, recommended.fleet)
     files: dict[str, Path] = {}
     expected = {k: recommended.report[k] for k in ("request_goodput", "slo_attainment", "p99_ttft_ms", "p99_tpot_ms")
                 if recommended.report.get(k) is not None}
-    files.update(write_exports(run_dir, recommended.config, deployment, spec.slos, traffic, seed=spec.seed,
-                               note=f"servetune study {spec.study_name}, trial {best.number}", expected=expected))
+    files.update(write_exports(run_dir, evaluator.target, replay.config, deployment, spec.context, spec.slos, traffic,
+                               seed=spec.seed, note=note, expected=expected))
+    generalisation = generalisation_check(spec, evaluator, {e.name: e.config for e in evaluated},
+                                          [e.fleet for e in evaluated])
     plot_files = _write_plots(run_dir / "plots", study, trials, dirs, names, evaluated, evaluator.trace, spec,
                               traffic.rate_rps)
     files.update(plot_files)
@@ -400,13 +443,21 @@ def write_run_outputs(run_dir, study, spec, evaluator) -> RunOutputs:
         objectives=tuple(zip(names, best.values, dirs, strict=True)),
         plots={caption: str(path.relative_to(run_dir)) for caption, path in plot_files.items()
                if path.suffix == ".png"},
-        notes=_notes(best, recommended, evaluated, spec),
+        notes=_notes(best, recommended, evaluated, spec, evaluator.target, generalisation),
         fleet_front=fleet_front(trials),
         failures=None if spec.failures is None else spec.failures.describe(),
     )
     files["capacity-review.md"], files["capacity-review.html"] = write_review(run_dir, review)
 
     summary = _summary(study, spec, evaluator, best, names, dirs, recommended, baselines, traffic)
+    summary["recommendation"] = {"engine": evaluator.target.name, "version": evaluator.target.version,
+                                 "what_if": evaluator.target.what_if, "file": replay.name,
+                                 "figures_are": "the exported file, read back and simulated"}
+    summary["generalisation"] = generalisation
+    summary["verdict"] = verdict(recommended, baselines, spec.capacity_target)
+    if evaluator.target.what_if:
+        summary["oracle_upper_bound"] = oracle_bound(spec, evaluator, {e.name: e.config for e in evaluated},
+                                                     [e.fleet for e in evaluated])
     files["summary.json"] = run_dir / "summary.json"
     files["summary.json"].write_text(json.dumps(json_safe(summary), indent=2) + "\n")
     files["trials.parquet"] = run_dir / "trials.parquet"
@@ -414,13 +465,79 @@ def write_run_outputs(run_dir, study, spec, evaluator) -> RunOutputs:
     return RunOutputs(files, summary)
 
 
-def deployment_of(spec, evaluator, fleet: Fleet | None = None) -> Deployment:
+#: Rate scales of the held-out traffic the generalisation check scores, besides its own rate.
+HOLDOUT_SCALES = (0.8, 1.0, 1.2)
+
+
+def generalisation_check(spec, evaluator, configs: Mapping[str, PolicyConfig],
+                         fleets: Sequence[Fleet]) -> dict[str, Any] | None:
+    """Weighted goodput of the recommendation (first of ``configs``) and the baselines on the
+    held-out end of the trace, at its rate and +-20%, with the gain over each baseline."""
+    trace = evaluator.holdout_trace
+    if trace is None:
+        return None
+    from optimizer.evaluate import Evaluator
+
+    held = Evaluator(spec.replace(holdout=0.0, context=spec.context), trace=trace,
+                     cost_model_for=evaluator.cost_model_at, engine=evaluator.engine, scorer=evaluator.scorer)
+    names = list(configs)
+    out: dict[str, Any] = {"requests": trace.n, "share": spec.holdout, "scales": {}}
+    for scale in HOLDOUT_SCALES:
+        reports = held.reports(list(configs.values()), scale, fleets=list(fleets))
+        goodput = {n: _num(r.weighted_goodput) for n, r in zip(names, reports, strict=True)}
+        mine = goodput[names[0]]
+        out["scales"][f"x{scale:g}"] = {
+            "weighted_goodput": goodput,
+            "slo_attainment": {n: _num(r.slo_attainment) for n, r in zip(names, reports, strict=True)},
+            "gain": {n: ratio(mine, goodput[n]) for n in names[1:]}}
+    return out
+
+
+def oracle_bound(spec, evaluator, configs: Mapping[str, PolicyConfig], fleets: Sequence[Fleet]) -> dict[str, Any]:
+    """The same configs with every request's true output length known to SJF (the
+    ``oracle`` predictor): an upper bound on what any length predictor could add, never a
+    recommendation's figure."""
+    from optimizer.evaluate import Evaluator
+    from studies.lengths import Predictor
+
+    trace = Predictor.parse("oracle").apply(evaluator.trace, seed=spec.seed)
+    oracle = Evaluator(spec.replace(holdout=0.0, context=spec.context), trace=trace,
+                       cost_model_for=evaluator.cost_model_at, engine=evaluator.engine, scorer=evaluator.scorer)
+    reports = oracle.reports(list(configs.values()), fleets=list(fleets))
+    goodput = {n: _num(r.weighted_goodput) for n, r in zip(configs, reports, strict=True)}
+    names = list(configs)
+    return {"label": "upper bound: SJF told each request's true output length (no scheduler knows it)",
+            "weighted_goodput": goodput,
+            "gain": {n: ratio(goodput[names[0]], _num(evaluator.reports([configs[n]], fleets=[f])[0].weighted_goodput))
+                     for n, f in zip(names[1:], list(fleets)[1:], strict=True)}}
+
+
+def ratio(value: float, baseline: float) -> float:
+    """value / baseline: inf when the baseline has none (and the value some), nan when unknown."""
+    if not (math.isfinite(value) and math.isfinite(baseline)):
+        return math.nan
+    if baseline > 0:
+        return value / baseline
+    return math.inf if value > 0 else 1.0
+
+
+def verdict(recommended: Evaluated, baselines: Sequence[Evaluated], target: float) -> dict[str, Any]:
+    """What to lead with: a gain when some baseline meets the SLOs, else the capacity answer
+    (the GPUs the recommendation needs to meet them), since a ratio over a baseline that
+    serves nothing well says nothing a user can act on."""
+    met = [b.name for b in baselines if _num(b.report.get("slo_attainment")) >= target]
+    cap = recommended.capacity
+    if met or not baselines:
+        return {"kind": "gain", "baselines_meeting_target": met}
+    return {"kind": "capacity", "baselines_meeting_target": [], "target_attainment": target,
+            "gpus_needed": cap.gpus_needed, "replicas_needed": cap.replicas_needed, "max_rps": cap.max_rps,
+            "capped": cap.capped}
+
+
+def deployment_of(spec, fleet: Fleet | None = None) -> Deployment:
     """Where a config runs: the spec's model and GPU on ``fleet`` (default: the spec's)."""
     fleet = fleet or spec.fleet
-    cost_model = evaluator.cost_model_at(fleet.tp)
-    reserved = cost_model.reserved_bytes / cost_model.gpu_memory_bytes if cost_model.gpu_memory_bytes else 0.0
-    return Deployment(spec.model, tp=fleet.tp, replicas=fleet.replicas, gpu=spec.gpu, reserved_fraction=reserved,
-                      drafter=spec.speculative)
+    return Deployment(spec.model, tp=fleet.tp, replicas=fleet.replicas, gpu=spec.gpu, drafter=spec.speculative)
 
 
 def _figures(e: Evaluated) -> ConfigFigures:
@@ -469,8 +586,21 @@ def _pareto_points(trials, dirs, names) -> tuple[list[plots.TrialPoint], tuple[s
     return points, (names[0], "p99 TTFT (ms)"), (dirs[0], "minimize")
 
 
-def _notes(best: FrozenTrial, recommended: Evaluated, evaluated: Sequence[Evaluated], spec) -> list[str]:
+def _notes(best: FrozenTrial, recommended: Evaluated, evaluated: Sequence[Evaluated], spec, target,
+           generalisation: Mapping[str, Any] | None = None) -> list[str]:
     notes = []
+    if target.what_if:
+        notes.append("WHAT-IF: this recommendation uses servetune's own policies, which no engine runs; its gain is "
+                     "what this traffic would gain if your engine had them (policy.toml only).")
+    else:
+        notes.append(f"Every figure of the recommendation is the exported {target.name}.yaml, read back as "
+                     f"{target.display} {target.version} runs it and simulated.")
+    if generalisation is not None:
+        at = generalisation["scales"].get("x1", {}).get("gain", {})
+        notes.append(f"Held out: tuned on the first {1 - spec.holdout:.0%} of the trace window; on the last "
+                     f"{spec.holdout:.0%} ({generalisation['requests']} requests) the gain is "
+                     + ", ".join(f"{g:.2f}x over {n}" if math.isfinite(g) else f"unbounded over {n}"
+                                 for n, g in at.items()) + ".")
     if not is_feasible(best):
         violated = ", ".join(k for k, v in best.constraints.items() if v > 0)
         notes.append(f"No trial met every constraint; trial {best.number} is the best of all and violates {violated}.")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from optimizer.exports import Deployment
-from policies.config import KNOBS, PolicyConfig, active_fleet_knobs
+from policies.config import KNOBS, PolicyConfig, active_fleet_knobs, inert_knobs
 from policies.result import SimResult
 from studies.slo import SLOSet
 
@@ -368,7 +368,10 @@ def gain_ratio(value: float, baseline: float) -> float | None:
 def _changed_knobs(best: ConfigFigures, baselines: Sequence[ConfigFigures]) -> list[list[str]]:
     """Knobs whose best value differs from at least one baseline (policy.toml has them all)."""
     table = [["knob", best.name, *[b.name for b in baselines]]]
+    inert = inert_knobs(best.config, best.capacity.replicas)
     for knob in KNOBS:
+        if knob.name in inert:
+            continue  # it changes nothing under the recommendation
         value = getattr(best.config, knob.name)
         others = [getattr(b.config, knob.name) for b in baselines]
         if not others or any(o != value for o in others):

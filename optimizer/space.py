@@ -1,7 +1,10 @@
 """The search space: which PolicyConfig knobs a study turns, over what ranges, and when.
 
-Every knob in ``policies.config.KNOBS`` is in the space, either searched or fixed. A knob
-is searched with the default range in ``DEFAULTS`` unless the study overrides it; a knob
+The space belongs to a target (``policies.engines``): an engine's space holds only the
+knobs the engine has flags for, with the ranges its module declares, and every sampled
+config is projected onto what the engine runs (``Target.resolve``); servetune's what-if
+target holds every knob in ``policies.config.KNOBS``, either searched or fixed: with the
+range in ``policies.engines.servetune.SEARCH`` unless the study overrides it; a knob
 added later to KNOBS is searched automatically when it is a bool or a choice, and fixed
 at the base config's value when it is a number without a default range (a range over the
 knob's whole validity interval would waste the budget). Overrides per knob, from a
@@ -55,59 +58,17 @@ from policies.config import (
     KNOB_BY_NAME,
     KNOBS,
     MAX_REPLICAS,
+    SPECULATIVE_KNOBS,
     SPECULATIVE_MODES,
     PolicyConfig,
 )
+from policies.engines import EngineContext, Target
 
 
 class SpaceError(ValueError):
     """A search-space override that cannot be searched, naming the knob and what is valid."""
 
 
-#: Default search ranges. Knobs absent here fall back to the rule in the module docstring.
-DEFAULTS: dict[str, dict[str, Any]] = {
-    "max_num_batched_tokens": {"low": 256, "high": 32768, "log": True},
-    "max_num_seqs": {"low": 8, "high": 1024, "log": True},
-    "long_prefill_token_threshold": {"low": 64, "high": 8192, "log": True, "off": True,
-                                     "when": {"enable_chunked_prefill": [True]}},
-    "max_prefill_tokens": {"low": 1024, "high": 65536, "log": True,
-                           "when": {"schedule_mode": ["prefill_first"]}},
-    "step_time_cap_ms": {"low": 20.0, "high": 2000.0, "log": True, "off": True},
-    "kv_headroom": {"low": 0.0, "high": 0.3},
-    "admission_quantile": {"low": 0.5, "high": 1.0, "when": {"admission_mode": ["predicted"]}},
-    "schedule_conservativeness": {"low": 0.1, "high": 3.0, "log": True,
-                                  "when": {"admission_mode": ["new_token_ratio"]}},
-    # Free lunch in a simulator that does not model OOM or attention kernels: more memory
-    # and finer blocks always look better, so they stay at the deployment's value.
-    "gpu_memory_utilization": {"search": False},
-    "block_size": {"search": False},
-    # Load shedding: these buy goodput by rejecting requests; open them deliberately, with
-    # an explicit constraints.max_rejected_fraction.
-    "max_preemptions": {"search": False},
-    "max_queue_len": {"search": False},
-    "max_wait_s": {"search": False},
-    "kv_high_water": {"search": False},
-    "max_model_len": {"search": False},
-    # Speculative decoding needs a drafter the deployment may not have: searched only when
-    # the study declares one (speculative_defaults). Its draft cost is the drafter's.
-    "speculative_mode": {"search": False},
-    "speculative_draft_cost_mode": {"search": False},
-    # Fleet: each router's thresholds only under that router. Migration's pause and the
-    # interconnect are the hardware's, not scheduling choices.
-    "router_cache_threshold": {"low": 0.05, "high": 0.95, "when": {"router": ["cache_aware"]}},
-    "router_balance_abs": {"low": 1, "high": 1024, "log": True, "when": {"router": ["cache_aware"]}},
-    "router_balance_rel": {"low": 1.0, "high": 4.0, "when": {"router": ["cache_aware"]}},
-    "router_queue_weight": {"low": 0.1, "high": 10.0, "log": True, "when": {"router": ["unified"]}},
-    "hash_virtual_nodes": {"low": 16, "high": 1024, "log": True, "when": {"router": ["consistent_hash"]}},
-    "hash_prefix_blocks": {"low": 1, "high": 16, "log": True, "when": {"router": ["consistent_hash"]}},
-    "hash_by_tenant": {"when": {"router": ["consistent_hash"]}},
-    "hash_overflow_factor": {"low": 1.0, "high": 4.0, "when": {"router": ["consistent_hash"]}},
-    "migration_threshold": {"low": 0.5, "high": 50.0, "log": True, "when": {"migration": [True]}},
-    "migration_interval_s": {"low": 0.01, "high": 1.0, "log": True, "when": {"migration": [True]}},
-    "migration_pause_ms": {"search": False},
-    "interconnect_gbps": {"search": False},
-    "prefill_replicas": {"low": 1, "high": MAX_REPLICAS - 1, "off": True},
-}
 #: Knobs whose range is capped at the trial's replicas - 1.
 _BELOW_REPLICAS = frozenset({"prefill_replicas"})
 
@@ -221,6 +182,9 @@ class SearchSpace:
     base: PolicyConfig
     fleet_params: tuple[Param, ...] = ()
     base_fleet: Fleet = Fleet()
+    #: the target engine's projection of a sampled config onto what it runs (coupled
+    #: knobs implied, the rest at the engine's behaviour); None: the config as sampled
+    resolve: Callable[[PolicyConfig], PolicyConfig] | None = None
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -243,7 +207,8 @@ class SearchSpace:
         for p in self.params:
             if p.active(values, replicas):
                 values[p.name] = p.within(replicas).suggest(trial)
-        return PolicyConfig(**values)
+        config = PolicyConfig(**values)
+        return config if self.resolve is None else self.resolve(config)
 
     def suggest_fleet(self, trial) -> Fleet:
         """Ask the trial for the searched fleet dimensions; the rest keep the base fleet."""
@@ -285,18 +250,26 @@ class SearchSpace:
                 for name in (*(k.name for k in KNOBS), "tp", "replicas")]
 
 
-def speculative_defaults(drafter_tokens: int) -> dict[str, dict[str, Any]]:
-    """Default search of the verify-budget knobs for a drafter proposing up to ``drafter_tokens`` drafts."""
-    return {"speculative_mode": {"choices": list(SPECULATIVE_MODES)},
+def speculative_defaults(drafter_tokens: int, modes: Sequence[str] = SPECULATIVE_MODES) -> dict[str, dict[str, Any]]:
+    """Default search of the verify-budget knobs for a drafter proposing up to ``drafter_tokens``
+    drafts, over ``modes`` (an engine verifies a fixed block: off and fixed only)."""
+    return {"speculative_mode": {"choices": list(modes)},
             "num_speculative_tokens": {"low": 1, "high": drafter_tokens,
-                                       "when": {"speculative_mode": [m for m in SPECULATIVE_MODES if m != "off"]}}}
+                                       "when": {"speculative_mode": [m for m in modes if m != "off"]}}}
 
 
 def build_space(overrides: Mapping[str, Any] | None = None, base: PolicyConfig | None = None,
                 fleet: Fleet | None = None, *, search_fleet: bool = False,
                 tp_degrees: Callable[[], Sequence[int]] | None = None,
-                drafter_tokens: int | None = None) -> SearchSpace:
-    """The default space with a study's per-knob overrides; raises SpaceError on bad ones.
+                drafter_tokens: int | None = None, target: Target | None = None,
+                context: EngineContext | None = None) -> SearchSpace:
+    """The target's default space with a study's per-knob overrides; raises SpaceError on bad ones.
+
+    ``target`` (default: servetune's what-if target) decides which knobs exist to search
+    and their default ranges; an engine target searches only the knobs it has flags for,
+    keeps every other knob at its own behaviour (``target.resolve`` on each sampled
+    config) and refuses an override of a knob it cannot carry. ``context`` is the GPU and
+    model the engine resolves its defaults for.
 
     ``fleet`` is the deployment's TP and replicas; ``search_fleet`` searches both by
     default (the goodput-gpus objective). ``tp_degrees`` lists the TP degrees valid for
@@ -314,13 +287,26 @@ def build_space(overrides: Mapping[str, Any] | None = None, base: PolicyConfig |
     unknown = sorted(set(overrides) - set(KNOB_BY_NAME))
     if unknown:
         raise SpaceError(f"[space] has unknown knob(s) {unknown}; known: {sorted(KNOB_BY_NAME)}")
+    from policies.engines import target as target_named
+
+    target = target or target_named("servetune")
+    carried = set(target.knobs) | (set(SPECULATIVE_KNOBS) if drafter_tokens is not None else set())
+    foreign = sorted(k for k in overrides if k not in carried and k not in FLEET_KNOBS)
+    if foreign:
+        raise SpaceError(f"[space] names {foreign}, which {target.display} {target.version} has no flag for; "
+                         "search servetune's own policies with --what-if (engine servetune)")
     base_values = (base or PolicyConfig()).to_dict()
-    defaults = DEFAULTS if drafter_tokens is None else {**DEFAULTS, **speculative_defaults(drafter_tokens)}
+    defaults = target.search_settings(context)
+    if drafter_tokens is not None:
+        defaults.update(speculative_defaults(drafter_tokens, SPECULATIVE_MODES if target.what_if
+                                             else ("off", "fixed")))
     params = []
     for knob in KNOBS:
         settings = dict(defaults.get(knob.name, {}))
         if others == "fixed" and knob.name not in overrides:
             continue
+        if not target.what_if and knob.name not in defaults and knob.name not in overrides:
+            continue  # an engine searches only the knobs its module opens
         override = overrides.get(knob.name, {})
         if not isinstance(override, Mapping):
             raise SpaceError(f"[space.{knob.name}] must be a table such as {{low = 1, high = 8}}, got {override!r}")
@@ -345,7 +331,10 @@ def build_space(overrides: Mapping[str, Any] | None = None, base: PolicyConfig |
     ordered = _parents_first(params)
     if not ordered and not fleet_params:
         raise SpaceError("the search space is empty: every knob is fixed; give at least one knob a range or choices")
-    return SearchSpace(tuple(ordered), base_config, fleet_params, fleet)
+    resolve = None if target.what_if else (lambda config: target.resolve(config, context))
+    if resolve is not None:
+        base_config = resolve(base_config)
+    return SearchSpace(tuple(ordered), base_config, fleet_params, fleet, resolve)
 
 
 def _fleet_params(overrides: dict[str, Any], fleet: Fleet, search: bool,

@@ -35,7 +35,9 @@ from typing import Any
 from optimizer.drafter import DRAFTER_LABELS, Drafter, drafter_from_mapping, load_drafter
 from optimizer.failplan import FailurePlan
 from optimizer.space import Fleet, SearchSpace, build_space, tp_degrees
-from policies.presets import vllm_default
+from optimizer.targets import engine_context
+from policies.engines import TARGETS, EngineContext
+from policies.engines import target as engine_target
 from studies.slo import SLOSet, parse_slo, slo_from_mapping
 from studies.tomlfile import read_toml
 
@@ -113,6 +115,12 @@ class StudySpec:
     gpu_hour_usd: float | None = None
     speculative: Drafter | None = None  # or a drafter TOML path, or its keys
     failures: FailurePlan | None = None  # or a [failures] table
+    engine: str = "servetune"  # the target: vllm, sglang, or servetune's what-if policies
+    max_tokens: int | None = None  # the cap clients send where the trace has none (None: context - prompt)
+    predictor: str = "cap"  # the output-length estimate SJF orders by: cap, noisy:SIGMA, oracle
+    holdout: float = 0.0  # share of the window, at its end, kept out of tuning and scored after it
+    #: the GPU and model the engine resolves its defaults for (built from model and GPU if None)
+    context: EngineContext | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -143,14 +151,28 @@ class StudySpec:
                 raise SpecError(f"{name} must be a number > 0, got {value!r}")
         if not 0 < self.capacity_target <= 1:
             raise SpecError(f"capacity_target is an SLO-attainment fraction in (0, 1], got {self.capacity_target!r}")
+        if self.engine not in TARGETS:
+            raise SpecError(f"engine {self.engine!r} is unknown; valid: {list(TARGETS)}")
+        if self.max_tokens is not None and (isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int)
+                                            or self.max_tokens < 1):
+            raise SpecError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if not (isinstance(self.holdout, int | float) and 0.0 <= self.holdout < 1.0):
+            raise SpecError(f"holdout is a share of the trace window in [0, 1), got {self.holdout!r}")
         drafter = _drafter(self.speculative)
         set_(self, "speculative", drafter)
-        base = vllm_default(self.gpu)
+        if self.context is None:
+            try:
+                set_(self, "context", engine_context(self.model, self.gpu, self.tp, self.framework, self.replicas))
+            except ValueError as exc:
+                raise SpecError(f"deployment: {exc}") from None
+        target = engine_target(self.engine)
+        base = target.defaults(self.context)
         set_(self, "search_space", build_space(
             self.space, base if drafter is None else base.replace(**drafter.config_values()),
             Fleet(self.tp, self.replicas), search_fleet=self.objective == "goodput-gpus",
             tp_degrees=lambda: tp_degrees(self.model, self.gpu, self.framework),
-            drafter_tokens=None if drafter is None else drafter.max_draft_tokens))
+            drafter_tokens=None if drafter is None else drafter.max_draft_tokens,
+            target=target, context=self.context))
         if drafter is None and ("speculative_mode" in self.search_space.names
                                 or self.search_space.base.speculative_mode != "off"):
             raise SpecError("speculative_mode needs a drafter whose acceptance the simulation can use: declare "
@@ -199,9 +221,10 @@ class StudySpec:
         return {
             "study": {"name": self.study_name, "trials": self.trials, "batch_size": self.batch_size,
                       "seed": self.seed, "sampler": self.sampler, "storage": self.storage,
-                      "run_dir": str(self.run_dir)},
+                      "run_dir": str(self.run_dir), "engine": self.engine, "holdout": self.holdout},
             "trace": {"path": str(self.trace), "format": self.trace_format, "options": dict(self.trace_options),
-                      "rate_scale": self.rate_scale, "target_rps": self.target_rps},
+                      "rate_scale": self.rate_scale, "target_rps": self.target_rps,
+                      "max_tokens": self.max_tokens, "predictor": self.predictor},
             "deployment": {"model": self.model, "gpu": self.gpu, "tp": self.tp, "replicas": self.replicas,
                            "framework": self.framework, "gpu_hour_usd": self.gpu_hour_usd},
             "slo": {c.name: {k: v for k, v in (("ttft", c.ttft_ms), ("tpot", c.tpot_ms), ("e2el", c.e2el_ms),
@@ -219,7 +242,7 @@ class StudySpec:
         """Hash of everything that changes results; the trace by content, not by path."""
         data = self.to_dict()
         data["trace"] = {**data["trace"], "path": None, "sha256": file_sha256(self.trace)}
-        data["study"] = {"seed": self.seed}
+        data["study"] = {"seed": self.seed, "engine": self.engine, "holdout": self.holdout}
         if "speculative" in data:  # the drafter's engine names only label the exports
             data["speculative"] = {k: v for k, v in data["speculative"].items() if k not in DRAFTER_LABELS}
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -294,9 +317,11 @@ def load_spec(path: str | Path | None = None, **flags: Any) -> StudySpec:
 
 _SECTIONS = {
     "study": {"name": "study_name", "trials": "trials", "batch_size": "batch_size", "seed": "seed",
-              "sampler": "sampler", "storage": "storage", "run_dir": "run_dir"},
+              "sampler": "sampler", "storage": "storage", "run_dir": "run_dir", "engine": "engine",
+              "holdout": "holdout"},
     "trace": {"path": "trace", "format": "trace_format", "options": "trace_options",
-              "rate_scale": "rate_scale", "target_rps": "target_rps"},
+              "rate_scale": "rate_scale", "target_rps": "target_rps", "max_tokens": "max_tokens",
+              "predictor": "predictor"},
     "deployment": {"model": "model", "gpu": "gpu", "tp": "tp", "replicas": "replicas",
                    "framework": "framework", "gpu_hour_usd": "gpu_hour_usd"},
     "objective": {"mode": "objective", "capacity_target": "capacity_target"},

@@ -24,15 +24,14 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Knob:
-    """Metadata for one PolicyConfig field: valid range or choices, and engine names."""
+    """Metadata for one PolicyConfig field: valid range or choices. Which engine flag carries
+    it is the engine module's to say (``policies.engines``)."""
 
     name: str
     kind: type  # int, float, bool or str
     low: float | None = None  # inclusive
     high: float | None = None  # inclusive
     choices: tuple[str, ...] = ()
-    vllm: str | None = None  # vLLM 0.33 flag, when vLLM has the knob
-    sglang: str | None = None  # SGLang 0.5.23 flag, when SGLang has the knob
     router: str | None = None  # sglang-router 0.3.2 flag, when its router has the knob
     help: str = ""
 
@@ -41,7 +40,7 @@ class Knob:
         return KNOB_INDEX[self.name]
 
 
-SCHEDULING_POLICIES = ("fcfs", "priority", "edf", "sjf", "lpm", "vtc")
+SCHEDULING_POLICIES = ("fcfs", "priority", "edf", "sjf", "lpm", "vtc", "lof")  # append only: indices are encoded
 SCHEDULE_MODES = ("decode_first", "prefill_first")
 ADMISSION_MODES = ("none", "reservation", "predicted", "new_token_ratio")
 PREEMPTION_MODES = ("recompute", "swap", "auto")
@@ -50,7 +49,8 @@ FAIRNESS_COST_UNITS = ("tokens", "gpu_time", "kv_byte_seconds")
 MAX_WAIT_ACTIONS = ("reject", "admit_first")
 SPECULATIVE_MODES = ("off", "fixed", "smartspec", "dspark", "dspark_lagged")
 DRAFT_COST_MODES = ("fraction", "mtp")
-ROUTERS = ("round_robin", "least_outstanding", "least_kv", "cache_aware", "unified", "consistent_hash")
+ROUTERS = ("round_robin", "least_outstanding", "least_kv", "cache_aware", "unified", "consistent_hash",
+           "vllm_dp", "total_requests", "total_tokens")  # append only: indices are encoded
 #: Most replicas a fleet may have (optimizer.space.Fleet), and most the cache-aware router
 #: tracks: its prefix sets are one bit per replica in a 64-bit mask.
 MAX_REPLICAS = 1024
@@ -63,7 +63,8 @@ _FLEET: tuple[Knob, ...] = (
     Knob("router", str, choices=ROUTERS, router="policy",
          help="which replica takes a request: round_robin; least_outstanding (fewest requests); least_kv "
               "(Llumnix freeness); cache_aware (SGLang router); unified (prefill saved - queue - transfer - "
-              "KV risk); consistent_hash (prefix ring, overflow to the secondary)"),
+              "KV risk); consistent_hash (prefix ring, overflow to the secondary); vllm_dp (vLLM's DP load "
+              "balancer); total_requests / total_tokens (SGLang's DP controller --load-balance-method)"),
     Knob("router_cache_threshold", float, 0.0, 1.0, router="cache-threshold",
          help="cache_aware: route to the best prefix match when its share of the prompt exceeds this"),
     Knob("router_balance_abs", int, 0, 1 << 20, router="balance-abs-threshold",
@@ -89,47 +90,47 @@ _FLEET: tuple[Knob, ...] = (
 )
 
 KNOBS: tuple[Knob, ...] = (
-    Knob("max_num_batched_tokens", int, 1, 1 << 20, vllm="max-num-batched-tokens", sglang="chunked-prefill-size",
+    Knob("max_num_batched_tokens", int, 1, 1 << 20,
          help="token budget per step: prefill chunks + decode tokens"),
-    Knob("max_num_seqs", int, 1, 1 << 16, vllm="max-num-seqs", sglang="max-running-requests",
+    Knob("max_num_seqs", int, 1, 1 << 16,
          help="most sequences running at once"),
-    Knob("enable_chunked_prefill", bool, vllm="enable-chunked-prefill",
+    Knob("enable_chunked_prefill", bool,
          help="split prompts across steps to fit the token budget"),
-    Knob("long_prefill_token_threshold", int, 0, 1 << 20, vllm="long-prefill-token-threshold",
+    Knob("long_prefill_token_threshold", int, 0, 1 << 20,
          help="cap on one request's prefill tokens per step (0 = off)"),
-    Knob("gpu_memory_utilization", float, 0.05, 1.0, vllm="gpu-memory-utilization", sglang="mem-fraction-static",
+    Knob("gpu_memory_utilization", float, 0.05, 1.0,
          help="fraction of GPU memory for weights, activations and KV"),
-    Knob("block_size", int, 1, 256, vllm="block-size", sglang="page-size", help="KV block size in tokens"),
-    Knob("scheduling_policy", str, choices=SCHEDULING_POLICIES, vllm="scheduling-policy", sglang="schedule-policy",
+    Knob("block_size", int, 1, 256, help="KV block size in tokens"),
+    Knob("scheduling_policy", str, choices=SCHEDULING_POLICIES,
          help="waiting-queue order"),
     Knob("schedule_mode", str, choices=SCHEDULE_MODES,
          help="decode_first: running requests first, then waiting (vLLM V1); "
               "prefill_first: a prefill batch runs alone when there is one (SGLang)"),
-    Knob("max_prefill_tokens", int, 1, 1 << 22, sglang="max-prefill-tokens",
+    Knob("max_prefill_tokens", int, 1, 1 << 22,
          help="prefill_first: most prompt tokens one prefill batch takes"),
     Knob("step_time_cap_ms", float, 0.0, 1e6, help="longest step the scheduler forms, in ms (0 = off)"),
-    Knob("kv_headroom", float, 0.0, 0.9, vllm="watermark", help="fraction of KV blocks kept free when admitting (vLLM watermark)"),
+    Knob("kv_headroom", float, 0.0, 0.9, help="fraction of KV blocks kept free when admitting (vLLM watermark)"),
     Knob("admission_mode", str, choices=ADMISSION_MODES,
          help="none: admit while blocks allocate; reservation: reserve prompt + max_tokens; "
               "predicted: reserve a predicted output quantile; new_token_ratio: SGLang's adaptive ratio"),
     Knob("admission_quantile", float, 0.01, 1.0, help="predicted: output-length quantile reserved"),
-    Knob("schedule_conservativeness", float, 0.01, 10.0, sglang="schedule-conservativeness",
+    Knob("schedule_conservativeness", float, 0.01, 10.0,
          help="new_token_ratio: scales the initial ratio 0.7"),
     Knob("preemption_mode", str, choices=PREEMPTION_MODES,
          help="recompute: free KV and re-prefill; swap: copy KV to host; auto: the cheaper per victim"),
     Knob("preemption_victim", str, choices=PREEMPTION_VICTIMS,
          help="newest: most recently admitted (vLLM FCFS); lowest_priority; fewest_output (SGLang retract)"),
     Knob("max_preemptions", int, 0, 1 << 20, help="preemptions before a request is rejected (0 = unlimited)"),
-    Knob("max_queue_len", int, 0, 1 << 30, vllm="max-num-queued-reqs", sglang="max-queued-requests",
+    Knob("max_queue_len", int, 0, 1 << 30,
          help="waiting requests before arrivals are rejected (0 = unbounded)"),
     Knob("max_wait_s", float, 0.0, 1e9, help="longest wait before first schedule, then reject (0 = off)"),
     Knob("kv_high_water", float, 0.01, 1.0,
          help="reject arrivals while KV usage is at or above this fraction (1.0 = off)"),
     Knob("reject_unmeetable_deadline", bool,
          help="reject an arrival whose deadline passes before its prompt could finish alone"),
-    Knob("max_model_len", int, 0, 1 << 24, vllm="max-model-len", sglang="context-length",
+    Knob("max_model_len", int, 0, 1 << 24,
          help="longest prompt + output accepted (0 = whatever the KV pool holds)"),
-    Knob("enable_prefix_caching", bool, vllm="enable-prefix-caching",
+    Knob("enable_prefix_caching", bool,
          help="reuse the KV of shared prompt prefixes (the trace's prefix hashes); "
               "SGLang's disable-radix-cache is the inverse"),
     Knob("fairness_cost_unit", str, choices=FAIRNESS_COST_UNITS,
@@ -154,7 +155,7 @@ KNOBS: tuple[Knob, ...] = (
          help="verify budget per step: off; fixed (every decode verifies num_speculative_tokens drafts); "
               "smartspec (one k per batch); dspark (per-request prefixes with the early stop); "
               "dspark_lagged (global top-K from confidences two steps back)"),
-    Knob("num_speculative_tokens", int, 1, 16, vllm="speculative-config", sglang="speculative-num-steps",
+    Knob("num_speculative_tokens", int, 1, 16,
          help="draft length gamma: the k of fixed, the most drafts any request verifies otherwise"),
     Knob("speculative_draft_cost_mode", str, choices=DRAFT_COST_MODES,
          help="fraction: a drafted position costs speculative_draft_cost x the target's decode step; "
@@ -169,6 +170,9 @@ KNOB_BY_NAME = {k.name: k for k in KNOBS}
 N_KNOBS = len(KNOBS)
 #: Knobs that only act across replicas: a single-replica run ignores them.
 FLEET_KNOBS = tuple(k.name for k in _FLEET)
+#: Speculative decoding's knobs: the drafter's, set from the study's declared drafter.
+SPECULATIVE_KNOBS = ("speculative_mode", "num_speculative_tokens", "speculative_draft_cost_mode",
+                     "speculative_draft_cost")
 
 
 @dataclass(frozen=True)
@@ -311,6 +315,32 @@ def active_fleet_knobs(config: PolicyConfig) -> tuple[str, ...]:
     if config.migration or config.prefill_replicas:
         names.append("interconnect_gbps")
     return tuple(names)
+
+
+#: (knob, the condition on the config under which it acts): outside it the knob changes nothing.
+_ACTS_WHEN: tuple[tuple[str, Any], ...] = (
+    ("long_prefill_token_threshold", lambda c: c.enable_chunked_prefill),
+    ("max_prefill_tokens", lambda c: c.schedule_mode == "prefill_first"),
+    ("admission_quantile", lambda c: c.admission_mode == "predicted"),
+    ("schedule_conservativeness", lambda c: c.admission_mode == "new_token_ratio"),
+    ("max_wait_action", lambda c: c.max_wait_s > 0),
+    ("aging_rate", lambda c: c.scheduling_policy in ("priority", "sjf")),
+    ("deadline_margin_ms", lambda c: c.scheduling_policy == "edf"),
+    ("vtc_input_weight", lambda c: c.scheduling_policy == "vtc" and c.fairness_cost_unit == "tokens"),
+    ("vtc_output_weight", lambda c: c.scheduling_policy == "vtc" and c.fairness_cost_unit == "tokens"),
+    ("num_speculative_tokens", lambda c: c.speculative_mode != "off"),
+    ("speculative_draft_cost_mode", lambda c: c.speculative_mode != "off"),
+    ("speculative_draft_cost", lambda c: c.speculative_mode != "off"),
+)
+
+
+def inert_knobs(config: PolicyConfig, replicas: int = 1) -> frozenset[str]:
+    """The knobs that change nothing under ``config`` (e.g. ``max_wait_action`` with no max
+    wait; the fleet knobs on one replica): a report never lists them as a change."""
+    inert = {name for name, acts in _ACTS_WHEN if not acts(config)}
+    active_fleet = set(active_fleet_knobs(config)) if replicas > 1 else set()
+    inert |= {name for name in FLEET_KNOBS if name not in active_fleet}
+    return frozenset(inert)
 
 
 def _coerce(knob: Knob, value: Any) -> Any:

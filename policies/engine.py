@@ -19,7 +19,9 @@ one by one, and the kernel must match it exactly):
   preempting victims until the allocation fits (if the victim is the request itself, it
   is not scheduled); then, unless this step preempted, waiting requests in queue order
   while the budget, ``max_num_seqs`` and the admission rule allow (without chunked
-  prefill a prompt that does not fit the remaining budget waits).
+  prefill a prompt that does not fit the remaining budget waits). The threshold (in
+  either mode) applies only when running + waiting > 1 as the step's formation starts
+  (vLLM 0.33: a lone request takes the whole budget; ``_long_prefill_threshold``).
 * ``prefill_first`` (SGLang): continuing prefill chunks and new prompts (bounded by the
   chunk budget and ``max_prefill_tokens``) form a prefill-only step; when there is none,
   every running request decodes.
@@ -49,7 +51,8 @@ Sharing (issue 6; state in ``Replica.pc``/``wq``/``sh``, rules in
   drops a request's references; a request holding some is recomputed, never swapped.
 * Waiting order (``scheduling_policy``): fcfs, priority (with ``aging_rate``), edf
   (a never-scheduled head whose deadline is lost even alone, with ``deadline_margin_ms``,
-  is rejected DEADLINE_UNMEETABLE), sjf, lpm, vtc; queue lanes are (tenant, class) pairs.
+  is rejected DEADLINE_UNMEETABLE), sjf, lpm, vtc, lof (SGLang: largest ``max_out``
+  first); queue lanes are (tenant, class) pairs.
   Past ``max_wait_s`` a never-scheduled request is rejected or, with ``max_wait_action =
   admit_first``, moved ahead of every other.
 * Quotas (tenant KV / token quotas, class budgets; ``policies.fairness``): a head over
@@ -87,7 +90,7 @@ trace order, and every per-request array is sized n):
   before a finite ``t_limit`` moves its clock there.
 * Router summary: ``clock``, ``outstanding``, ``running``, ``waiting`` (inbox included),
   ``free_blocks`` (idle cached blocks count as free), ``headroom_blocks``,
-  ``head_demand_blocks``, ``queued_tokens``, ``cached_tokens(rep, st, r)``.
+  ``head_demand_blocks``, ``queued_tokens``, ``waiting_tokens``, ``cached_tokens(rep, st, r)``.
 * ``write_outputs``: per-request outputs of the requests that ended on this replica, and
   its counters.
 
@@ -594,7 +597,7 @@ def _push_waiting(rep, st, cfg, r, in_front):
     seq = -g[QUEUE_SEQ] if in_front else g[QUEUE_SEQ]
     sf = st.sf
     k1, k2 = qm.order_keys(int(cfg[I_POLICY]), seq, sf[S_ARRIVAL, r], st.si[S_PRIORITY, r], sf[S_DEADLINE, r],
-                           sf[S_JOB, r], cfg[I_AGING])
+                           sf[S_JOB, r], cfg[I_AGING], rep.ri[MAX_OUT, r])
     rep.ri[STATUS, r] = WAITING
     g[N_WAIT] += 1
     qm.push(_queue(rep, st), r, k1, k2)
@@ -861,13 +864,27 @@ def _rule_admits(ri, g, gf, prompt, cfg, r):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _first_chunk(ri, prompt, cfg, r, computed, budget, rem_input, prefill_started):
+def _long_prefill_threshold(g, cfg):
+    """The long-prefill threshold of the step being formed: off (0) unless more than one
+    request is running or waiting as the step's formation starts. vLLM 0.33,
+    vllm/v1/core/sched/scheduler.py:754-763: ``num_running, num_waiting =
+    self.get_request_counts()`` (len(running), len(waiting) + len(kv_holding_waiting))
+    at the start of ``schedule()``, threshold ``if num_eligible_reqs > 1 else 0``: a
+    lone request has nobody to starve. (``long_prefill_token_threshold_adaptive``,
+    scheduler.py:764-768, defaults to False in vllm/config/scheduler.py:86 and is not
+    modelled.) Arrivals due at this boundary are already queued, as vLLM's
+    ``add_request`` queues them before ``schedule()``."""
+    return int(cfg[I_LONG_PREFILL]) if g[N_RUN] + g[N_WAIT] > 1 else 0
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _first_chunk(ri, prompt, cfg, r, computed, budget, rem_input, prefill_started, threshold):
     """Tokens waiting r would compute in this step, ``computed`` of them done (cached or
-    kept): its rest up to the long-prefill threshold and the token budget; 0 when it
-    cannot start here (a prefill-first step already holds prefill and r exceeds the
-    prefill budget left, or prefill is unchunked and r exceeds the token budget)."""
+    kept): its rest up to the step's long-prefill threshold (``_long_prefill_threshold``)
+    and the token budget; 0 when it cannot start here (a prefill-first step already
+    holds prefill and r exceeds the prefill budget left, or prefill is unchunked and r
+    exceeds the token budget)."""
     n = prompt[r] + ri[GENERATED, r] - computed
-    threshold = int(cfg[I_LONG_PREFILL])
     if 0 < threshold < n:
         n = threshold
     if (prefill_started and n > rem_input) or (cfg[I_CHUNKED] == 0.0 and n > budget):
@@ -901,8 +918,10 @@ def _head_start_free(rep, st, cfg):
     if g[CACHING] and computed == 0 and ri[HOST, r] == 0:
         held, computed, idle = pcm.match(pc, st.offsets, prompt, r)
         idle *= g[ENTRY_BLOCKS]
-    if _first_chunk(ri, prompt, cfg, r, computed, budget, 0, False) == 0 or not _rule_admits(ri, g, rep.gf, prompt,
-                                                                                              cfg, r):
+    # nothing arrives or ends before the coming step: its threshold is the one of now
+    threshold = _long_prefill_threshold(g, cfg)
+    if (_first_chunk(ri, prompt, cfg, r, computed, budget, 0, False, threshold) == 0
+            or not _rule_admits(ri, g, rep.gf, prompt, cfg, r)):
         return NEVER
     return _watermark_free(ri, g, pc, prompt, cfg, r, held, idle)
 
@@ -939,8 +958,9 @@ def _running_future(ri, g, run):
 
 
 @njit(cache=True, nogil=True)
-def _admit_waiting(rep, st, tables, cfg, prefill_first):
-    """Start waiting requests in queue order until a budget or the admission rule stops.
+def _admit_waiting(rep, st, tables, cfg, prefill_first, threshold):
+    """Start waiting requests in queue order until a budget or the admission rule stops
+    (``threshold``: the step's long-prefill threshold, fixed as its formation began).
 
     A request new to the GPU first looks up the prefix cache; its cached tokens are not
     computed. Under EDF a never-scheduled head whose deadline is already unmeetable is
@@ -980,7 +1000,8 @@ def _admit_waiting(rep, st, tables, cfg, prefill_first):
             held, cached, idle = pcm.match(pc, offsets, prompt, r)
             idle *= g[ENTRY_BLOCKS]
             ri[COMPUTED, r] = cached  # provisional: the step-cap and NTR checks see the cache
-        n = _first_chunk(ri, prompt, cfg, r, ri[COMPUTED, r], g[BUDGET], rem_input, prefill_first and g[B_TOKENS] > 0)
+        n = _first_chunk(ri, prompt, cfg, r, ri[COMPUTED, r], g[BUDGET], rem_input, prefill_first and g[B_TOKENS] > 0,
+                         threshold)
         if n > 0 and cfg[I_STEP_CAP_MS] > 0.0:
             n = _fit_step_cap(ri, g, gf, tables, prompt, cfg, r, n, chunked)
         if n > 0 and quotas:
@@ -1036,7 +1057,7 @@ def _form_batch(rep, st, tables, cfg):
     run, order, batch = rep.lists[L_RUN], rep.lists[L_ORDER], rep.lists[L_BATCH]
     prompt = st.si[S_PROMPT]
     prefill_first = int(cfg[I_SCHEDULE_MODE]) == PREFILL_FIRST
-    threshold = int(cfg[I_LONG_PREFILL])
+    threshold = _long_prefill_threshold(g, cfg)  # counted once, before anything is scheduled (vLLM)
     block_size = int(cfg[I_BLOCK_SIZE])
     g[BUDGET] = int(cfg[I_MAX_BATCHED])
     if g[QUOTAS]:
@@ -1073,7 +1094,7 @@ def _form_batch(rep, st, tables, cfg):
         else:
             _schedule_running(rep, st, tables, cfg, r, n)
     if g[PREEMPTED_NOW] == 0 and g[N_WAIT] > 0:
-        _admit_waiting(rep, st, tables, cfg, prefill_first)
+        _admit_waiting(rep, st, tables, cfg, prefill_first, threshold)
     if prefill_first and g[B_TOKENS] == 0:
         k = g[N_RUN]
         order[:k] = run[:k]
@@ -1578,7 +1599,9 @@ def _fast_forward_chunk(ri, g, gf, series, run, cached_held, prompt, ledger, ten
     total = prompt[p] + ri[GENERATED, p]
     computed = ri[COMPUTED, p]
     chunk = budget - d
-    threshold = int(cfg[I_LONG_PREFILL])
+    # running and waiting stay as they are over the stretch (nothing arrives, starts or
+    # ends before its last step), so every step has the threshold of the first
+    threshold = _long_prefill_threshold(g, cfg)
     if 0 < threshold < chunk:
         chunk = threshold
     if computed + chunk >= total or cached_held[p] < ri[PC_REQ + pcm.R_N_FULL, p]:
@@ -1982,6 +2005,18 @@ def head_demand_blocks(rep, st, cfg):
 def queued_tokens(rep, st):
     """Tokens still to compute before the first token of every queued and inbox request:
     prompt + generated - computed."""
+    return _waiting_sum(rep, st, True)
+
+
+@njit(cache=True, nogil=True)
+def waiting_tokens(rep, st):
+    """prompt + generated tokens of every queued and inbox request (SGLang's ``seqlen``
+    summed over its waiting queue in the load report)."""
+    return _waiting_sum(rep, st, False)
+
+
+@njit(cache=True, nogil=True)
+def _waiting_sum(rep, st, less_computed):
     ri, g, wq = rep.ri, rep.g, _queue(rep, st)
     prompt = st.si[S_PROMPT]
     total = 0
@@ -1989,12 +2024,12 @@ def queued_tokens(rep, st):
         base = wq.lanes[qm.L_BASE, lane]
         for s in range(base, base + wq.lanes[qm.L_SIZE, lane]):
             r = wq.slots[qm.SLOT_REQ, s]
-            total += prompt[r] + ri[GENERATED, r] - ri[COMPUTED, r]
+            total += prompt[r] + ri[GENERATED, r] - (ri[COMPUTED, r] if less_computed else 0)
     inbox = rep.lists[L_INBOX]
     ring = inbox.shape[0] - 1
     for p in range(g[INBOX_HEAD], g[N_DELIVERED]):
         r = inbox[p % ring]
-        total += prompt[r] + ri[GENERATED, r] - ri[COMPUTED, r]
+        total += prompt[r] + ri[GENERATED, r] - (ri[COMPUTED, r] if less_computed else 0)
     return total
 
 
@@ -2333,7 +2368,7 @@ def _sharing_inputs(trace, cost_model: CostModel) -> SharingInputs:
                                                  trace.prompt_tokens, trace.block_tokens)
     n_tenants, n_classes = len(trace.tenant_names), len(trace.slo_class_names)
     lane_of, lane_tenant = qm.lanes(trace.tenant, trace.slo_class, n_tenants, n_classes, True, True)
-    min_service_s, job_s = qm.service_estimates(cost_model.tables, trace.prompt_tokens, trace.max_tokens)
+    min_service_s, job_s = qm.service_estimates(cost_model.tables, trace.prompt_tokens, trace.output_estimate)
     return SharingInputs(
         tenant=trace.tenant.astype(np.int64), klass=trace.slo_class.astype(np.int64),
         offsets=np.ascontiguousarray(trace.block_offsets, dtype=np.int64), entry=entry, n_full=n_full,

@@ -578,6 +578,7 @@ def _fill_summary(fl, pool, heads, queued):
         s[j, rt.WAITING] = engine.waiting(rep)
         s[j, rt.FREE] = engine.free_blocks(rep)
         s[j, rt.HEADROOM] = engine.headroom_blocks(rep)
+        s[j, rt.CAPACITY] = engine.capacity_blocks(rep)
         busy = heads and s[j, rt.WAITING] > 0  # no queue, no head
         s[j, rt.HEAD_DEMAND] = engine.head_demand_blocks(rep, st, fl.cfg) if busy else 0.0
         s[j, rt.QUEUED_TOKENS] = engine.queued_tokens(rep, st) if queued else 0.0
@@ -598,6 +599,11 @@ def _route(fl, r):
                 s[j, rt.CACHED_TOKENS] = engine.cached_tokens(rep, st_j, r)
                 max_out = min(st.si[S_MAX_TOKENS, r], engine.max_len(rep) - prompt)
                 rt.fill_unified_terms(s, j, tables, fl.kv_bytes[j], cfg, prompt, max_out, 0)
+    elif router == rt.TOTAL_TOKENS:
+        for j in range(s.shape[0]):
+            if s[j, rt.ALIVE] > 0:
+                rep, st_j, _ = fl.nodes[j]
+                s[j, rt.SEQ_TOKENS] = engine.waiting_tokens(rep, st_j)
     start, end = st.offsets[r], st.offsets[r + 1]
     key = np.uint64(0)
     if router == rt.CONSISTENT_HASH:

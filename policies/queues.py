@@ -23,6 +23,14 @@ Orders (``scheduling_policy``; codes are the knob's choice indices):
   waiting requests it falls back to FCFS, as SGLang does.
 - ``vtc``: the lane of the backlogged tenant with the smallest virtual counter, FIFO
   within a tenant (``policies.fairness`` keeps the counters).
+- ``lof``: longest output first, SGLang 0.5.23's ``lof``
+  (sglang/srt/managers/schedule_policy.py:504-519, ``_sort_by_longest_output``): the
+  largest output cap first, ties in enqueue order (a stable sort of the queue). The cap
+  is ``max_new_tokens`` as SGLang's scheduler clamps it (``init_req_max_new_tokens``,
+  sglang/srt/managers/scheduler.py:2693-2716: at most max_req_len - prompt), i.e. the
+  engine's ``max_out = min(max_tokens, max_len - prompt)``; never the true output
+  length. SGLang's priority-first variant (``enable_priority_scheduling``, off by
+  default) is not modelled.
 
 A key is fixed when a request is pushed; ``promote`` re-keys one to the very front
 (hard max wait with "admit first").
@@ -38,8 +46,8 @@ from numba import njit
 from costmodels.steptable import step_seconds
 from policies import prefix_cache
 
-FCFS, PRIORITY, EDF, SJF, LPM, VTC = 0, 1, 2, 3, 4, 5
-QUEUE_ORDERS = ("fcfs", "priority", "edf", "sjf", "lpm", "vtc")
+FCFS, PRIORITY, EDF, SJF, LPM, VTC, LOF = 0, 1, 2, 3, 4, 5, 6
+QUEUE_ORDERS = ("fcfs", "priority", "edf", "sjf", "lpm", "vtc", "lof")
 LPM_FCFS_ABOVE = 128  # SGLang: cache-aware orders fall back to FCFS past this many waiting
 FRONT = -np.inf  # key1 of a promoted request
 
@@ -119,8 +127,11 @@ def lanes(tenant: np.ndarray, slo_class: np.ndarray, n_tenants: int, n_classes: 
 
 # -- keys ----------------------------------------------------------------------------------
 @njit(cache=True, nogil=True)
-def order_keys(order, seq, arrival, priority, deadline, job_s, aging_rate):
-    """Static heap key (key1, key2) of a request under a queue order; smaller goes first."""
+def order_keys(order, seq, arrival, priority, deadline, job_s, aging_rate, max_out=0):
+    """Static heap key (key1, key2) of a request under a queue order; smaller goes first.
+    ``max_out``: the request's output cap (lof only)."""
+    if order == LOF:
+        return -float(max_out), float(seq)  # SGLang sorts by -max_new_tokens, stable
     if order == PRIORITY:
         return -priority + aging_rate * arrival, arrival
     if order == EDF:

@@ -25,13 +25,39 @@ replica may take the request (the fleet queues it). Ties go to the lowest index.
   replicas (``policies.hashring``), or its secondary when the primary's outstanding >
   hash_overflow_factor x mean outstanding + 1 (mean over eligible replicas). The ring is
   rebuilt whenever the eligible set differs from the one it was built for.
+- ``vllm_dp``: vLLM 0.33's data-parallel load balancer (``DPLBAsyncMPClient.
+  get_core_engine_for_request``, vllm/v1/engine/core_client.py:1766-1805), with one API
+  client: scanning from a start index, score = max(in-flight, waiting + running), plus
+  waiting x 6.0 x max(0, kv_cache_usage - 0.5) when waiting > 0; the first replica of
+  the scan with the smallest score (strict <) wins; the start index then moves on by one.
+  In-flight (this client's requests routed there and not finished) is OUTSTANDING;
+  kv_cache_usage = 1 - FREE / CAPACITY, as ``BlockPool.get_usage``
+  (vllm/v1/core/block_pool.py:921-932: idle cached blocks are in the free queue, so
+  count as free). vLLM scores a coordinator snapshot refreshed every 100 ms and bumps
+  the chosen engine's waiting count by one in between (core_client.py:1799); servetune
+  reads the exact state, the routed request counted in the inbox. Ineligible replicas
+  (down, other pool) are skipped, in the scan and by the start index, which moves to the
+  first eligible index at or after it (vLLM drops a removed engine from its list).
+- ``total_requests``: SGLang 0.5.23's DP controller (``DPBudget.dispatch``,
+  sglang/srt/managers/data_parallel_controller.py:105-160, 912-925): the replica with
+  the fewest running + waiting requests, the lowest index on ties.
+- ``total_tokens``: the same controller's smallest (num_total_tokens, total_requests),
+  the lowest index on ties. ``num_total_tokens`` is the scheduler's load report
+  (sglang/srt/managers/scheduler_components/load_inquirer.py:141-147): KV tokens in use
+  (capacity - available - evictable, pool_stats_observer.py:235-238) plus ``seqlen``
+  (prompt + output so far) of every waiting request; here (CAPACITY - FREE) x block_size
+  (SGLang's pool is page-granular, its pages servetune's blocks, and idle cached blocks
+  are its evictable ones) + SEQ_TOKENS. The controller reads snapshots and adds 1
+  request and the prompt's tokens to the chosen rank in between (:153-154); servetune
+  reads the exact state instead (the inbox counts as waiting).
 
 The cache-aware sets are indexed by dense entry id rather than by raw 64-bit hash: ids
 are computed once per trace, so a set lookup is one array read, and the table can never
 overflow (it has a slot for every distinct hash of the trace).
 
-Per routing decision the fleet kernel: fills OUTSTANDING .. ALIVE of every row (ALIVE 0
-for replicas that are down or outside the pool being routed to); for ``unified``, fills
+Per routing decision the fleet kernel: fills OUTSTANDING .. ALIVE and CAPACITY of every
+row (ALIVE 0 for replicas that are down or outside the pool being routed to); for
+``total_tokens``, fills SEQ_TOKENS; for ``unified``, fills
 CACHED_TOKENS and calls ``fill_unified_terms`` for each eligible row; for
 ``consistent_hash``, computes ``ring_key``; then calls ``choose_replica``. When replica j
 fails it calls ``forget_replica(state, j)``. P/D picks the decode replica with
@@ -63,9 +89,12 @@ T_SAVED = 9  # unified: lone-prefill seconds the cached prefix saves
 T_QUEUE = 10  # unified: seconds to prefill the queued tokens in full chunks
 T_TRANSFER = 11  # unified: seconds to move the request's computed KV here
 T_RISK = 12  # unified: lone-prefill seconds scaled by the share of its KV need that does not fit
-N_SUMMARY = 13
+CAPACITY = 13  # KV blocks of the replica's pool
+SEQ_TOKENS = 14  # total_tokens: sum over waiting + inbox of prompt + generated tokens (SGLang seqlen)
+N_SUMMARY = 15
 
-ROUND_ROBIN, LEAST_OUTSTANDING, LEAST_KV, CACHE_AWARE, UNIFIED, CONSISTENT_HASH = range(len(ROUTERS))
+(ROUND_ROBIN, LEAST_OUTSTANDING, LEAST_KV, CACHE_AWARE, UNIFIED, CONSISTENT_HASH, VLLM_DP, TOTAL_REQUESTS,
+ TOTAL_TOKENS) = range(len(ROUTERS))
 
 I_ROUTER = KNOB_INDEX["router"]
 I_CACHE_THRESHOLD = KNOB_INDEX["router_cache_threshold"]
@@ -85,7 +114,7 @@ _ONE = np.uint64(1)
 class RouterState(NamedTuple):
     """The routers' own mutable tables; build with ``new_router_state``."""
 
-    next_rr: np.ndarray  # i8[1], round_robin: the replica index to try next
+    next_rr: np.ndarray  # i8[1], round_robin: the replica index to try next; vllm_dp: its scan start
     entry_owners: np.ndarray  # u8[U], cache_aware: bit j set when prefix entry e is in replica j's set
     set_size: np.ndarray  # i8[N], cache_aware: entries in each replica's set
     ring_points: np.ndarray  # u8[N * V], consistent_hash: sorted ring points ...
@@ -136,6 +165,12 @@ def choose_replica(cfg, summary, state, entries, block_tokens, prompt_tokens, ke
         return _cache_aware(cfg, summary, state, entries, block_tokens, prompt_tokens)
     if router == UNIFIED:
         return _best_unified(summary, cfg[I_QUEUE_WEIGHT])
+    if router == VLLM_DP:
+        return _vllm_dp(summary, state)
+    if router == TOTAL_REQUESTS:
+        return _total_requests(summary)
+    if router == TOTAL_TOKENS:
+        return _total_tokens(summary, int(cfg[I_BLOCK_SIZE]))
     return _consistent_hash(cfg, summary, state, key)
 
 
@@ -207,6 +242,76 @@ def _most_free(summary):
             free = kv_freeness(summary, j)
             if best < 0 or free > best_free:
                 best, best_free = j, free
+    return best
+
+
+# -- the engines' own data-parallel balancers -----------------------------------------------
+@njit(cache=True, nogil=True)
+def kv_usage(summary, j):
+    """vLLM's kv_cache_usage of replica j: 1 - free / total blocks (0 for an empty pool)."""
+    if summary[j, CAPACITY] <= 0:
+        return 0.0
+    return 1.0 - summary[j, FREE] / summary[j, CAPACITY]
+
+
+@njit(cache=True, nogil=True)
+def _vllm_dp(summary, state):
+    """vllm/v1/engine/core_client.py:1766-1805, one client (client_count 1, start index 0)."""
+    n = summary.shape[0]
+    start = -1
+    for step in range(n):  # the first eligible index at or after the start index
+        j = (state.next_rr[0] + step) % n
+        if summary[j, ALIVE] > 0:
+            start = j
+            break
+    if start < 0:
+        return -1
+    best = -1
+    best_score = 0.0
+    for step in range(n):
+        j = (start + step) % n
+        if summary[j, ALIVE] <= 0:
+            continue
+        waiting = summary[j, WAITING]
+        score = max(summary[j, OUTSTANDING], waiting + summary[j, RUNNING])
+        if waiting > 0:
+            score += waiting * 6.0 * max(0.0, kv_usage(summary, j) - 0.5)
+        if best < 0 or score < best_score:
+            best, best_score = j, score
+    state.next_rr[0] = (start + 1) % n
+    return best
+
+
+@njit(cache=True, nogil=True)
+def _total_requests(summary):
+    """SGLang DPBudget.dispatch TOTAL_REQUESTS: min running + waiting, first index on ties."""
+    best = -1
+    for j in range(summary.shape[0]):
+        if summary[j, ALIVE] > 0 and (best < 0 or summary[j, RUNNING] + summary[j, WAITING]
+                                      < summary[best, RUNNING] + summary[best, WAITING]):
+            best = j
+    return best
+
+
+@njit(cache=True, nogil=True)
+def total_tokens(summary, j, block_size):
+    """SGLang's num_total_tokens of replica j: KV tokens in use + seqlen of its waiting requests."""
+    return (summary[j, CAPACITY] - summary[j, FREE]) * block_size + summary[j, SEQ_TOKENS]
+
+
+@njit(cache=True, nogil=True)
+def _total_tokens(summary, block_size):
+    """SGLang DPBudget.dispatch TOTAL_TOKENS: min (total tokens, total requests), first index on ties."""
+    best = -1
+    best_tokens = 0.0
+    best_requests = 0.0
+    for j in range(summary.shape[0]):
+        if summary[j, ALIVE] <= 0:
+            continue
+        tokens = total_tokens(summary, j, block_size)
+        requests = summary[j, RUNNING] + summary[j, WAITING]
+        if best < 0 or tokens < best_tokens or (tokens == best_tokens and requests < best_requests):
+            best, best_tokens, best_requests = j, tokens, requests
     return best
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from studies.traces import Trace, TraceError, encode_names
+from studies.traces import CAP_GIVEN, CAP_NONE, NO_CAP, Trace, TraceError, encode_names
 
 # -- arrival processes: times(rng, duration_s) -> sorted arrival times in [0, duration_s) ----
 
@@ -329,7 +329,8 @@ def generate(arrivals: Poisson | Gamma | OnOff | Diurnal, *, duration_s: float,
     slo_class, slo_names = encode_names(columns["slo_class"])
     return Trace(
         arrival_s=columns["arrival_s"], prompt_tokens=columns["prompt_tokens"],
-        output_tokens=columns["output_tokens"], max_tokens=columns["max_tokens"], tenant=tenant,
+        output_tokens=columns["output_tokens"], max_tokens=columns["max_tokens"],
+        max_tokens_source=columns["max_tokens_source"], tenant=tenant,
         priority=columns["priority"], slo_class=slo_class, deadline_s=columns["deadline_s"],
         block_offsets=offsets, block_hashes=hashes, block_tokens=block_tokens,
         tenant_names=tenant_names, slo_class_names=slo_names, source=f"synthetic(seed={seed})",
@@ -367,8 +368,10 @@ def _tenant_requests(rng: np.random.Generator, tenant: Tenant, starts: np.ndarra
         "arrival_s": arrival,
         "prompt_tokens": prompt,
         "output_tokens": output,
-        "max_tokens": (np.maximum(output, 1) if tenant.estimate is None
+        "max_tokens": (np.full(n, NO_CAP, dtype=np.int64) if tenant.estimate is None
                        else tenant.estimate.max_tokens(rng, output)),
+        # without a client estimate the tenant sends no cap (the study's default: studies.lengths)
+        "max_tokens_source": np.full(n, CAP_NONE if tenant.estimate is None else CAP_GIVEN, dtype=np.int8),
         "tenant": np.full(n, tenant.name, dtype=object),
         "priority": np.full(n, tenant.priority, dtype=np.int32),
         "slo_class": np.full(n, tenant.slo_class, dtype=object),

@@ -4,6 +4,13 @@ The engine takes these arrays as they are, so every field has a fixed dtype and 
 are sorted by arrival. Prefix blocks are stored as CSR: request ``i`` owns
 ``block_hashes[block_offsets[i]:block_offsets[i + 1]]``, each block covering
 ``block_tokens`` prompt tokens (the last one may be partial).
+
+What the scheduler may know about output lengths is kept apart from the truth:
+``output_tokens`` is the true length (revealed only as tokens are generated),
+``max_tokens`` the client's cap, ``max_tokens_source`` where each cap came from (the
+file or caller, a study-level default, or nothing yet: see ``studies.lengths``), and
+``output_estimate`` the length the scheduler predicts (SJF's job size), named by
+``output_estimator`` (``"cap"``, the default, means the estimate is the cap itself).
 """
 
 from __future__ import annotations
@@ -27,12 +34,33 @@ class TraceWarning(UserWarning):
     """A trace file was usable only after a fix-up, such as sorting its rows by time."""
 
 
+#: ``max_tokens_source`` codes. ``CAP_NONE``: the source gave no cap, and ``max_tokens``
+#: holds ``NO_CAP``, so the engine caps the output where it would for a client that sends
+#: none: at the longest sequence less the prompt (``studies.lengths.with_client_caps``
+#: sets that cap explicitly for a study). Never the true length.
+#: ``CAP_GIVEN``: the file or caller gave the cap. ``CAP_DEFAULT``: a study-level default
+#: (a constant, or the model's context less the prompt) replaced the placeholder.
+CAP_NONE, CAP_GIVEN, CAP_DEFAULT = 0, 1, 2
+#: ``max_tokens`` of a request that sent no cap: larger than any sequence an engine holds.
+NO_CAP = 1 << 40
+CAP_SOURCES = {CAP_NONE: "none", CAP_GIVEN: "given", CAP_DEFAULT: "default"}
+
+#: ``output_estimator`` of a trace whose estimate is its cap (it follows ``max_tokens``).
+ESTIMATE_IS_CAP = "cap"
+
+
 @dataclass(frozen=True, eq=False)
 class Trace:
     """Requests to replay, sorted by arrival.
 
     ``deadline_s`` is absolute, on the same clock as ``arrival_s`` (NaN = no deadline):
     the client gives up if the request has not finished by then.
+
+    ``max_tokens_source`` (i1, ``CAP_*``; default all ``CAP_GIVEN``, since the caller
+    gave ``max_tokens``) says where each cap came from. ``output_estimate`` (i8) is the
+    output length the scheduler predicts; with ``output_estimator == "cap"`` (the
+    default) it is ``max_tokens`` and follows it through ``replace``; any other estimator
+    (a ``studies.lengths.Predictor`` spec, ``"file"``, ...) names an explicit estimate.
     """
 
     arrival_s: np.ndarray  # f8
@@ -50,6 +78,9 @@ class Trace:
     slo_class_names: tuple[str, ...] = ("default",)
     source: str = ""
     meta: dict = field(default_factory=dict)
+    output_estimate: np.ndarray | None = None  # i8, the scheduler's output-length estimate
+    max_tokens_source: np.ndarray | None = None  # i1, CAP_* per request
+    output_estimator: str = ESTIMATE_IS_CAP
 
     _DTYPES = {
         "arrival_s": np.float64,
@@ -60,10 +91,20 @@ class Trace:
         "priority": np.int32,
         "slo_class": np.int32,
         "deadline_s": np.float64,
+        "output_estimate": np.int64,
+        "max_tokens_source": np.int8,
     }
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s)
+        if not isinstance(self.output_estimator, str) or not self.output_estimator:
+            raise TraceError(f"output_estimator {self.output_estimator!r}; expected a non-empty name")
+        if self.output_estimate is None:
+            if self.output_estimator != ESTIMATE_IS_CAP:
+                raise TraceError(f"output_estimator {self.output_estimator!r} needs an output_estimate column")
+            object.__setattr__(self, "output_estimate", self.max_tokens)
+        if self.max_tokens_source is None:
+            object.__setattr__(self, "max_tokens_source", np.full(n, CAP_GIVEN, dtype=np.int8))
         for name, dtype in self._DTYPES.items():
             arr = np.ascontiguousarray(getattr(self, name), dtype=dtype)
             if arr.ndim != 1 or len(arr) != n:
@@ -89,6 +130,9 @@ class Trace:
             ("prompt_tokens", self.prompt_tokens < 1, "an integer >= 1"),
             ("output_tokens", self.output_tokens < 0, "an integer >= 0"),
             ("max_tokens", self.max_tokens < 1, "an integer >= 1"),
+            ("max_tokens_source", ~np.isin(self.max_tokens_source, list(CAP_SOURCES)),
+             f"one of {sorted(CAP_SOURCES)} ({', '.join(CAP_SOURCES.values())})"),
+            ("output_estimate", self.output_estimate < 1, "an integer >= 1"),
             ("tenant", (self.tenant < 0) | (self.tenant >= len(self.tenant_names)), "a known tenant"),
             ("slo_class", (self.slo_class < 0) | (self.slo_class >= len(self.slo_class_names)), "a known SLO class"),
             ("deadline_s", self.deadline_s < self.arrival_s, "NaN or a time >= arrival_s"),
@@ -98,6 +142,10 @@ class Trace:
             if len(rows):
                 value = getattr(self, name)[rows[0]].item()
                 raise TraceError(f"row {rows[0]}: column {name!r} is {value!r}; expected {expected}")
+        if self.output_estimator == ESTIMATE_IS_CAP and not np.array_equal(self.output_estimate, self.max_tokens):
+            row = int(np.flatnonzero(self.output_estimate != self.max_tokens)[0])
+            raise TraceError(f"row {row}: output_estimate {self.output_estimate[row]} differs from max_tokens "
+                             f"{self.max_tokens[row]} while output_estimator is 'cap'; name the estimator")
         unsorted = np.flatnonzero(np.diff(self.arrival_s) < 0)
         if len(unsorted):
             raise TraceError(f"row {unsorted[0] + 1}: arrival_s goes backwards; a Trace must be sorted")
@@ -108,6 +156,16 @@ class Trace:
 
     def __len__(self) -> int:
         return self.n
+
+    @property
+    def max_tokens_given(self) -> np.ndarray:
+        """Per request (bool): the file or caller gave its cap."""
+        return self.max_tokens_source == CAP_GIVEN
+
+    @property
+    def caps_known(self) -> bool:
+        """Every request has a real cap (given or a study default), none ``NO_CAP``."""
+        return not np.any(self.max_tokens_source == CAP_NONE)
 
     @property
     def block_counts(self) -> np.ndarray:
@@ -122,6 +180,8 @@ class Trace:
         output_tokens,
         *,
         max_tokens=None,
+        max_tokens_source=None,
+        output_estimate=None,
         tenant=None,
         priority=None,
         slo_class=None,
@@ -132,19 +192,28 @@ class Trace:
     ) -> Trace:
         """Build a trace from the columns a source has, filling the rest with defaults.
 
-        Defaults: ``max_tokens = max(output_tokens, 1)`` (real traces carry no cap, and a
-        request that generated nothing still asked for at least one token), tenant, priority
-        and SLO class 0, no deadline, no prefix blocks. ``fields`` are the scalar fields
-        (``block_tokens``, ``tenant_names``, ``slo_class_names``, ``source``, ``meta``).
+        Without ``max_tokens`` the trace has no caps: ``max_tokens_source`` is ``CAP_NONE``
+        and ``max_tokens`` is ``NO_CAP`` (``studies.lengths.with_client_caps`` gives the
+        study's default caps); with it, ``CAP_GIVEN`` unless ``max_tokens_source`` says
+        otherwise. ``output_estimate`` given means ``output_estimator="given"`` unless named
+        in ``fields``. Other defaults: tenant, priority and SLO class 0, no deadline, no
+        prefix blocks. ``fields`` are the scalar fields (``block_tokens``, ``tenant_names``,
+        ``slo_class_names``, ``source``, ``meta``, ``output_estimator``).
         """
         output_tokens = np.asarray(output_tokens, dtype=np.int64)
         n = len(output_tokens)
         zeros = np.zeros(n, dtype=np.int32)
+        if max_tokens_source is None:
+            max_tokens_source = np.full(n, CAP_NONE if max_tokens is None else CAP_GIVEN, dtype=np.int8)
+        if output_estimate is not None:
+            fields.setdefault("output_estimator", "given")
         return cls(
             arrival_s=arrival_s,
             prompt_tokens=prompt_tokens,
             output_tokens=output_tokens,
-            max_tokens=np.maximum(output_tokens, 1) if max_tokens is None else max_tokens,
+            max_tokens=np.full(n, NO_CAP, dtype=np.int64) if max_tokens is None else max_tokens,
+            max_tokens_source=max_tokens_source,
+            output_estimate=output_estimate,
             tenant=zeros if tenant is None else tenant,
             priority=zeros if priority is None else priority,
             slo_class=zeros if slo_class is None else slo_class,
@@ -155,7 +224,17 @@ class Trace:
         )
 
     def replace(self, **changes) -> Trace:
-        """A copy with some fields changed, validated like a new trace."""
+        """A copy with some fields changed, validated like a new trace.
+
+        New ``max_tokens`` count as given by the caller (``CAP_GIVEN``) unless
+        ``max_tokens_source`` is changed too; while the estimator is ``"cap"`` the
+        estimate follows the new caps. A new ``output_estimate`` needs its estimator
+        named (``output_estimator=``) unless the trace already has one that is not the cap.
+        """
+        if "max_tokens" in changes and "max_tokens_source" not in changes:
+            changes["max_tokens_source"] = np.full(len(changes["max_tokens"]), CAP_GIVEN, dtype=np.int8)
+        if changes.get("output_estimator", self.output_estimator) == ESTIMATE_IS_CAP:
+            changes.setdefault("output_estimate", None)
         return dataclasses.replace(self, **changes)
 
     def take(self, rows) -> Trace:
@@ -229,7 +308,9 @@ def trace_stats(trace: Trace) -> dict:
         "peak_minute_rate": peak,
         "prompt_tokens": _summary(trace.prompt_tokens),
         "output_tokens": _summary(trace.output_tokens),
-        "max_tokens": _summary(trace.max_tokens),
+        # caps the trace gives (requests without one: no_cap_requests)
+        "max_tokens": _summary(trace.max_tokens[trace.max_tokens_source != CAP_NONE]),
+        "no_cap_requests": int(np.sum(trace.max_tokens_source == CAP_NONE)),
         "blocks": {
             "block_tokens": trace.block_tokens,
             "total": total_blocks,

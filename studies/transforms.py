@@ -94,7 +94,9 @@ def concat_as_tenants(parts: Sequence[tuple[str, Trace]], *, share_prefixes: boo
     when a part already has several tenants). Times are kept as they are.
 
     Block ids of different parts are made disjoint unless ``share_prefixes`` says that
-    equal ids in different parts really are the same prefix.
+    equal ids in different parts really are the same prefix. Caps keep their per-request
+    ``max_tokens_source``; the output estimates keep their values, under the parts' common
+    ``output_estimator`` (``"mixed"`` when the parts' estimators differ).
     """
     if not parts:
         raise TraceError("concat_as_tenants needs at least one (name, trace) pair")
@@ -125,6 +127,7 @@ def concat_as_tenants(parts: Sequence[tuple[str, Trace]], *, share_prefixes: boo
     columns = {column: np.concatenate([getattr(p, column) for _, p in parts]) for column in Trace._DTYPES}
     columns.update(tenant=tenant, slo_class=slo_class)
     order = np.argsort(columns["arrival_s"], kind="stable")
+    estimators = {part.output_estimator for _, part in parts}
     block_offsets, block_hashes = csr_take(offsets, np.concatenate(hashes), order)
     return Trace(
         **{column: values[order] for column, values in columns.items()},
@@ -132,4 +135,5 @@ def concat_as_tenants(parts: Sequence[tuple[str, Trace]], *, share_prefixes: boo
         block_tokens=with_blocks.pop() if with_blocks else parts[0][1].block_tokens,
         tenant_names=tenant_names, slo_class_names=slo_names, source="+".join(labels),
         meta={"concat": {name: part.source for name, part in parts}},
+        output_estimator=estimators.pop() if len(estimators) == 1 else "mixed",
     )

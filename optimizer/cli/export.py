@@ -1,4 +1,8 @@
-"""`servetune export RUN_DIR`: one trial's config as a vLLM or SGLang config file."""
+"""`servetune export RUN_DIR`: one trial's config as its engine's config file.
+
+A trial was searched in one engine's space (the study's ``engine``), so it is written for
+that engine only; a what-if study's trials are servetune policies (``policy.toml``).
+"""
 
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ def register(app: typer.Typer) -> None:
 
 def export_command(
     run_dir: Annotated[Path, typer.Argument(help="run folder written by `servetune tune`")],
-    backend: Annotated[str, typer.Option("--backend", help="vllm or sglang")],
+    backend: Annotated[str | None, typer.Option("--backend", help="vllm or sglang (default: the study's engine)")] = None,
     trial: Annotated[int | None, typer.Option("--trial", help="trial number (default: the best trial)")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="file to write (default: stdout)")] = None,
     storage: Annotated[str | None, typer.Option("--storage", help="study storage URL, when it is a database")] = None,
@@ -26,7 +30,7 @@ def export_command(
     from optimizer.exports import BACKENDS, ExportError
 
     try:
-        if backend not in BACKENDS:
+        if backend is not None and backend not in BACKENDS:
             raise ExportError(f"unknown backend {backend!r}; valid: {list(BACKENDS)}")
         text = _export(run_dir, backend, trial, storage)
         if output is not None:
@@ -43,8 +47,8 @@ def export_command(
         typer.echo(f"wrote {output}", err=True)
 
 
-def _export(run_dir: Path, backend: str, number: int | None, storage: str | None) -> str:
-    from optimizer.exports import Deployment, engine_yaml
+def _export(run_dir: Path, backend: str | None, number: int | None, storage: str | None) -> str:
+    from optimizer.exports import Deployment, ExportError, engine_yaml, policy_toml
     from optimizer.outputs import (
         directions,
         find_trial,
@@ -53,22 +57,19 @@ def _export(run_dir: Path, backend: str, number: int | None, storage: str | None
         trial_config,
         trial_fleet,
     )
-    from policies.presets import PRESETS, preset
+    from policies.engines import target
 
     spec, study = open_run(run_dir, storage)
+    engine = target(spec.engine)
+    if backend is not None and backend != spec.engine:
+        raise ExportError(f"this study searched {engine.display}'s knobs ({spec.engine}); its trials are not "
+                          f"{backend} configs. Export the {backend} study's run folder instead")
     trials = study.get_trials(deepcopy=False)
     chosen = recommend(trials, spec, directions(study)) if number is None else find_trial(trials, number)
-    config = trial_config(chosen, spec, {name: preset(name, spec.gpu) for name in PRESETS})
+    config = trial_config(chosen, spec, engine.baselines(spec.context))
+    note = f"servetune study {spec.study_name}, trial {chosen.number}"
+    if engine.what_if:
+        return policy_toml(config, note, what_if=True)
     fleet = trial_fleet(chosen, spec)
-    deployment = Deployment(spec.model, tp=fleet.tp, replicas=fleet.replicas, gpu=spec.gpu,
-                            reserved_fraction=_reserved_fraction(spec, fleet.tp) if backend == "sglang" else 0.0,
-                            drafter=spec.speculative)
-    return engine_yaml(config, deployment, backend, note=f"servetune study {spec.study_name}, trial {chosen.number}")
-
-
-def _reserved_fraction(spec, tp: int) -> float:
-    """Activation reserve / GPU memory from the study's cost model (SGLang counts weights + KV only)."""
-    from optimizer.evaluate import build_cost_model
-
-    cost_model = build_cost_model(spec, tp)
-    return cost_model.reserved_bytes / cost_model.gpu_memory_bytes
+    deployment = Deployment(spec.model, tp=fleet.tp, replicas=fleet.replicas, gpu=spec.gpu, drafter=spec.speculative)
+    return engine_yaml(engine, config, deployment, spec.context, note=note)

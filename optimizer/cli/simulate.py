@@ -24,8 +24,8 @@ from costmodels.costmodel import CostModelError
 from optimizer.cli.failure_options import FailOption, MtbfOption, RepairOption
 from optimizer.failplan import FailurePlan
 from policies.config import ConfigError, PolicyConfig, check_fleet
+from policies.engines import PRESETS, EngineContext, preset
 from policies.failures import FailureError
-from policies.presets import PRESETS, preset
 from studies.metrics import Report, score
 from studies.slo import SLOError, SLOSet, load_slo_toml, parse_slo
 from studies.traces import TraceError
@@ -53,13 +53,18 @@ def simulate_command(
     mtbf: MtbfOption = None,
     repair: RepairOption = None,
     framework: Annotated[str, typer.Option("--framework", help="vllm, sglang or trtllm profiles")] = "vllm",
-    config: Annotated[Path | None, typer.Option("--config", help="policy TOML file")] = None,
+    config: Annotated[Path | None, typer.Option(
+        "--config", help="policy.toml, or an exported vllm.yaml / sglang.yaml (read as that engine runs it)")] = None,
     preset_name: Annotated[str | None, typer.Option("--preset", help=f"one of {', '.join(PRESETS)}")] = None,
     overrides: Annotated[list[str] | None, typer.Option("--set", help="knob=value, repeatable")] = None,
     slo: Annotated[str | None, typer.Option("--slo", help="default class bounds, e.g. ttft:2000,tpot:100")] = None,
     slo_file: Annotated[Path | None, typer.Option("--slo-file", help="TOML file of \\[slo.NAME] classes")] = None,
     rate_scale: Annotated[float, typer.Option("--rate-scale", help="multiply the arrival rate by X")] = 1.0,
     seed: Annotated[int, typer.Option("--seed", help="simulation seed")] = 0,
+    max_tokens: Annotated[int | None, typer.Option(
+        "--max-tokens", help="the cap clients send where the trace has none (default: context - prompt)")] = None,
+    predictor: Annotated[str, typer.Option(
+        "--predictor", help="output estimate SJF orders by: cap, noisy:SIGMA, or oracle (an upper bound)")] = "cap",
     output_format: Annotated[str, typer.Option("--format", help="table or json")] = "table",
     timeline: Annotated[Path | None, typer.Option("--timeline", help="write a timeline plot (PNG)")] = None,
 ) -> None:
@@ -70,7 +75,7 @@ def simulate_command(
         fleet_knobs = {k: v for k, v in (("router", router), ("prefill_replicas", prefill_replicas)) if v is not None}
         run = _simulate(trace, trace_format, model, gpu, tp, framework, config, preset_name, overrides or [], slo,
                         slo_file, rate_scale, seed, output_format, replicas, FailurePlan.from_flags(fail, mtbf, repair),
-                        fleet_knobs)
+                        fleet_knobs, max_tokens, predictor)
     except USER_ERRORS as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -93,25 +98,32 @@ def simulate_command(
 def _simulate(trace_path: Path, trace_format: str | None, model: str, gpu: str, tp: int, framework: str,
               config_path: Path | None, preset_name: str | None, overrides: list[str], slo: str | None,
               slo_file: Path | None, rate_scale: float, seed: int, output_format: str, replicas: int = 1,
-              failures: FailurePlan | None = None, fleet_knobs: dict | None = None) -> dict:
+              failures: FailurePlan | None = None, fleet_knobs: dict | None = None, max_tokens: int | None = None,
+              predictor: str = "cap") -> dict:
     """Validate every input first (cheap ones before the trace), then simulate and score."""
     if output_format not in ("table", "json"):
         raise ConfigError(f"--format must be table or json, got {output_format!r}")
     slos = _slos(slo, slo_file)
-    policy, config_source = _policy(config_path, preset_name, gpu, overrides, fleet_knobs or {})
+    # Imported only now: `servetune --help` and bad flags should not wait for the engine.
+    from optimizer.targets import engine_context
+
+    ctx = engine_context(model, gpu, tp, framework, replicas)
+    policy, config_source = _policy(config_path, preset_name, ctx, overrides, fleet_knobs or {})
     check_fleet(policy, replicas)
     if failures is not None and failures.windows is not None:
         failures.windows.check_replicas(replicas)
 
-    # Imported only now: `servetune --help` and bad flags should not wait for the engine.
     from costmodels import build
     from policies.engine import simulate
+    from studies.lengths import Predictor, with_client_caps
     from studies.traces import load_trace
     from studies.transforms import scale_rate
 
     requests = load_trace(trace_path, format=trace_format)
     if rate_scale != 1.0:
         requests = scale_rate(requests, rate_scale)
+    requests = with_client_caps(requests, max_tokens=max_tokens, context_len=ctx.context_len)
+    requests = Predictor.parse(predictor).apply(requests, seed=seed)
     cost_model = build(model, gpu, tp=tp, framework=framework)
     schedule = None if failures is None else failures.schedule(replicas, requests.arrival_s, seed)
     if replicas > 1 or schedule is not None:
@@ -151,27 +163,53 @@ def _slos(slo: str | None, slo_file: Path | None) -> SLOSet:
     return SLOSet(tuple(classes)) if classes else SLOSet()
 
 
-def _policy(config_path: Path | None, preset_name: str | None, gpu: str, overrides: list[str],
+def _policy(config_path: Path | None, preset_name: str | None, ctx: EngineContext, overrides: list[str],
             knobs: dict | None = None) -> tuple[PolicyConfig, str]:
     """The base config (a file, else a preset, vllm-default by default) with ``--set`` and
-    the flags' ``knobs`` (``--router``, ``--prefill-replicas``) applied."""
+    the flags' ``knobs`` (``--router``, ``--prefill-replicas``) applied.
+
+    An engine file (``.yaml``) is read as its engine runs it (``optimizer.exports.read_engine_file``);
+    which engine is told by its model key (vLLM ``model``, SGLang ``model-path``)."""
     if config_path is not None and preset_name is not None:
         raise ConfigError("give --config or --preset, not both")
     if config_path is not None:
         path = _existing(config_path, "--config", ConfigError)
-        try:
-            policy = PolicyConfig.from_toml(path.read_text())
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: not valid TOML ({exc})") from None
-        source = str(path)
+        if path.suffix in (".yaml", ".yml"):
+            policy, source = _engine_file(path, ctx), str(path)
+        else:
+            try:
+                policy = PolicyConfig.from_toml(path.read_text())
+            except tomllib.TOMLDecodeError as exc:
+                raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+            source = str(path)
     else:
         name = preset_name or "vllm-default"
-        policy, source = preset(name, gpu), f"{name} ({gpu})"
+        policy, source = preset(name, ctx), f"{name} ({ctx.gpu})"
     changes = {**dict(_parse_override(item) for item in overrides), **(knobs or {})}
     if changes:
         policy = policy.replace(**changes)
         source += " + " + ", ".join(f"{k}={v}" for k, v in changes.items())
     return policy, source
+
+
+def _engine_file(path: Path, ctx: EngineContext) -> PolicyConfig:
+    import yaml
+
+    from optimizer.exports import ExportError, read_engine_file
+    from policies.engines import target
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({exc})") from None
+    keys = set(data) if isinstance(data, dict) else set()
+    engine = "sglang" if "model-path" in keys else "vllm" if "model" in keys else None
+    if engine is None:
+        raise ConfigError(f"{path}: neither a vLLM (model: ...) nor an SGLang (model-path: ...) config file")
+    try:
+        return read_engine_file(target(engine), path.read_text(), ctx)
+    except ExportError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
 
 
 def _parse_override(item: str) -> tuple[str, object]:

@@ -80,8 +80,19 @@ def tune_command(
     resume: Annotated[bool, typer.Option("--resume/--no-resume", help="continue an existing study")] = True,
     outputs: Annotated[bool, typer.Option("--outputs/--no-outputs", help="write configs, plots, review")] = True,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
+    engine: Annotated[str, typer.Option("--engine", help="vllm, sglang or both: search only the knobs that engine "
+                                                          "runs, and export its file")] = "both",
+    what_if: Annotated[bool, typer.Option("--what-if", help="also search servetune's own policies (no engine runs "
+                                                             "them): what this traffic would gain if it had them")] = False,
+    holdout: Annotated[float | None, typer.Option(
+        "--holdout", help="share of the trace window, at its end, kept out of tuning and scored after it "
+                          "(default 0.25; 0 = off)")] = None,
+    max_tokens: Annotated[int | None, typer.Option(
+        "--max-tokens", help="the cap clients send where the trace has none (default: context - prompt)")] = None,
+    predictor: Annotated[str | None, typer.Option(
+        "--predictor", help="output estimate SJF orders by: cap (default), noisy:SIGMA, oracle (an upper bound)")] = None,
 ) -> None:
-    """Search the scheduler knobs for the most weighted goodput on a trace."""
+    """Search the scheduler knobs for the most weighted goodput on a trace, per engine."""
     console = Console()
     try:
         if capacity and objective not in (None, "capacity"):
@@ -92,17 +103,40 @@ def tune_command(
                      speculative=speculative,
                      objective="capacity" if capacity else objective, capacity_target=capacity_target,
                      trials=trials, batch_size=batch_size, seed=seed, sampler=sampler, study_name=study_name,
-                     storage=storage, run_dir=run_dir)
-        spec = load_spec(spec_file, **flags)
-        if max_rejected is not None:
-            spec = spec.replace(constraints=dataclasses.replace(spec.constraints, max_rejected_fraction=max_rejected))
-        _tune(spec, console, resume=resume, outputs=outputs, quiet=quiet)
+                     storage=storage, run_dir=run_dir, max_tokens=max_tokens, predictor=predictor,
+                     holdout=DEFAULT_HOLDOUT if holdout is None else holdout)
+        names = _targets(engine, what_if)
+        probe = load_spec(spec_file, **flags)  # the study's name and run folder, shared by its targets
+        summaries = {}
+        for name in names:
+            spec = load_spec(spec_file, **{**flags, "engine": name, "study_name": f"{probe.study_name}-{name}",
+                                           "run_dir": Path(probe.run_dir) / name})
+            if max_rejected is not None:
+                spec = spec.replace(constraints=dataclasses.replace(spec.constraints,
+                                                                    max_rejected_fraction=max_rejected))
+            summaries[name] = _tune(spec, console, resume=resume, outputs=outputs, quiet=quiet)
+        if outputs:
+            _write_overview(Path(probe.run_dir), probe.study_name, summaries)
+            _print_overview(console, summaries)
     except USER_ERRORS as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
 
 
-def _tune(spec, console: Console, *, resume: bool, outputs: bool, quiet: bool) -> None:
+#: Share of the trace window held out of tuning by default, scored after it.
+DEFAULT_HOLDOUT = 0.25
+
+
+def _targets(engine: str, what_if: bool) -> list[str]:
+    from policies.engines import ENGINES
+
+    if engine not in (*ENGINES, "both"):
+        raise SpecError(f"--engine {engine!r} is unknown; valid: {[*ENGINES, 'both']}")
+    names = list(ENGINES) if engine == "both" else [engine]
+    return [*names, "servetune"] if what_if else names
+
+
+def _tune(spec, console: Console, *, resume: bool, outputs: bool, quiet: bool) -> dict | None:
     from optimizer.evaluate import Evaluator
     from optimizer.study import create_or_resume, enqueue_baselines
 
@@ -112,7 +146,13 @@ def _tune(spec, console: Console, *, resume: bool, outputs: bool, quiet: bool) -
         raise StudyError(f"study {spec.study_name!r} already has {done} trials; rerun without --no-resume to "
                          "continue it, or pass another --study-name")
     evaluator = Evaluator(spec)
-    console.print(f"study [bold]{spec.study_name}[/]: {evaluator.trace.n} requests, {spec.model} on "
+    from policies.engines import target
+
+    engine = target(spec.engine)
+    console.rule(f"{engine.display} {engine.version}" + (" (what-if)" if engine.what_if else ""))
+    console.print(f"study [bold]{spec.study_name}[/]: {evaluator.trace.n} requests"
+                  + (f" (+ {evaluator.holdout_trace.n} held out)" if evaluator.holdout_trace is not None else "")
+                  + f", {spec.model} on "
                   f"{spec.gpu} ({spec.fleet.describe()}"
                   + (f", failures: {spec.failures.describe()}" if spec.failures else "")
                   + f"), cost model {evaluator.cost_model.source}; "
@@ -120,11 +160,16 @@ def _tune(spec, console: Console, *, resume: bool, outputs: bool, quiet: bool) -
     enqueue_baselines(study, spec, evaluator.baselines())
     stats = _run(study, spec, evaluator, quiet, done)
     _print_summary(console, study, spec, stats)
-    if outputs:
-        from optimizer.outputs import write_run_outputs
+    if not outputs:
+        console.print("[yellow]--no-outputs: no file written, so no gain is stated (a gain is that of the "
+                      "exported file, read back and simulated)[/]")
+        return None
+    from optimizer.outputs import write_run_outputs
 
-        result = write_run_outputs(spec.run_dir, study, spec, evaluator)
-        console.print(f"wrote {len(result.files)} files to {spec.run_dir}")
+    result = write_run_outputs(spec.run_dir, study, spec, evaluator)
+    _print_file_gains(console, result.summary)
+    console.print(f"wrote {len(result.files)} files to {spec.run_dir}")
+    return result.summary
 
 
 def worker_command(
@@ -183,7 +228,7 @@ def _run(study, spec, evaluator, quiet: bool, done: int) -> RunStats:
 
 def _print_summary(console: Console, study, spec, stats: RunStats) -> None:
     from optimizer.outputs import directions, fleet_front, recommend
-    from optimizer.study import baseline_trials, best_goodput_trial, gains
+    from optimizer.study import baseline_trials, best_goodput_trial
 
     best = best_goodput_trial(study)
     console.print(f"{stats.told} trials in {stats.wall_s:.1f} s ({stats.trials_per_s:.2f} trials/s); "
@@ -194,8 +239,8 @@ def _print_summary(console: Console, study, spec, stats: RunStats) -> None:
         console.print("[yellow]no feasible trial yet: every config broke a constraint or was pruned[/]")
         return
     best = recommend(study.get_trials(deepcopy=False), spec, directions(study))  # as the run folder says
-    rows = {f"best (trial {best.number})": best, **baseline_trials(study)}
-    table = Table(title=f"{spec.study_name}: SLO {spec.slos.describe()}")
+    rows = {f"best searched (trial {best.number})": best, **baseline_trials(study)}
+    table = Table(title=f"{spec.study_name}: trials as searched, SLO {spec.slos.describe()}")
     failures = ("re-routed", "good/s during failures") if spec.failures is not None else ()
     for column in ("config", "GPUs", "weighted goodput (/s)", "SLO attainment", "p99 TTFT (ms)", "p99 TPOT (ms)",
                    "rejected", *failures):
@@ -211,9 +256,6 @@ def _print_summary(console: Console, study, spec, stats: RunStats) -> None:
     if min(attainments) >= 0.999:
         console.print("[yellow]every config here meets the SLOs for (nearly) every request: the trace is light for "
                       "this deployment; raise the load (--rate-scale) or search capacity (--capacity)[/]")
-    for name, ratio in gains(study).items():
-        console.print(f"gain over {name}: [bold]{ratio:.2f}x[/] weighted goodput (on no more GPUs)"
-                      if math.isfinite(ratio) else f"gain over {name}: {name} has no goodput on this trace")
     front = fleet_front(study.get_trials(deepcopy=False))
     if front:
         console.print("goodput vs GPUs: " + "; ".join(
@@ -233,3 +275,87 @@ def _num(value, digits: int) -> str:
 
 def _pct(value) -> str:
     return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _print_file_gains(console: Console, summary: dict) -> None:
+    """The recommendation's figures: the exported file, replayed; held-out and verdict first."""
+    rec = summary["recommendation"]
+    best = summary["best"]["report"]
+    lead = summary["verdict"]
+    what = "what-if " if rec["what_if"] else ""
+    if lead["kind"] == "capacity":
+        gpus = lead["gpus_needed"]
+        console.print(f"[bold red]no default meets the SLOs for {lead['target_attainment']:.0%} of requests on this "
+                      f"deployment[/]: the recommended {rec['file']} needs "
+                      + (f"[bold]{gpus} GPU(s)[/] ({lead['replicas_needed']} replicas)" if gpus else "more GPUs than "
+                         "the capacity search reached") + " at these SLOs; a gain over a default that serves almost "
+                      "nothing well is not a figure to act on")
+    for name, entry in summary["baselines"].items():
+        theirs = entry["report"].get("weighted_goodput") or 0.0
+        mine = best.get("weighted_goodput") or 0.0
+        text = f"{mine / theirs:.2f}x" if theirs > 0 else "unbounded (the default has no goodput)"
+        console.print(f"{what}gain of {rec['file']} over {name}: [bold]{text}[/] weighted goodput "
+                      f"({mine:.3f} vs {theirs:.3f}/s; the file read back as {rec['engine']} runs it, simulated)")
+    held = summary.get("generalisation")
+    if held:
+        parts = []
+        for scale, figures in held["scales"].items():
+            gains = ", ".join(f"{g:.2f}x" if math.isfinite(g) else "unbounded" for g in figures["gain"].values())
+            parts.append(f"{scale} rate: {gains}")
+        console.print(f"held out (last {held['share']:.0%} of the window, {held['requests']} requests, not tuned on): "
+                      + "; ".join(parts))
+    bound = summary.get("oracle_upper_bound")
+    if bound:
+        mine = next(iter(bound["weighted_goodput"].values()))
+        console.print(f"[dim]{bound['label']}: {mine:.3f}/s; "
+                      + ", ".join(f"{g:.2f}x over {n}" if math.isfinite(g) else f"unbounded over {n}"
+                                  for n, g in bound["gain"].items()) + " (not a recommendation)[/]")
+    extrapolated = {n: e["report"].get("out_of_range_steps") for n, e in summary["baselines"].items()}
+    extrapolated[rec["file"]] = best.get("out_of_range_steps")
+    flagged = {n: v for n, v in extrapolated.items() if v}
+    if flagged:
+        console.print("[yellow]steps timed outside the profiled tables (extrapolated): "
+                      + ", ".join(f"{n} {v:,}" for n, v in flagged.items()) + "[/]")
+
+
+def _write_overview(run_dir: Path, study: str, summaries: dict) -> None:
+    """runs/<study>/summary.json: each target's file, its replayed gain, held-out gain and verdict."""
+    import json
+
+    from studies.metrics import json_safe
+
+    overview = {"study": study, "targets": {}}
+    for name, summary in summaries.items():
+        if summary is None:
+            continue
+        best = summary["best"]["report"].get("weighted_goodput") or 0.0
+        overview["targets"][name] = {
+            "folder": name, "file": summary["recommendation"]["file"],
+            "what_if": summary["recommendation"]["what_if"],
+            "weighted_goodput": best,
+            "gain": {b: (best / (e["report"].get("weighted_goodput") or 0.0)
+                         if e["report"].get("weighted_goodput") else None)
+                     for b, e in summary["baselines"].items()},
+            "held_out": summary.get("generalisation"), "verdict": summary["verdict"]}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "summary.json").write_text(json.dumps(json_safe(overview), indent=2) + "\n")
+
+
+def _print_overview(console: Console, summaries: dict) -> None:
+    rows = [(n, s) for n, s in summaries.items() if s is not None]
+    if len(rows) < 2:
+        return
+    table = Table(title="recommendations (each figure: the exported file, read back and simulated)")
+    for column in ("target", "file", "weighted goodput (/s)", "gain over its default(s)", "held-out gain"):
+        table.add_column(column, justify="left" if column in ("target", "file") else "right")
+    for name, s in rows:
+        mine = s["best"]["report"].get("weighted_goodput") or 0.0
+        gains = []
+        for b, e in s["baselines"].items():
+            theirs = e["report"].get("weighted_goodput") or 0.0
+            gains.append(f"{mine / theirs:.2f}x {b}" if theirs > 0 else f"unbounded {b}")
+        held = (s.get("generalisation") or {}).get("scales", {}).get("x1", {}).get("gain", {})
+        held_text = ", ".join(f"{g:.2f}x" if math.isfinite(g) else "unbounded" for g in held.values()) or "-"
+        label = name + (" (what-if)" if s["recommendation"]["what_if"] else "")
+        table.add_row(label, s["recommendation"]["file"], f"{mine:.3f}", "; ".join(gains), held_text)
+    console.print(table)

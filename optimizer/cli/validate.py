@@ -19,6 +19,7 @@ import polars as pl
 import typer
 
 from optimizer.closedloop import ClosedLoopError, framework_config, run_closed_loop
+from optimizer.targets import context_of
 
 GROUP = ["model", "framework", "gemm_dtype"]
 
@@ -48,7 +49,8 @@ def predict_runs(runs: pl.DataFrame, *, model_config: str | Path | None = None, 
                                model_config=model_config if row["model"] in unknown else None,
                                calibration=calibration)
         try:
-            loop = run_closed_loop(costs[key], framework_config(row["framework"], row["gpu"]), row["batch_size"],
+            ctx = context_of(costs[key], row["gpu"], context_len=0, tp=row["tp"])  # a closed loop never nears it
+            loop = run_closed_loop(costs[key], framework_config(row["framework"], ctx), row["batch_size"],
                                    row["isl"], row["osl"], waves=waves)
             values = (loop.steady_ttft_ms, loop.steady_tpot_ms, loop.iterations, None)
         except ClosedLoopError as exc:

@@ -119,6 +119,12 @@ class Rows:
         self.check(column, [(bad, "an integer or nothing")])
         return np.where(missing, default, values).astype(np.int64)
 
+    def given(self, column: str) -> np.ndarray:
+        """Per row (bool): the cell holds a value (all False when the column is absent)."""
+        if column not in self.frame.columns:
+            return np.zeros(self.n, dtype=bool)
+        return ~self._parse(column, pl.Int64)[1]
+
     def times(self, column: str, *, scale: float = 1.0) -> np.ndarray:
         """A time column, finite and >= 0, times ``scale`` to give seconds."""
         values, missing, bad = self._parse(column, pl.Float64)
@@ -296,7 +302,9 @@ def read_parquet(path: Path) -> Rows:
 
 
 def constant_cap(max_tokens: int | None, n: int) -> np.ndarray | None:
-    """The ``max_tokens=`` reader option: one output cap for every request, or None."""
+    """The ``max_tokens=`` reader option: one output cap for every request (the caller's
+    caps, ``CAP_GIVEN``), or None: the format carries no caps, and the trace is marked
+    without them (``CAP_NONE``; ``studies.lengths.with_client_caps`` gives the study's)."""
     if max_tokens is None:
         return None
     if not isinstance(max_tokens, int) or max_tokens < 1:

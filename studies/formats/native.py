@@ -6,7 +6,12 @@ Columns (documented in ``docs/traces.md``; only the first three are required):
 ``arrival_s``             seconds, float, >= 0
 ``prompt_tokens``         integer >= 1
 ``output_tokens``         integer >= 0 (the true length)
-``max_tokens``            integer >= 1; empty = ``max(output_tokens, 1)``
+``max_tokens``            integer >= 1, the client's cap; empty = none given (the
+                          trace marks the row ``CAP_NONE``: ``max_tokens`` holds
+                          ``NO_CAP`` until ``studies.lengths.with_client_caps`` sets
+                          the study's cap)
+``output_estimate``       integer >= 1 in every row, the scheduler's predicted output
+                          length (``Trace.output_estimate``); absent = the cap
 ``tenant``                name; empty = ``default``
 ``priority``              integer, larger = more urgent; empty = 0
 ``slo_class``             name; empty = ``default``
@@ -16,9 +21,11 @@ Columns (documented in ``docs/traces.md``; only the first three are required):
 ``block_tokens``          tokens per block, the same in every row; default 512
 ========================  =========================================================
 
-Parquet files also carry the tenant and SLO class name order and the source in their
-key-value metadata (key ``servetune``), so codes round-trip exactly; in CSV and JSONL,
-names are numbered in order of first appearance.
+Parquet files also carry the tenant and SLO class name order, the source and the
+estimator's name in their key-value metadata (key ``servetune``), so codes round-trip
+exactly; in CSV and JSONL, names are numbered in order of first appearance and an
+``output_estimate`` column reads back as estimator ``"file"``. Caps a study default set
+(``CAP_DEFAULT``) are written as values, so they read back as the file's caps.
 """
 
 from __future__ import annotations
@@ -31,14 +38,15 @@ import polars as pl
 import pyarrow as pa
 
 from studies.formats._rows import Rows, read_csv, read_jsonl, read_parquet
-from studies.traces import Trace, TraceError, encode_names
+from studies.traces import CAP_GIVEN, CAP_NONE, ESTIMATE_IS_CAP, NO_CAP, Trace, TraceError, encode_names
 
 COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens", "max_tokens", "tenant", "priority",
-           "slo_class", "deadline_s", "block_hashes", "block_tokens")
+           "slo_class", "deadline_s", "block_hashes", "block_tokens", "output_estimate")
 JSON_SCHEMA = {
     "arrival_s": pl.Float64, "prompt_tokens": pl.Int64, "output_tokens": pl.Int64,
     "max_tokens": pl.Int64, "tenant": pl.String, "priority": pl.Int64, "slo_class": pl.String,
     "deadline_s": pl.Float64, "block_hashes": pl.List(pl.Int64), "block_tokens": pl.Int64,
+    "output_estimate": pl.Int64,
 }
 METADATA_KEY = "servetune"
 SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
@@ -70,8 +78,13 @@ def read(path: Path, *, strict: bool = False) -> Trace:
     arrival = rows.times("arrival_s")
     prompt = rows.integers("prompt_tokens", minimum=1)
     output = rows.integers("output_tokens", minimum=0)
-    max_tokens = rows.optional_integers("max_tokens", default=np.maximum(output, 1))
-    rows.check("max_tokens", [(max_tokens < 1, "an integer >= 1, or nothing for max(output_tokens, 1)")])
+    max_tokens = rows.optional_integers("max_tokens", default=np.full(len(output), NO_CAP, dtype=np.int64))
+    rows.check("max_tokens", [(max_tokens < 1, "an integer >= 1, or nothing for no cap")])
+    cap_source = np.where(rows.given("max_tokens"), CAP_GIVEN, CAP_NONE).astype(np.int8)
+    estimate, estimator = None, {}
+    if rows.given("output_estimate").any():  # JSONL reads an absent key as an all-empty column
+        estimate = rows.integers("output_estimate", minimum=1)
+        estimator = {"output_estimator": saved.get("output_estimator", "file")}
     deadline = rows.optional_times("deadline_s")
     rows.check("deadline_s", [(deadline < arrival, "a time >= arrival_s, or nothing for none")])
     tenant, tenant_names = _codes(rows.strings("tenant", "default"), saved.get("tenant_names"))
@@ -81,6 +94,8 @@ def read(path: Path, *, strict: bool = False) -> Trace:
         "prompt_tokens": prompt,
         "output_tokens": output,
         "max_tokens": max_tokens,
+        "max_tokens_source": cap_source,
+        "output_estimate": estimate,
         "tenant": tenant,
         "priority": _priorities(rows),
         "slo_class": slo_class,
@@ -90,7 +105,7 @@ def read(path: Path, *, strict: bool = False) -> Trace:
     meta = {"format": "native", **saved.get("meta", {})}
     trace = rows.to_trace(columns, time_column="arrival_s", strict=strict, meta=meta,
                           block_offsets=offsets, block_hashes=hashes, block_tokens=block_tokens,
-                          tenant_names=tenant_names, slo_class_names=slo_names)
+                          tenant_names=tenant_names, slo_class_names=slo_names, **estimator)
     return trace.replace(source=saved["source"]) if saved.get("source") else trace
 
 
@@ -138,7 +153,7 @@ def write(trace: Trace, path: Path) -> Path:
         "arrival_s": trace.arrival_s,
         "prompt_tokens": trace.prompt_tokens,
         "output_tokens": trace.output_tokens,
-        "max_tokens": trace.max_tokens,
+        "max_tokens": pl.Series(trace.max_tokens).set(pl.Series(trace.max_tokens_source == CAP_NONE), None),
         "tenant": pl.Series(trace.tenant_labels, dtype=pl.String),
         "priority": trace.priority.astype(np.int64),
         "slo_class": pl.Series(trace.slo_class_labels, dtype=pl.String),
@@ -146,10 +161,15 @@ def write(trace: Trace, path: Path) -> Path:
         "block_hashes": _lists(trace),
         "block_tokens": np.full(trace.n, trace.block_tokens, dtype=np.int64),
     })
+    with_estimate = trace.output_estimator != ESTIMATE_IS_CAP
+    if with_estimate:
+        frame = frame.with_columns(pl.Series("output_estimate", trace.output_estimate))
     if kind == "parquet":
         saved = {"tenant_names": list(trace.tenant_names), "slo_class_names": list(trace.slo_class_names),
                  "block_tokens": trace.block_tokens, "source": trace.source,
                  "meta": _jsonable(trace.meta)}
+        if with_estimate:
+            saved["output_estimator"] = trace.output_estimator
         frame.write_parquet(path, metadata={METADATA_KEY: json.dumps(saved)})
     elif kind == "jsonl":
         frame.with_columns(pl.col("deadline_s").fill_nan(None)).write_ndjson(path)

@@ -19,7 +19,7 @@ CONFIG = PolicyConfig(gpu_memory_utilization=1.0)
 
 
 def test_arrivals_equal_the_previous_finish_exactly():
-    loop = run_closed_loop(build("meta-llama/Llama-3.1-8B", "h100", framework="trtllm"), framework_config("trtllm"),
+    loop = run_closed_loop(build("meta-llama/Llama-3.1-8B", "h100", framework="trtllm"), framework_config("trtllm", None),
                            16, 2048, 64, waves=5)
     assert np.all(loop.arrival_s[:, 0] == 0.0)
     np.testing.assert_array_equal(loop.arrival_s[:, 1:], loop.finish_s[:, :-1])
@@ -43,7 +43,7 @@ def test_reproduces_a_measured_h100_run():
     # engine's TPOT MAPE over all 177 Llama runs (12.5%); TTFT, which no calibration fits,
     # within 25%. A loop without the synchronized wave would give one lone 1024-token
     # prefill (~30 ms, 85% off); one that ignores finishes would not be steady at all.
-    loop = run_closed_loop(build("meta-llama/Llama-3.1-8B", "h100", framework="trtllm"), framework_config("trtllm"),
+    loop = run_closed_loop(build("meta-llama/Llama-3.1-8B", "h100", framework="trtllm"), framework_config("trtllm", None),
                            8, 1024, 128)
     assert loop.steady_tpot_ms == pytest.approx(7.94, rel=0.15)
     assert loop.steady_ttft_ms == pytest.approx(190.95, rel=0.25)

@@ -36,7 +36,7 @@ from policies.speculative import (
 from . import reference_speculative as rspec
 from .reference_sharing import LPM_FCFS_ABOVE, RefPrefixCache, RefShares, order_keys, private_blocks
 
-ORDERS = ("fcfs", "priority", "edf", "sjf", "lpm", "vtc")
+ORDERS = ("fcfs", "priority", "edf", "sjf", "lpm", "vtc", "lof")
 
 
 @dataclass
@@ -98,10 +98,11 @@ class Reference:
                 int(trace.tenant[i]), int(trace.slo_class[i]))
             for i in range(trace.n)
         ]
-        for r in self.reqs:  # lone prefill, plus lone decodes up to max_tokens (queues.service_estimates)
+        for r in self.reqs:  # lone prefill, plus lone decodes up to the output estimate (queues.service_estimates)
             p = r.prompt
             r.min_service = step_seconds(self.tables, p, 1, 0, 0, p * (p + 1) / 2.0)[0]
-            r.job = r.min_service + (r.max_tokens - 1) * step_seconds(self.tables, 1, 1, 1, p, 0.0)[0]
+            estimate = int(trace.output_estimate[r.id])  # the scheduler's guess, never the true length
+            r.job = r.min_service + (estimate - 1) * step_seconds(self.tables, 1, 1, 1, p, 0.0)[0]
         # sharing: prefix cache, queue order, tenant ledger, quotas
         self.order = ORDERS.index(config.scheduling_policy)
         self.caching = config.enable_prefix_caching
@@ -208,7 +209,7 @@ class Reference:
     def enqueue(self, r: Req, in_front: bool) -> None:
         self.seq += 1
         seq = -self.seq if in_front else self.seq
-        r.key = order_keys(self.order, seq, r.arrival, r.priority, r.deadline, r.job, self.c.aging_rate)
+        r.key = order_keys(self.order, seq, r.arrival, r.priority, r.deadline, r.job, self.c.aging_rate, r.max_out)
         r.status = "waiting"
         self.waiting.append(r)
         self.shares.enqueue(r.tenant)
@@ -464,8 +465,8 @@ class Reference:
                 idle *= cache.entry_blocks
                 r.computed = cached
             n = r.prompt + r.generated - r.computed
-            if 0 < c.long_prefill_token_threshold < n:
-                n = c.long_prefill_token_threshold
+            if 0 < self.long_prefill < n:
+                n = self.long_prefill
             stop = (prefill_first and n > rem_input and self.batch_parts()[0] > 0) or (
                 not c.enable_chunked_prefill and n > self.budget)
             if not stop:
@@ -509,6 +510,10 @@ class Reference:
         self.swap_s = 0.0
         self.tenant_tokens = [0] * len(self.tp)
         self.class_tokens = [0] * self.n_classes
+        # vLLM 0.33 (v1/core/sched/scheduler.py:754-763): the long-prefill threshold holds
+        # only when more than one request runs or waits as schedule() starts
+        eligible = len(self.running) + len(self.waiting)
+        self.long_prefill = c.long_prefill_token_threshold if eligible > 1 else 0
         for r in list(self.running):
             if self.budget <= 0:
                 break
@@ -517,8 +522,8 @@ class Reference:
             n = r.prompt + r.generated - r.computed
             if prefill_first and self.is_decode(r, n):
                 continue
-            if 0 < c.long_prefill_token_threshold < n:
-                n = c.long_prefill_token_threshold
+            if 0 < self.long_prefill < n:
+                n = self.long_prefill
             n = min(n, self.budget)
             n = self.fit_step_cap(r, n, True)
             if n > 0:
@@ -746,6 +751,8 @@ class Reference:
             "head": head,
             "head_demand": blocks(head.prompt + head.generated, self.bs) if head is not None else 0,
             "queued_tokens": sum(r.prompt + r.generated - r.computed for r in queued),
+            "capacity": self.cap,
+            "seq_tokens": sum(r.prompt + r.generated for r in queued),
         }
 
     def cached_tokens(self, i: int) -> int:

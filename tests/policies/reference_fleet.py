@@ -39,6 +39,15 @@ Rules the contract leaves open, as implemented here:
   so T_transfer = 0; score = ((T_saved − w_q·T_queue) − T_risk), each term as the
   contract writes it, left to right. ``consistent_hash`` uses the hash definitions of
   ``policies.hashring``'s docstring (reimplemented below on Python ints).
+* The engines' DP balancers, from their source with exact replica state (no snapshots):
+  ``vllm_dp`` (vllm/v1/engine/core_client.py:1766-1805, one client): from the scan start
+  (moved to the first candidate at or after it), score = max(outstanding, waiting +
+  running) + [waiting > 0] waiting x 6.0 x max(0, usage - 0.5), usage = 1 - free /
+  capacity; strict < keeps the first of the scan; the start then moves one past where
+  the scan began. ``total_requests`` / ``total_tokens`` (SGLang
+  data_parallel_controller.py:140-150): min running + waiting, resp. min (used blocks x
+  block_size + prompt + generated of the waiting and inbox requests, running + waiting),
+  the lowest index on ties.
 * Failures: at t_down the replica (already advanced to t_down, its last step complete)
   loses every request it holds, every request in flight to it, and, for a decode replica,
   every request it promised KV to (still on a prefill replica): each is withdrawn without
@@ -79,6 +88,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import sys
 
 import numpy as np
 
@@ -139,6 +149,7 @@ class Fleet:
         self.promise: dict[int, tuple[int, int]] = {}  # request -> (decode replica, blocks)
         self.promised = [0] * n_rep
         self.rr_last = -1
+        self.dp_start = 0  # vllm_dp: eng_start_index (client_index 0 of 1 client)
         self.prefix_sets: list[set[int]] = [set() for _ in range(n_rep)]
         self.next_arrival = 0
         self.tick = 1
@@ -234,6 +245,16 @@ class Fleet:
         if router == "unified":
             scores = {j: self.unified_score(i, j, loads[j]) for j in cands}
             return min(cands, key=lambda j: (-scores[j], loads[j]["outstanding"], j))
+        if router == "vllm_dp":
+            return self.vllm_dp(cands, loads)
+        if router == "total_requests":
+            return min(cands, key=lambda j: (loads[j]["running"] + loads[j]["waiting"], j))
+        if router == "total_tokens":
+            bs = self.c.block_size
+
+            def tokens(j):
+                return (loads[j]["capacity"] - loads[j]["free"]) * bs + loads[j]["seq_tokens"]
+            return min(cands, key=lambda j: (tokens(j), loads[j]["running"] + loads[j]["waiting"], j))
         assert router == "consistent_hash", router
         return self.consistent_hash(i, cands, loads)
 
@@ -245,6 +266,25 @@ class Fleet:
             if v > best_value:
                 best, best_value = j, v
         return best
+
+    def vllm_dp(self, cands: list[int], loads: dict) -> int:
+        n = self.n_rep
+        start = next((self.dp_start + s) % n for s in range(n) if (self.dp_start + s) % n in cands)
+        min_score, eng_index = float(sys.maxsize), None
+        for s in range(n):
+            idx = (start + s) % n
+            if idx not in cands:
+                continue
+            load = loads[idx]
+            waiting, running = load["waiting"], load["running"]
+            score = max(load["outstanding"], waiting + running)
+            if waiting:
+                usage = 1.0 - load["free"] / load["capacity"] if load["capacity"] else 0.0
+                score += waiting * 6.0 * max(0.0, usage - 0.5)
+            if score < min_score:
+                min_score, eng_index = score, idx
+        self.dp_start = (start + 1) % n
+        return eng_index
 
     def cache_aware(self, i: int, cands: list[int], loads: dict) -> int:
         c = self.c

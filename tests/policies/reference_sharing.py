@@ -98,10 +98,12 @@ class RefPrefixCache:
 
 
 # -- waiting queue -------------------------------------------------------------------------
-FCFS, PRIORITY, EDF, SJF, LPM, VTC = range(6)
+FCFS, PRIORITY, EDF, SJF, LPM, VTC, LOF = range(7)
 
 
-def order_keys(order, seq, arrival, priority, deadline, job_s, aging_rate):
+def order_keys(order, seq, arrival, priority, deadline, job_s, aging_rate, max_out=0):
+    if order == LOF:  # SGLang schedule_policy.py:504-519: sort by -max_new_tokens, stable (enqueue order)
+        return -float(max_out), float(seq)
     if order == PRIORITY:
         return -priority + aging_rate * arrival, arrival
     if order == EDF:

@@ -277,3 +277,35 @@ def test_the_queue_term_avoids_the_hot_spot_of_pure_cache_affinity(llama_h100):
     assert affinity_share > 0.65 and affinity_p99 > 1.0
     assert unified_share < 0.4 and unified_p99 < affinity_p99 / 5
     assert no_queue_p99 > 5 * unified_p99
+
+
+# -- the engines' own DP balancers (vLLM 0.33, SGLang 0.5.23) ----------------------------------
+@pytest.mark.parametrize("simulator", SIMULATORS)
+def test_vllm_dp_round_robins_requests_that_find_every_replica_empty(simulator):
+    """vllm/v1/engine/core_client.py:1772-1805: every score 0, the scan start rotating by
+    one per request: requests that each find the fleet idle go 0, 1, 2, 0, ..."""
+    trace = make_trace(np.arange(8) * 1.0, np.full(8, 50), np.full(8, 5))
+    result = simulator(trace, [cost_model(4000)] * 3, PolicyConfig(gpu_memory_utilization=1.0, router="vllm_dp"))
+    np.testing.assert_array_equal(outcome(result, "replica"), [0, 1, 2, 0, 1, 2, 0, 1])
+
+
+@pytest.mark.parametrize("simulator", SIMULATORS)
+def test_vllm_dp_avoids_the_replica_whose_queue_waits_on_kv(simulator):
+    """A burst onto a small-KV and a large-KV replica: round robin and least_outstanding
+    split it evenly; vLLM's penalty (waiting x 6 x (usage - 0.5)) steers requests off the
+    small replica once its KV is over half used with requests waiting. The kernel equals
+    the reference on each."""
+    from .test_fleet_reference import assert_matches_reference as fleet_matches
+
+    n = 80
+    trace = make_trace(np.arange(n) * 0.005, np.full(n, 200), np.full(n, 100))
+    costs = [cost_model(1200), cost_model(20000)]
+    routed = {}
+    for router in ("round_robin", "least_outstanding", "vllm_dp", "total_requests", "total_tokens"):
+        config = PolicyConfig(gpu_memory_utilization=1.0, block_size=16, max_num_batched_tokens=512, router=router)
+        if simulator is kernel_fleet:
+            routed[router] = fleet_matches(kernel_fleet, trace, costs, config, None)["replica_routed"]
+        else:
+            routed[router] = np.asarray(outcome(simulator(trace, costs, config), "replica_routed"))
+    assert list(routed["round_robin"]) == list(routed["least_outstanding"]) == [40, 40]
+    assert routed["vllm_dp"][0] <= 25 and routed["vllm_dp"].sum() == n

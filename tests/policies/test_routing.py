@@ -199,3 +199,81 @@ def test_router_state_is_sized_for_the_fleet():
     assert state.entry_owners.shape == (10,) and state.ring_points.shape == (24,)
     with pytest.raises(ValueError, match="n_replicas"):
         new_router_state(0, 10, 8)
+
+
+# -- the engines' own DP balancers ------------------------------------------------------------
+def dp_summary(n, capacity=100, seq=0, **columns):
+    from policies.routing import CAPACITY, SEQ_TOKENS
+
+    s = summary(n, **columns)
+    s[:, CAPACITY] = capacity
+    s[:, SEQ_TOKENS] = seq
+    return s
+
+
+def test_vllm_dp_round_robins_over_empty_replicas():
+    """vllm/v1/engine/core_client.py:1772-1805: equal scores, the scan start rotating by one
+    per request, so empty engines are taken in turn."""
+    config, state = PolicyConfig(router="vllm_dp"), fresh(4)
+    s = dp_summary(4, free=100)
+    assert [route(config, s, state) for _ in range(6)] == [0, 1, 2, 3, 0, 1]
+
+
+def test_vllm_dp_takes_the_least_loaded_and_the_first_of_the_scan_on_ties():
+    config, state = PolicyConfig(router="vllm_dp"), fresh(3)
+    # loads 2, 1, 1 (score = max(in-flight, waiting + running)): start 0, the scan meets 1 first
+    s = dp_summary(3, outstanding=[2, 1, 1], running=[2, 1, 1], free=100)
+    assert route(config, s, state) == 1
+    # start 1 now; in-flight counts beyond the snapshot's running + waiting
+    s = dp_summary(3, outstanding=[3, 3, 2], running=[0, 0, 0], free=100)
+    assert route(config, s, state) == 2
+    # start 2: ties between 2 and 0 go to 2, the first in the scan (strict <)
+    s = dp_summary(3, outstanding=[1, 5, 1], running=[1, 5, 1], free=100)
+    assert route(config, s, state) == 2
+    assert route(config, s, state) == 0  # start 0 (wrapped): 0 first
+
+
+def test_vllm_dp_avoids_a_queue_under_kv_pressure():
+    """score += waiting x 6.0 x max(0, kv_cache_usage - 0.5): replica 0 (2 waiting, 90% of
+    its KV used) scores 2 + 2 x 6 x 0.4 = 6.8 against replica 1's 3 (one waiting, 40% used);
+    at 40% the penalty is off and replica 0's 2 wins from either scan start."""
+    config, state = PolicyConfig(router="vllm_dp"), fresh(2)
+    pressured = dp_summary(2, outstanding=[2, 3], running=[0, 2], waiting=[2, 1], free=[10, 60])
+    relaxed = dp_summary(2, outstanding=[2, 3], running=[0, 2], waiting=[2, 1], free=[60, 60])
+    assert route(config, pressured, state) == 1  # scan from 0
+    assert route(config, pressured, state) == 1  # scan from 1
+    assert route(config, relaxed, state) == 0  # scan from 0
+    assert route(config, relaxed, state) == 0  # scan from 1
+    # the penalty needs waiting requests: the same usage with nothing waiting adds nothing
+    idle_full = dp_summary(2, outstanding=[2, 3], running=[2, 3], waiting=[0, 0], free=[10, 60])
+    assert route(config, idle_full, state) == 0
+
+
+def test_vllm_dp_skips_ineligible_replicas_and_their_start():
+    config, state = PolicyConfig(router="vllm_dp"), fresh(4)
+    s = dp_summary(4, free=100, alive=[1, 0, 1, 1])
+    assert [route(config, s, state) for _ in range(5)] == [0, 2, 3, 0, 2]
+    s[:, ALIVE] = 0.0
+    assert route(config, s, state) == -1
+
+
+def test_total_requests_takes_the_fewest_running_plus_waiting():
+    """sglang/srt/managers/data_parallel_controller.py:141-142: ``index(min(total_requests))``."""
+    config = PolicyConfig(router="total_requests")
+    s = dp_summary(4, running=[3, 1, 0, 0], waiting=[0, 1, 2, 1], alive=[1, 1, 1, 0])
+    assert route(config, s, fresh(4)) == 1  # 3, 2, 2 (and a dead 1): the first of the ties
+
+
+def test_total_tokens_takes_the_fewest_tokens_then_requests():
+    """data_parallel_controller.py:143-148: min (num_total_tokens, total_requests); tokens =
+    used KV tokens + waiting requests' prompt + output so far (load_inquirer.py:145-147)."""
+    config = PolicyConfig(router="total_tokens", block_size=16)
+    # used blocks 10, 12, 10 -> 160, 192, 160 tokens; + waiting seqlen 40, 0, 40 -> 200, 192, 200
+    s = dp_summary(3, free=[90, 88, 90], seq=[40, 0, 40], running=[2, 1, 1], waiting=[1, 0, 1])
+    assert route(config, s, fresh(3)) == 1
+    # 200 tokens each: the fewest requests (3, 1, 2) ...
+    s = dp_summary(3, free=[90, 88, 90], seq=[40, 8, 40], running=[2, 1, 1], waiting=[1, 0, 1])
+    assert route(config, s, fresh(3)) == 1
+    # ... and on a tie of both, the lowest index
+    s = dp_summary(3, free=[90, 88, 90], seq=[40, 8, 40], running=[2, 1, 1], waiting=[1, 1, 1])
+    assert route(config, s, fresh(3)) == 1  # replicas 1 and 2 tie at (200, 2)

@@ -1,0 +1,261 @@
+"""What every target of a recommendation declares: the engine it is, the knobs it exposes,
+its defaults and validity rules, and how its config file maps onto a PolicyConfig.
+
+A target is one engine at one pinned version (``policies.engines.vllm``,
+``policies.engines.sglang``) or servetune's own what-if policies
+(``policies.engines.servetune``). For an engine, the search space, the baseline and the
+exported file all come from its module, so they cannot disagree:
+
+- ``defaults(ctx)``: the config the engine runs with no flags, as it resolves it for the
+  GPU and model (``EngineContext``), every servetune-only knob set to what the engine does;
+- ``flags``: each flag the engine exposes, the PolicyConfig knob it drives, its value
+  domain and default search range;
+- ``resolve(config, ctx)``: ``config`` projected onto what the engine can run: its flag
+  knobs kept, every other knob at the engine's own behaviour, coupled knobs implied;
+- ``violations(config, ctx)``: the engine's start-up checks, each citing its source line;
+- ``to_args`` / ``from_args``: the config file's mapping and its exact inverse, so a file
+  read back simulates as the config it was written from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from policies.config import FLEET_KNOBS, KNOB_BY_NAME, SPECULATIVE_KNOBS, ConfigError, PolicyConfig
+
+
+class EngineError(ConfigError):
+    """A config or config file that the target engine refuses, naming the rule."""
+
+
+@dataclass(frozen=True)
+class EngineContext:
+    """What an engine's defaults and rules depend on: the GPU, the model and the KV pool.
+
+    ``kv_tokens(utilization)`` is the KV pool in tokens at a GPU-memory fraction (the
+    cost model's sizing); ``reserved_fraction`` the share of GPU memory for activations
+    and CUDA graphs, which vLLM's utilisation includes and SGLang's static fraction does
+    not. ``context_len`` is the model's ``max_position_embeddings`` (0: unknown).
+    """
+
+    gpu: str
+    gpu_memory_gib: float
+    context_len: int = 0
+    kv_tokens: Callable[[float], int] | None = None
+    reserved_fraction: float = 0.0
+    tp: int = 1
+    replicas: int = 1
+
+    def kv_pool_tokens(self, utilization: float) -> int:
+        if self.kv_tokens is None:
+            raise EngineError("this engine context has no KV sizing (kv_tokens); build it from a cost model")
+        return int(self.kv_tokens(utilization))
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One engine flag: the YAML key (the long flag without ``--``), the knob it drives.
+
+    ``kind``: ``value`` (written as ``key: value``), ``store_true`` (written ``key: true``
+    only when set; ``invert`` when the flag turns the knob off, as SGLang's
+    ``disable-radix-cache``), or ``bool_optional`` (argparse BooleanOptionalAction:
+    ``key: true`` or ``no-key: true``; a ``key: false`` line is dropped by vLLM's loader).
+    ``values`` maps knob values to the engine's spelling for enumerations: only these are
+    in the domain. ``unset`` is the knob value the engine spells by leaving the flag out.
+    ``search`` is the default search range (``optimizer.space`` settings), None when the
+    knob stays at the engine's default unless a study opens it.
+    """
+
+    key: str
+    knob: str
+    kind: str = "value"
+    invert: bool = False
+    values: Mapping[Any, Any] | None = None
+    unset: Any = None
+    search: Mapping[str, Any] | None = None
+    source: str = ""
+    help: str = ""
+
+    def __post_init__(self) -> None:
+        if self.knob not in KNOB_BY_NAME:
+            raise ValueError(f"flag --{self.key}: unknown knob {self.knob!r}")
+        if self.kind not in ("value", "store_true", "bool_optional"):
+            raise ValueError(f"flag --{self.key}: unknown kind {self.kind!r}")
+
+    def write(self, value: Any, args: dict[str, Any]) -> None:
+        """Add this knob's value to the YAML mapping in the engine's spelling."""
+        if self.unset is not None and value == self.unset:
+            return
+        if self.kind == "store_true":
+            if bool(value) != self.invert:
+                args[self.key] = True
+            return
+        if self.kind == "bool_optional":
+            args[self.key if value else f"no-{self.key}"] = True
+            return
+        if self.values is not None:
+            if value not in self.values:
+                raise EngineError(f"{self.knob}={value!r} has no --{self.key} value; accepted: "
+                                  f"{sorted(map(str, self.values))}")
+            value = self.values[value]
+        args[self.key] = value
+
+    def read(self, args: Mapping[str, Any], default: Any) -> Any:
+        """This knob's value in a YAML mapping (``default`` where the file leaves it out)."""
+        if self.kind == "store_true":
+            return bool(args.get(self.key, False)) != self.invert if self.key in args else default
+        if self.kind == "bool_optional":
+            if args.get(f"no-{self.key}") is True:
+                return False
+            return True if args.get(self.key) is True else default
+        if self.key not in args:
+            return self.unset if self.unset is not None else default
+        value = args[self.key]
+        if self.values is not None:
+            inverse = {v: k for k, v in self.values.items()}
+            if value not in inverse:
+                raise EngineError(f"--{self.key} {value!r} is not simulated; servetune reads "
+                                  f"{sorted(map(str, inverse))}")
+            value = inverse[value]
+        return value
+
+    def keys(self) -> tuple[str, ...]:
+        return (self.key, f"no-{self.key}") if self.kind == "bool_optional" else (self.key,)
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """Where a config runs: the model name the file serves, TP degree, data-parallel replicas."""
+
+    model: str
+    tp: int = 1
+    replicas: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise EngineError(f"deployment model must be a non-empty name, got {self.model!r}")
+        for name in ("tp", "replicas"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise EngineError(f"deployment {name} must be an integer >= 1, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Target:
+    """A target of a recommendation. Subclasses fill in the engine's truth."""
+
+    name: str
+    display: str
+    version: str
+    flags: tuple[Flag, ...] = field(default=())
+    #: servetune's own target: its gains are what-ifs, never an engine's file.
+    what_if: bool = False
+
+    # -- the engine's truth (overridden per engine) ---------------------------------------
+    def defaults(self, ctx: EngineContext) -> PolicyConfig:
+        raise NotImplementedError
+
+    def implied(self, config: PolicyConfig, ctx: EngineContext) -> dict[str, Any]:
+        """Knobs the engine sets from its flags' values (e.g. the preemption victim of a queue
+        order). Engines verify a fixed block of drafts: per-step budgets are servetune's."""
+        return {} if config.speculative_mode == "off" else {"speculative_mode": "fixed"}
+
+    def violations(self, config: PolicyConfig, ctx: EngineContext) -> list[str]:
+        """The engine's start-up refusals of ``config``, each naming its rule and source."""
+        return []
+
+    def baselines(self, ctx: EngineContext) -> dict[str, PolicyConfig]:
+        return {f"{self.name}-default": self.defaults(ctx)}
+
+    # -- derived --------------------------------------------------------------------------
+    @property
+    def knobs(self) -> tuple[str, ...]:
+        """The PolicyConfig knobs this target's flags drive."""
+        return tuple(dict.fromkeys(f.knob for f in self.flags))
+
+    def search_settings(self, ctx: EngineContext) -> dict[str, dict[str, Any]]:
+        """Default search range per flag knob (``optimizer.space`` settings)."""
+        return {f.knob: dict(f.search) for f in self.flags if f.search is not None}
+
+    def resolve(self, config: PolicyConfig, ctx: EngineContext) -> PolicyConfig:
+        """``config`` as this engine runs it: flag knobs kept, the rest at the engine's behaviour.
+
+        The deployment's fleet knobs (router, pools) and the declared drafter's knobs are
+        kept too: they come from the study, not from this engine's flags.
+        """
+        base = self.defaults(ctx)
+        kept = {k: getattr(config, k) for k in (*self.knobs, *FLEET_KNOBS, *SPECULATIVE_KNOBS)}
+        merged = base.replace(**kept)
+        implied = self.implied(merged, ctx)
+        return merged.replace(**implied) if implied else merged
+
+    def check(self, config: PolicyConfig, ctx: EngineContext) -> None:
+        """Raise EngineError listing every rule ``config`` breaks."""
+        broken = self.violations(config, ctx)
+        if broken:
+            raise EngineError(f"{self.display} {self.version} refuses this config: " + "; ".join(broken))
+
+    def to_args(self, config: PolicyConfig, deployment: Deployment, ctx: EngineContext) -> dict[str, Any]:
+        """The config file's mapping (hyphenated long flags); refuses what the engine would."""
+        resolved = self.resolve(config, ctx)
+        self.check(resolved, ctx)
+        args = self.deployment_args(deployment)
+        for flag in self.flags:
+            flag.write(self.encode(flag, resolved, ctx), args)
+        return args
+
+    def from_args(self, args: Mapping[str, Any], ctx: EngineContext) -> PolicyConfig:
+        """The config a file runs: the inverse of ``to_args``; unknown keys are refused."""
+        known = {k for f in self.flags for k in f.keys()} | set(self.deployment_keys) | set(self.speculative_keys)
+        unknown = sorted(set(args) - known)
+        if unknown:
+            raise EngineError(f"{self.display} config has key(s) servetune does not simulate: {unknown}")
+        base = self.defaults(ctx)
+        values: dict[str, Any] = {}
+        k = self.speculative_tokens(args)
+        if k is not None:
+            values.update(speculative_mode="fixed", num_speculative_tokens=k)
+        for flag in self.flags:
+            raw = flag.read(args, _DEFAULT)
+            if raw is not _DEFAULT:
+                values[flag.knob] = self.decode(flag, raw, ctx)
+        try:
+            config = self.resolve(base.replace(**values), ctx)
+        except ConfigError as exc:
+            raise EngineError(f"{self.display} config: {exc}") from None
+        self.check(config, ctx)
+        return config
+
+    # -- speculative decoding (the drafter is the study's; the engine verifies k drafts) ----
+    #: keys that carry speculative decoding in this engine's file
+    speculative_keys = ()
+
+    def speculative_args(self, k: int, drafter: Mapping[str, str | None]) -> dict[str, Any]:
+        """The flags that verify ``k`` drafts from ``drafter`` (keys method, model, sglang)."""
+        raise EngineError(f"{self.display} has no speculative decoding flags in servetune")
+
+    def speculative_tokens(self, args: Mapping[str, Any]) -> int | None:
+        """The draft length a file's speculative flags verify (None: speculation off)."""
+        return None
+
+    # hooks for knobs whose engine value is not the knob value (e.g. SGLang's memory fraction)
+    def encode(self, flag: Flag, config: PolicyConfig, ctx: EngineContext) -> Any:
+        return getattr(config, flag.knob)
+
+    def decode(self, flag: Flag, value: Any, ctx: EngineContext) -> Any:
+        return value
+
+    #: YAML keys of the model, the TP degree and the data-parallel replicas (a class attribute)
+    deployment_keys = ("model", "tensor-parallel-size", "data-parallel-size")
+
+    def deployment_args(self, deployment: Deployment) -> dict[str, Any]:
+        model, tp, dp = self.deployment_keys
+        args: dict[str, Any] = {model: deployment.model, tp: deployment.tp}
+        if deployment.replicas > 1:
+            args[dp] = deployment.replicas
+        return args
+
+
+_DEFAULT = object()  # a flag the file leaves out

@@ -1,0 +1,207 @@
+"""SGLang 0.5.23 (`sglang serve --config sglang.yaml`): defaults, flags, rules, semantics.
+
+SGLang's scheduler runs a prefill batch alone whenever it can form one (prefill first),
+admits a prompt while its tokens plus ``new_token_ratio`` x the running requests' future
+outputs fit the KV pool (the ratio starts at 0.7 x ``schedule-conservativeness`` and
+decays), chunks at most one prompt at a time at ``chunked-prefill-size``, and when decode
+runs out of KV retracts the request with the fewest outputs (with priority scheduling,
+the least urgent). Its radix cache (prefix caching) is on unless ``disable-radix-cache``.
+
+``mem-fraction-static`` counts weights and the KV pool only, so the simulator runs it as
+``gpu_memory_utilization = mem-fraction-static + the activation reserve`` (the cost
+model's sizing) and the export subtracts the reserve again.
+
+Source references are to the installed SGLang 0.5.23 package (``site-packages/sglang``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from policies.config import PolicyConfig
+from policies.engines.base import Deployment, EngineContext, EngineError, Flag, Target
+
+VERSION = "0.5.23"
+
+#: srt/arg_groups/memory_hook.py:89-180: (below MiB, chunked_prefill_size, decode CUDA-graph
+#: max batch at TP < 4, at TP >= 4), by the GPU memory CUDA reports.
+_MEMORY_TIERS = ((20 * 1024, 2048, 8, 8), (35 * 1024, 4096, 48, 160), (60 * 1024, 4096, 32, 160),
+                 (90 * 1024, 8192, 256, 512), (160 * 1024, 8192, 256, 512), (float("inf"), 16384, 512, 512))
+#: Memory CUDA reports for each GPU (MiB), which SGLang's rules read (engine-check of 0.5.23).
+_REPORTED_MIB = {"a100": 81920, "h100": 81559, "h200": 143771, "b200": 183359}
+MAX_PREFILL_TOKENS = 16384  # srt/arg_groups/fields/schedule.py:71-81
+PAGE_SIZE = 1  # srt/arg_groups/overrides.py:1341-1363 (CUDA)
+SCHEDULE_CONSERVATIVENESS = 1.0  # srt/arg_groups/fields/schedule.py:139-142
+#: srt/arg_groups/fields/schedule.py:90-100 accepts more (priority among them, which the
+#: scheduler then refuses: schedule_policy.py:324-344); these are the ones simulated.
+SCHEDULE_POLICIES = {"fcfs": "fcfs", "lpm": "lpm", "priority": "priority"}  # priority: see SGLang.to_args
+#: retraction-policy (fields/schedule.py:126-138) -> the retracted request
+RETRACTION_POLICIES = {"fewest_output": "length", "lowest_priority": "priority"}
+
+
+class SGLang(Target):
+    """SGLang's scheduler (srt/managers/scheduler.py)."""
+
+    deployment_keys = ("model-path", "tp-size", "dp-size")
+
+    def defaults(self, ctx: EngineContext) -> PolicyConfig:
+        chunk = _tier(ctx)[1]
+        utilization = mem_fraction_static(ctx, chunk) + ctx.reserved_fraction
+        return PolicyConfig(
+            max_num_batched_tokens=chunk,
+            max_num_seqs=max_running_requests(ctx, utilization),
+            enable_chunked_prefill=True, long_prefill_token_threshold=0,
+            gpu_memory_utilization=round(min(utilization, 1.0), 6), block_size=PAGE_SIZE,
+            scheduling_policy="fcfs", schedule_mode="prefill_first", max_prefill_tokens=MAX_PREFILL_TOKENS,
+            kv_headroom=0.0, admission_mode="new_token_ratio", schedule_conservativeness=SCHEDULE_CONSERVATIVENESS,
+            preemption_mode="recompute", preemption_victim="fewest_output", enable_prefix_caching=True,
+            max_model_len=ctx.context_len,
+        )
+
+    def implied(self, config: PolicyConfig, ctx: EngineContext) -> dict[str, Any]:
+        implied = super().implied(config, ctx)
+        if ctx.kv_tokens is not None:
+            # mem_cache/kv_cache_configurator.py:3127-3129: a requested cap is cut to the KV pool / 2
+            half_pool = max(1, ctx.kv_pool_tokens(config.gpu_memory_utilization) // 2)
+            implied["max_num_seqs"] = min(config.max_num_seqs, half_pool)
+        return implied
+
+    speculative_keys = ("speculative-algorithm", "speculative-draft-model-path", "speculative-num-steps",
+                        "speculative-eagle-topk", "speculative-num-draft-tokens")
+
+    def speculative_args(self, k: int, drafter) -> dict[str, Any]:
+        # a chain of k drafts: k steps of one candidate each, k + 1 tokens verified with the root
+        flags: dict[str, Any] = {"speculative-algorithm": drafter["sglang"]}
+        if drafter.get("model") is not None:
+            flags["speculative-draft-model-path"] = drafter["model"]
+        return {**flags, "speculative-num-steps": k, "speculative-eagle-topk": 1, "speculative-num-draft-tokens": k + 1}
+
+    def speculative_tokens(self, args) -> int | None:
+        if "speculative-num-steps" not in args:
+            return None
+        k, topk, drafts = (args.get(key) for key in ("speculative-num-steps", "speculative-eagle-topk",
+                                                     "speculative-num-draft-tokens"))
+        if topk != 1 or drafts != k + 1:
+            raise EngineError("servetune simulates a chain of drafts: speculative-eagle-topk 1 and "
+                              f"speculative-num-draft-tokens = num-steps + 1; got topk {topk!r}, draft tokens {drafts!r}")
+        return k
+
+    def violations(self, config: PolicyConfig, ctx: EngineContext) -> list[str]:
+        broken = []
+        if config.max_num_batched_tokens % config.block_size:
+            broken.append(f"chunked-prefill-size ({config.max_num_batched_tokens}) must be divisible by page-size "
+                          f"({config.block_size}) [srt/server_args.py check_server_args]")
+        if config.preemption_victim == "lowest_priority" and config.scheduling_policy != "priority":
+            broken.append("--retraction-policy priority requires --enable-priority-scheduling "
+                          "[srt/arg_groups/validation_hook.py:303-304]")
+        if not config.enable_chunked_prefill:
+            broken.append("chunked-prefill-size -1 (chunking off) is not simulated for SGLang")
+        if config.max_model_len and ctx.context_len and config.max_model_len > ctx.context_len:
+            broken.append(f"context-length {config.max_model_len} exceeds the model's max_position_embeddings "
+                          f"{ctx.context_len} [srt/configs/model_config.py]")
+        return broken
+
+    def encode(self, flag: Flag, config: PolicyConfig, ctx: EngineContext) -> Any:
+        if flag.knob == "gpu_memory_utilization":
+            static = round(config.gpu_memory_utilization - ctx.reserved_fraction, 6)
+            if static <= 0:
+                raise EngineError(f"gpu_memory_utilization={config.gpu_memory_utilization} leaves no weights or KV "
+                                  f"memory after the {ctx.reserved_fraction:.3f} activation reserve")
+            return static
+        return super().encode(flag, config, ctx)
+
+    def decode(self, flag: Flag, value: Any, ctx: EngineContext) -> Any:
+        if flag.knob == "gpu_memory_utilization":
+            return round(float(value) + ctx.reserved_fraction, 6)
+        return super().decode(flag, value, ctx)
+
+    # Priority scheduling is `enable-priority-scheduling` over the fcfs order (higher values
+    # first, as in servetune's traces: schedule_policy.py:206, 526-536). Its preemption of a
+    # running request by a waiting one more than 10 levels more urgent is not simulated, so
+    # the file turns it off (`disable-priority-preemption`) to run as simulated.
+    _PRIORITY_KEYS = {"enable-priority-scheduling": True, "disable-priority-preemption": True}
+
+    def to_args(self, config: PolicyConfig, deployment: Deployment, ctx: EngineContext) -> dict[str, Any]:
+        args = super().to_args(config, deployment, ctx)
+        if args.get("schedule-policy") == "priority":  # not a valid policy at run time: fcfs + the flags
+            args["schedule-policy"] = "fcfs"
+            args.update(self._PRIORITY_KEYS)
+        return args
+
+    def from_args(self, args: Mapping[str, Any], ctx: EngineContext) -> PolicyConfig:
+        args = dict(args)
+        flags = {key: args.pop(key, False) for key in self._PRIORITY_KEYS}
+        priority = flags["enable-priority-scheduling"] is True
+        if priority and flags["disable-priority-preemption"] is not True:
+            raise EngineError("priority scheduling is simulated without priority preemption: the file needs "
+                              "disable-priority-preemption: true beside enable-priority-scheduling: true")
+        if priority and args.get("schedule-policy", "fcfs") != "fcfs":
+            raise EngineError("servetune simulates priority scheduling over the fcfs order only "
+                              "(SGLang also allows lof: srt/arg_groups/validation_hook.py:281-286)")
+        if priority:
+            args["schedule-policy"] = "priority"  # read back as servetune's priority order
+        return super().from_args(args, ctx)
+
+
+def _reported_mib(ctx: EngineContext) -> float:
+    key = ctx.gpu.lower().split("_")[0].split("-")[0]
+    return _REPORTED_MIB.get(key, ctx.gpu_memory_gib * 1024)
+
+
+def _tier(ctx: EngineContext) -> tuple[float, int, int, int]:
+    mib = _reported_mib(ctx)
+    return next(t for t in _MEMORY_TIERS if mib < t[0])
+
+
+def mem_fraction_static(ctx: EngineContext, chunk: int) -> float:
+    """SGLang's default static memory fraction (srt/arg_groups/memory_hook.py:281-327):
+    GPU memory less 512 MiB, 1.5 MiB per activation token, TP/8 GiB and 2 MiB per decode
+    CUDA-graph batch, at least 10 GiB on GPUs over 60 GiB."""
+    mib = _reported_mib(ctx)
+    _, _, graph_small, graph_large = _tier(ctx)
+    graph_bs = graph_small if ctx.tp < 4 else graph_large
+    reserved = 512 + max(chunk, 2048) * 1.5 + ctx.tp / 8 * 1024 + graph_bs * 2
+    if mib > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    return round((mib - reserved) / mib, 3)
+
+
+def max_running_requests(ctx: EngineContext, utilization: float) -> int:
+    """The request cap SGLang derives from its KV pool when the flag is unset
+    (mem_cache/kv_cache_configurator.py:3119-3132):
+    ``min(clamp(tokens / context_len * 512, 2048, 4096), tokens // 2)``.
+    """
+    tokens = ctx.kv_pool_tokens(utilization) if ctx.kv_tokens is not None else 0
+    if tokens <= 0 or ctx.context_len <= 0:
+        return 2048
+    pool = min(max(int(tokens / ctx.context_len * 512), 2048), 4096)
+    return max(1, min(tokens // 2, pool))
+
+
+ENGINE = SGLang(
+    name="sglang", display="SGLang", version=VERSION,
+    flags=(
+        Flag("chunked-prefill-size", "max_num_batched_tokens", search={"low": 256, "high": 32768, "log": True},
+             help="most prompt tokens one step computes; one prompt is chunked at a time"),
+        Flag("max-running-requests", "max_num_seqs", search={"low": 8, "high": 4096, "log": True},
+             help="most requests running at once (default: from the KV pool)"),
+        Flag("max-prefill-tokens", "max_prefill_tokens", search={"low": 1024, "high": 65536, "log": True},
+             help="most prompt tokens one prefill batch admits"),
+        Flag("mem-fraction-static", "gpu_memory_utilization", help="GPU memory share of weights and KV"),
+        Flag("page-size", "block_size", help="tokens per KV page"),
+        Flag("schedule-policy", "scheduling_policy", values=SCHEDULE_POLICIES,
+             search={"choices": ["fcfs", "lpm", "priority"]},
+             help="waiting order: fcfs, lpm (longest cached prefix first; fcfs past 128 waiting), or "
+                  "priority (enable-priority-scheduling over fcfs; higher values first)"),
+        Flag("retraction-policy", "preemption_victim", values=RETRACTION_POLICIES, unset="fewest_output",
+             search={"choices": ["fewest_output", "lowest_priority"], "when": {"scheduling_policy": ["priority"]}},
+             help="which request decode retracts when KV runs out: length (fewest outputs) or priority"),
+        Flag("schedule-conservativeness", "schedule_conservativeness",
+             search={"low": 0.1, "high": 3.0, "log": True},
+             help="scales the new-token ratio that admission reserves for running requests"),
+        Flag("disable-radix-cache", "enable_prefix_caching", kind="store_true", invert=True, search={},
+             help="turn the radix (prefix) cache off"),
+        Flag("context-length", "max_model_len", unset=0, help="longest prompt + output"),
+    ),
+)

@@ -1,0 +1,122 @@
+"""vLLM 0.33.0 (`vllm serve --config vllm.yaml`): its defaults, flags, rules and semantics.
+
+The V1 engine's scheduler is one loop: running requests first, then waiting ones, under a
+token budget (``max-num-batched-tokens``) and a sequence cap (``max-num-seqs``), prompts
+chunked to fit; a KV allocation that fails preempts the newest running request (under
+``scheduling-policy priority``, the least urgent one) and recomputes it later. There is
+no KV watermark, no admission rule beyond "its blocks allocate" and no swap in V1, so
+those servetune knobs sit at ``none`` / 0 / ``recompute`` for every vLLM config.
+
+Source references are to the installed vLLM 0.33.0 package (``site-packages/vllm``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from policies.config import PolicyConfig
+from policies.engines.base import EngineContext, EngineError, Flag, Target
+
+VERSION = "0.33.0"
+
+#: ``EngineArgs.get_batch_defaults`` for the OpenAI API server (vllm/engine/arg_utils.py:2973-3005):
+#: (GiB at least, tokens, seqs); A100s take the last tier whatever their memory.
+_BATCH_TIERS = ((160.0, 16384, 1024), (70.0, 8192, 1024), (0.0, 2048, 256))
+GPU_MEMORY_UTILIZATION = 0.92  # what `vllm serve` resolves on an H100 (engine-check of 0.33.0)
+BLOCK_SIZE = 16  # CUDA default block size (vllm/platforms/cuda.py check_and_update_config)
+BLOCK_SIZES = (1, 8, 16, 32, 64, 128)  # vllm/config/cache.py BlockSize literal
+
+SCHEDULING_POLICIES = {"fcfs": "fcfs", "priority": "priority"}  # vllm/config/scheduler.py SchedulerPolicy
+
+
+class VLLM(Target):
+    """vLLM's V1 engine."""
+
+    def defaults(self, ctx: EngineContext) -> PolicyConfig:
+        tiers = _BATCH_TIERS[-1:] if _is_a100(ctx.gpu) else _BATCH_TIERS
+        tokens, seqs = next((t, s) for gib, t, s in tiers if ctx.gpu_memory_gib >= gib)
+        return PolicyConfig(
+            max_num_batched_tokens=tokens, max_num_seqs=seqs, enable_chunked_prefill=True,
+            long_prefill_token_threshold=0, gpu_memory_utilization=GPU_MEMORY_UTILIZATION, block_size=BLOCK_SIZE,
+            scheduling_policy="fcfs", schedule_mode="decode_first", kv_headroom=0.0, admission_mode="none",
+            preemption_mode="recompute", preemption_victim="newest", enable_prefix_caching=True,
+            max_model_len=ctx.context_len,
+        )
+
+    def implied(self, config: PolicyConfig, ctx: EngineContext) -> dict[str, Any]:
+        # Scheduler._preempt_request picks max(running, key=(priority, arrival)) under
+        # priority scheduling (the least urgent), the last scheduled request under FCFS.
+        victim = "lowest_priority" if config.scheduling_policy == "priority" else "newest"
+        return {**super().implied(config, ctx), "preemption_victim": victim}
+
+    speculative_keys = ("speculative-config",)
+
+    def speculative_args(self, k: int, drafter) -> dict[str, Any]:
+        # vllm/config/speculative.py SpeculativeConfig: method, model, num_speculative_tokens
+        spec = {"method": drafter["method"]}
+        if drafter.get("model") is not None:
+            spec["model"] = drafter["model"]
+        return {"speculative-config": {**spec, "num_speculative_tokens": k}}
+
+    def speculative_tokens(self, args) -> int | None:
+        spec = args.get("speculative-config")
+        if spec is None:
+            return None
+        if not isinstance(spec, dict) or not isinstance(spec.get("num_speculative_tokens"), int):
+            raise EngineError(f"speculative-config must be a mapping with num_speculative_tokens, got {spec!r}")
+        return spec["num_speculative_tokens"]
+
+    def violations(self, config: PolicyConfig, ctx: EngineContext) -> list[str]:
+        broken = []
+        tokens, seqs, max_len = config.max_num_batched_tokens, config.max_num_seqs, config.max_model_len
+        # vllm/config/scheduler.py SchedulerConfig.verify_max_model_len
+        if not config.enable_chunked_prefill and max_len and tokens < max_len:
+            broken.append(f"without chunked prefill max-num-batched-tokens ({tokens}) must be >= max-model-len "
+                          f"({max_len}) [vllm/config/scheduler.py:318]")
+        if tokens < seqs:
+            broken.append(f"max-num-batched-tokens ({tokens}) must be >= max-num-seqs ({seqs}) "
+                          "[vllm/config/scheduler.py:331]")
+        if max_len and config.long_prefill_token_threshold > max_len:
+            broken.append(f"long-prefill-token-threshold ({config.long_prefill_token_threshold}) cannot be greater "
+                          f"than max-model-len ({max_len}) [vllm/config/scheduler.py:355]")
+        if config.block_size not in BLOCK_SIZES:
+            broken.append(f"block-size {config.block_size} is not one of {list(BLOCK_SIZES)} "
+                          "[vllm/config/cache.py BlockSize]")
+        if max_len and ctx.context_len and max_len > ctx.context_len:
+            broken.append(f"max-model-len {max_len} exceeds the model's max_position_embeddings {ctx.context_len} "
+                          "[vllm/config/model.py: User-specified max_model_len is greater than the derived]")
+        if max_len and ctx.kv_tokens is not None and max_len > ctx.kv_pool_tokens(config.gpu_memory_utilization):
+            broken.append(f"the KV cache holds {ctx.kv_pool_tokens(config.gpu_memory_utilization)} tokens, fewer "
+                          f"than one max-model-len ({max_len}) request "
+                          "[vllm/v1/core/kv_cache_utils.py check_enough_kv_cache_memory]")
+        return broken
+
+
+def _is_a100(gpu: str) -> bool:
+    return gpu.lower().startswith("a100")
+
+
+ENGINE = VLLM(
+    name="vllm", display="vLLM", version=VERSION,
+    flags=(
+        Flag("max-num-batched-tokens", "max_num_batched_tokens",
+             search={"low": 256, "high": 32768, "log": True},
+             help="token budget per step: prefill chunks + decode tokens"),
+        Flag("max-num-seqs", "max_num_seqs", search={"low": 8, "high": 1024, "log": True},
+             help="most requests running at once"),
+        Flag("enable-chunked-prefill", "enable_chunked_prefill", kind="bool_optional",
+             help="split prompts across steps; off needs max-num-batched-tokens >= max-model-len"),
+        Flag("long-prefill-token-threshold", "long_prefill_token_threshold",
+             search={"low": 64, "high": 8192, "log": True, "off": True},
+             help="most prompt tokens one request computes per step (0 = off)"),
+        Flag("gpu-memory-utilization", "gpu_memory_utilization", help="GPU memory share of the engine"),
+        Flag("block-size", "block_size", help="tokens per KV block"),
+        Flag("scheduling-policy", "scheduling_policy", values=SCHEDULING_POLICIES,
+             search={"choices": ["fcfs", "priority"]},
+             help="waiting order: fcfs, or priority (vLLM serves LOWER values first: clients send -priority)"),
+        Flag("enable-prefix-caching", "enable_prefix_caching", kind="bool_optional", search={},
+             help="reuse the KV of shared prompt prefixes"),
+        Flag("max-model-len", "max_model_len", unset=0,
+             help="longest prompt + output; longer prompts are refused"),
+    ),
+)
