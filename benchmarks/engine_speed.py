@@ -30,9 +30,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from costmodels import build  # noqa: E402
+from optimizer.targets import engine_context  # noqa: E402
 from policies import engine  # noqa: E402
+from policies.engines import preset  # noqa: E402
 from policies.kernel_state import S_ARRIVAL  # noqa: E402
-from policies.presets import preset  # noqa: E402
 from studies.traces import load_trace  # noqa: E402
 from studies.transforms import scale_rate  # noqa: E402
 
@@ -104,7 +105,7 @@ def main() -> None:
         sys.exit(f"shared data not found at {SHARED}; set SERVETUNE_SHARED")
 
     cost = build(args.model, args.gpu)
-    config = preset("vllm-default", args.gpu).replace(enable_prefix_caching=False)
+    config = preset("vllm-default", engine_context(args.model, args.gpu)).replace(enable_prefix_caching=False)
     t0 = time.perf_counter()
     engine.warmup()
     print(f"cost model: {cost.name} ({cost.source}); preset vllm-default on {args.gpu}; "

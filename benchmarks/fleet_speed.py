@@ -25,11 +25,12 @@ sys.path.insert(0, str(ROOT))
 from engine_speed import best_of  # noqa: E402
 
 from costmodels import build  # noqa: E402
+from optimizer.targets import engine_context  # noqa: E402
 from policies import engine  # noqa: E402
 from policies.config import ROUTERS  # noqa: E402
+from policies.engines import preset  # noqa: E402
 from policies.failures import FailureSchedule  # noqa: E402
 from policies.fleet import simulate_fleet, simulate_fleet_many  # noqa: E402
-from policies.presets import preset  # noqa: E402
 from studies.traces import load_trace  # noqa: E402
 from studies.transforms import scale_rate  # noqa: E402
 
@@ -55,7 +56,7 @@ def main() -> None:
         sys.exit(f"Mooncake trace not found at {MOONCAKE}; set SERVETUNE_SHARED")
 
     cost = build("meta-llama/Llama-3.1-8B", "h100")
-    config = preset("vllm-default", "h100")
+    config = preset("vllm-default", engine_context("meta-llama/Llama-3.1-8B", "h100"))
     trace = load_trace(MOONCAKE, "mooncake")
     if args.rate_scale != 1.0:
         trace = scale_rate(trace, factor=args.rate_scale)

@@ -28,8 +28,9 @@ from matplotlib.figure import Figure  # noqa: E402
 from scenarios import tune  # noqa: E402
 
 from costmodels import build  # noqa: E402
+from optimizer.targets import engine_context  # noqa: E402
 from policies.engine import simulate_many  # noqa: E402
-from policies.presets import preset  # noqa: E402
+from policies.engines import preset  # noqa: E402
 from studies.metrics import score  # noqa: E402
 from studies.slo import parse_slo  # noqa: E402
 from studies.traces import load_trace  # noqa: E402
@@ -47,9 +48,9 @@ KNEE_ATTAINMENT = 0.9
 
 
 def policies(ttft_ms: float) -> dict:
-    vllm = preset("vllm-default", GPU)
+    vllm = preset("vllm-default", engine_context(MODEL, GPU))
     return {"fifo-no-batching": vllm.replace(max_num_seqs=1), "vllm-default": vllm,
-            "sglang-default": preset("sglang-default", GPU),
+            "sglang-default": preset("sglang-default", engine_context(MODEL, GPU)),
             "vllm+max-wait": vllm.replace(max_wait_s=ttft_ms / 1e3)}
 
 

@@ -3,7 +3,8 @@
 Each scenario's seeded trace is replayed under FIFO without batching (vLLM defaults with
 ``max_num_seqs = 1``), vLLM defaults, SGLang defaults, the scenario's own extra policies
 and a tuned policy (``servetune``'s Optuna study, with baselines enqueued first, over the
-default search space with a small trial budget, on the same trace). Prints a markdown
+default search space with a small trial budget, on the same trace): a what-if, since that
+space holds servetune's own policies (``benchmarks/deployable.py`` has the engines' files). Prints a markdown
 table per scenario and writes ``scenarios.md`` and ``scenarios.json`` to ``--out``.
 Scenarios whose knobs the engine lacks, or that need features it lacks, are listed as
 pending, never approximated. Deterministic for a seed.
@@ -44,11 +45,12 @@ from optimizer.failplan import FailurePlan  # noqa: E402
 from optimizer.objective import objective_for  # noqa: E402
 from optimizer.spec import StudySpec  # noqa: E402
 from optimizer.study import best_goodput_trial, enqueue_baselines, make_sampler, run  # noqa: E402
-from policies.config import KNOB_BY_NAME, ConfigError, PolicyConfig  # noqa: E402
+from optimizer.targets import engine_context  # noqa: E402
+from policies.config import KNOB_BY_NAME, ConfigError, PolicyConfig, inert_knobs  # noqa: E402
 from policies.engine import simulate_many  # noqa: E402
+from policies.engines import preset  # noqa: E402
 from policies.failures import FailureError  # noqa: E402
 from policies.fleet import simulate_fleet_many  # noqa: E402
-from policies.presets import preset  # noqa: E402
 from studies.metrics import score  # noqa: E402
 from studies.scenarios import SCENARIOS, ScenarioError, build_trace, load_scenarios, scenario_slos  # noqa: E402
 
@@ -87,7 +89,7 @@ def policies_for(data: dict[str, Any]) -> tuple[dict[str, PolicyConfig], dict[st
             pending[name] = f"needs knob(s) {missing}, not in this engine yet"
             continue
         try:
-            configs[name] = preset(body.get("base", "vllm-default"), GPU).replace(**{**routed, **body.get("set", {})})
+            configs[name] = preset(body.get("base", "vllm-default"), engine_context(MODEL, GPU)).replace(**{**routed, **body.get("set", {})})
         except ConfigError as exc:  # e.g. a queue order this engine does not have yet
             pending[name] = f"not runnable on this engine yet ({exc})"
     return configs, pending
@@ -120,8 +122,9 @@ def tune(name: str, trace, cost, slos, trials: int, seed: int, replicas: int = 1
     stats = run(study, spec, evaluator)
     best = best_goodput_trial(study)
     config = PolicyConfig.from_mapping(best.user_attrs["config"])
-    base = preset("vllm-default", GPU).to_dict()
-    changed = {k: v for k, v in config.to_dict().items() if v != base[k]}
+    base = preset("vllm-default", engine_context(MODEL, GPU)).to_dict()
+    inert = inert_knobs(config, replicas)  # knobs that change nothing under the config are no change
+    changed = {k: v for k, v in config.to_dict().items() if v != base[k] and k not in inert}
     return config, {"trials": stats.told, "best_trial": best.number, "baseline": best.user_attrs.get("baseline"),
                     "router": config.router, "changed_vs_vllm_default": changed}
 

@@ -35,8 +35,9 @@ sys.path.insert(0, str(ROOT))
 from matplotlib.figure import Figure  # noqa: E402
 
 from costmodels import build  # noqa: E402
+from optimizer.targets import engine_context  # noqa: E402
 from policies.engine import simulate_many  # noqa: E402
-from policies.presets import preset  # noqa: E402
+from policies.engines import preset  # noqa: E402
 from policies.speculative import AcceptanceModel  # noqa: E402
 from studies.metrics import score  # noqa: E402
 from studies.slo import parse_slo  # noqa: E402
@@ -74,7 +75,7 @@ def run(quick: bool, draft_fraction: float) -> dict:
     cost = build(MODEL, GPU)
     slos = parse_slo(SLO)
     trace0 = base_trace(120.0 if quick else 300.0)
-    base = preset("vllm-default", GPU).replace(speculative_draft_cost_mode="fraction",
+    base = preset("vllm-default", engine_context(MODEL, GPU)).replace(speculative_draft_cost_mode="fraction",
                                                speculative_draft_cost=draft_fraction)
     configs = [base.replace(speculative_mode=mode, num_speculative_tokens=k) for mode, k in POLICIES.values()]
     acceptance = AcceptanceModel(spread=0.3)

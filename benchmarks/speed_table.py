@@ -32,8 +32,9 @@ from costmodels import build  # noqa: E402
 from optimizer.evaluate import Evaluator  # noqa: E402
 from optimizer.spec import load_spec  # noqa: E402
 from optimizer.study import create_or_resume, enqueue_baselines, run  # noqa: E402
+from optimizer.targets import engine_context  # noqa: E402
 from policies import engine  # noqa: E402
-from policies.presets import preset  # noqa: E402
+from policies.engines import preset  # noqa: E402
 from studies.traces import load_trace  # noqa: E402
 
 MODEL, GPU = "meta-llama/Llama-3.1-8B", "h100"
@@ -55,7 +56,7 @@ def main() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     engine.warmup()
     cost = build(MODEL, GPU)
-    config = preset("vllm-default", GPU)
+    config = preset("vllm-default", engine_context(MODEL, GPU))
     n_cores = cores()
     print(f"{cost.name}; vllm-default; {n_cores} cores; command: `python benchmarks/speed_table.py"
           f"{' --quick' if args.quick else ''}`\n")

@@ -245,7 +245,7 @@ def build_review(r: ReviewInputs) -> list[Block]:
         blocks.append(("p", "Objectives of the best trial: " + "; ".join(
             f"{name} = {_fmt(value, 4)} ({direction})" for name, value, direction in r.objectives) + "."))
     blocks += _fleet_blocks(best, r.baselines)
-    changed = _changed_knobs(best, r.baselines)
+    changed = _changed_knobs(best, r.baselines, r.deployment.replicas)
     blocks += [("h2", "Best config"), ("table", changed)]
     if r.notes:
         blocks += [("h2", "Notes"), ("ul", list(r.notes))]
@@ -365,10 +365,11 @@ def gain_ratio(value: float, baseline: float) -> float | None:
     return value / baseline - 1.0
 
 
-def _changed_knobs(best: ConfigFigures, baselines: Sequence[ConfigFigures]) -> list[list[str]]:
+def _changed_knobs(best: ConfigFigures, baselines: Sequence[ConfigFigures], replicas: int) -> list[list[str]]:
     """Knobs whose best value differs from at least one baseline (policy.toml has them all)."""
     table = [["knob", best.name, *[b.name for b in baselines]]]
-    inert = inert_knobs(best.config, best.capacity.replicas)
+    # the best's own fleet when its capacity was measured, else the deployment's
+    inert = inert_knobs(best.config, best.capacity.replicas if best.capacity is not None else replicas)
     for knob in KNOBS:
         if knob.name in inert:
             continue  # it changes nothing under the recommendation

@@ -291,7 +291,7 @@ def build_space(overrides: Mapping[str, Any] | None = None, base: PolicyConfig |
 
     target = target or target_named("servetune")
     carried = set(target.knobs) | (set(SPECULATIVE_KNOBS) if drafter_tokens is not None else set())
-    foreign = sorted(k for k in overrides if k not in carried and k not in FLEET_KNOBS)
+    foreign = sorted(k for k in overrides if k not in carried and (k not in FLEET_KNOBS or not target.what_if))
     if foreign:
         raise SpaceError(f"[space] names {foreign}, which {target.display} {target.version} has no flag for; "
                          "search servetune's own policies with --what-if (engine servetune)")
@@ -334,6 +334,9 @@ def build_space(overrides: Mapping[str, Any] | None = None, base: PolicyConfig |
     resolve = None if target.what_if else (lambda config: target.resolve(config, context))
     if resolve is not None:
         base_config = resolve(base_config)
+        broken = target.domain_violations(base_config)
+        if broken:
+            raise SpaceError(f"[space] fixed values {target.display} cannot run: " + "; ".join(broken))
     return SearchSpace(tuple(ordered), base_config, fleet_params, fleet, resolve)
 
 

@@ -122,9 +122,9 @@ def _simulate(trace_path: Path, trace_format: str | None, model: str, gpu: str, 
     requests = load_trace(trace_path, format=trace_format)
     if rate_scale != 1.0:
         requests = scale_rate(requests, rate_scale)
+    cost_model = build(model, gpu, tp=tp, framework=framework)  # first: names an unknown model
     requests = with_client_caps(requests, max_tokens=max_tokens, context_len=ctx.context_len)
     requests = Predictor.parse(predictor).apply(requests, seed=seed)
-    cost_model = build(model, gpu, tp=tp, framework=framework)
     schedule = None if failures is None else failures.schedule(replicas, requests.arrival_s, seed)
     if replicas > 1 or schedule is not None:
         from policies.fleet import simulate_fleet

@@ -107,10 +107,11 @@ def tune_command(
                      holdout=DEFAULT_HOLDOUT if holdout is None else holdout)
         names = _targets(engine, what_if)
         probe = load_spec(spec_file, **flags)  # the study's name and run folder, shared by its targets
+        spaces = _spaces_per_target(probe.space, names, console)
         summaries = {}
         for name in names:
             spec = load_spec(spec_file, **{**flags, "engine": name, "study_name": f"{probe.study_name}-{name}",
-                                           "run_dir": Path(probe.run_dir) / name})
+                                           "run_dir": Path(probe.run_dir) / name, "space": spaces[name]})
             if max_rejected is not None:
                 spec = spec.replace(constraints=dataclasses.replace(spec.constraints,
                                                                     max_rejected_fraction=max_rejected))
@@ -134,6 +135,29 @@ def _targets(engine: str, what_if: bool) -> list[str]:
         raise SpecError(f"--engine {engine!r} is unknown; valid: {[*ENGINES, 'both']}")
     names = list(ENGINES) if engine == "both" else [engine]
     return [*names, "servetune"] if what_if else names
+
+
+def _spaces_per_target(space: dict, names: list[str], console: Console) -> dict[str, dict]:
+    """The spec's [space] overrides each target can take: a knob one target of the run lacks
+    applies to the others (said on the console); a knob none of them has is an error."""
+    from policies.config import FLEET_KNOBS
+    from policies.engines import target
+
+    fleet_dims = {"others", "tp", "replicas"}
+    knobs = {k for k in space if k not in fleet_dims}
+    carried = {n: set(target(n).knobs) | (set(FLEET_KNOBS) if target(n).what_if else set()) for n in names}
+    nowhere = sorted(k for k in knobs if not any(k in c for c in carried.values()))
+    if nowhere:
+        raise SpecError(f"[space] names {nowhere}, which no target of this run has a flag for "
+                        f"({', '.join(names)}); servetune's own policies are searched with --what-if")
+    out = {}
+    for name in names:
+        skipped = sorted(k for k in knobs if k not in carried[name])
+        if skipped:
+            console.print(f"[dim]{target(name).display} has no flag for {', '.join(skipped)}: those [space] "
+                          "entries apply to the other targets only[/]")
+        out[name] = {k: v for k, v in space.items() if k not in skipped}
+    return out
 
 
 def _tune(spec, console: Console, *, resume: bool, outputs: bool, quiet: bool) -> dict | None:

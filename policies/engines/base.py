@@ -191,9 +191,15 @@ class Target:
         implied = self.implied(merged, ctx)
         return merged.replace(**implied) if implied else merged
 
+    def domain_violations(self, config: PolicyConfig) -> list[str]:
+        """Enumerated flags whose knob value the engine has no spelling for."""
+        return [f"{f.knob}={getattr(config, f.knob)!r} is not a --{f.key} value; accepted: "
+                f"{sorted(map(str, f.values))}" for f in self.flags
+                if f.values is not None and getattr(config, f.knob) not in f.values]
+
     def check(self, config: PolicyConfig, ctx: EngineContext) -> None:
         """Raise EngineError listing every rule ``config`` breaks."""
-        broken = self.violations(config, ctx)
+        broken = self.domain_violations(config) + self.violations(config, ctx)
         if broken:
             raise EngineError(f"{self.display} {self.version} refuses this config: " + "; ".join(broken))
 

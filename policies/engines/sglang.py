@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from costmodels.costmodel import CostModelError
 from policies.config import PolicyConfig
 from policies.engines.base import Deployment, EngineContext, EngineError, Flag, Target
 
@@ -35,9 +36,13 @@ PAGE_SIZE = 1  # srt/arg_groups/overrides.py:1341-1363 (CUDA)
 SCHEDULE_CONSERVATIVENESS = 1.0  # srt/arg_groups/fields/schedule.py:139-142
 #: srt/arg_groups/fields/schedule.py:90-100 accepts more (priority among them, which the
 #: scheduler then refuses: schedule_policy.py:324-344); these are the ones simulated.
-SCHEDULE_POLICIES = {"fcfs": "fcfs", "lpm": "lpm", "priority": "priority"}  # priority: see SGLang.to_args
+SCHEDULE_POLICIES = {"fcfs": "fcfs", "lpm": "lpm", "lof": "lof", "priority": "priority"}  # priority: see to_args
 #: retraction-policy (fields/schedule.py:126-138) -> the retracted request
 RETRACTION_POLICIES = {"fewest_output": "length", "lowest_priority": "priority"}
+#: --load-balance-method across dp-size replicas (managers/data_parallel_controller.py:105-160,
+#: 880-925); "auto" resolves to round_robin outside P/D (arg_groups/serving_hook.py:217-236)
+LOAD_BALANCE_METHODS = {"round_robin": "round_robin", "total_requests": "total_requests",
+                        "total_tokens": "total_tokens"}
 
 
 class SGLang(Target):
@@ -60,11 +65,11 @@ class SGLang(Target):
         )
 
     def implied(self, config: PolicyConfig, ctx: EngineContext) -> dict[str, Any]:
-        implied = super().implied(config, ctx)
-        if ctx.kv_tokens is not None:
+        implied = {**super().implied(config, ctx), "migration": False, "prefill_replicas": 0}
+        pool = _pool_tokens(ctx, config.gpu_memory_utilization)
+        if pool:
             # mem_cache/kv_cache_configurator.py:3127-3129: a requested cap is cut to the KV pool / 2
-            half_pool = max(1, ctx.kv_pool_tokens(config.gpu_memory_utilization) // 2)
-            implied["max_num_seqs"] = min(config.max_num_seqs, half_pool)
+            implied["max_num_seqs"] = min(config.max_num_seqs, max(1, pool // 2))
         return implied
 
     speculative_keys = ("speculative-algorithm", "speculative-draft-model-path", "speculative-num-steps",
@@ -95,6 +100,10 @@ class SGLang(Target):
         if config.preemption_victim == "lowest_priority" and config.scheduling_policy != "priority":
             broken.append("--retraction-policy priority requires --enable-priority-scheduling "
                           "[srt/arg_groups/validation_hook.py:303-304]")
+        if ctx.kv_tokens is not None and not _pool_tokens(ctx, config.gpu_memory_utilization):
+            broken.append(f"mem-fraction-static {config.gpu_memory_utilization - ctx.reserved_fraction:.3f} leaves "
+                          "no GPU memory for the KV cache [mem_cache/kv_cache_configurator.py: Loaded weights leave "
+                          "no GPU memory for the KV cache]")
         if not config.enable_chunked_prefill:
             broken.append("chunked-prefill-size -1 (chunking off) is not simulated for SGLang")
         if config.max_model_len and ctx.context_len and config.max_model_len > ctx.context_len:
@@ -124,6 +133,8 @@ class SGLang(Target):
 
     def to_args(self, config: PolicyConfig, deployment: Deployment, ctx: EngineContext) -> dict[str, Any]:
         args = super().to_args(config, deployment, ctx)
+        if deployment.replicas == 1:
+            args.pop("load-balance-method", None)  # routes nothing on one replica
         if args.get("schedule-policy") == "priority":  # not a valid policy at run time: fcfs + the flags
             args["schedule-policy"] = "fcfs"
             args.update(self._PRIORITY_KEYS)
@@ -142,6 +153,16 @@ class SGLang(Target):
         if priority:
             args["schedule-policy"] = "priority"  # read back as servetune's priority order
         return super().from_args(args, ctx)
+
+
+def _pool_tokens(ctx: EngineContext, utilization: float) -> int:
+    """The KV pool in tokens, 0 when the memory fraction leaves none (or nothing sizes it)."""
+    if ctx.kv_tokens is None:
+        return 0
+    try:
+        return max(0, ctx.kv_pool_tokens(utilization))
+    except CostModelError:
+        return 0
 
 
 def _reported_mib(ctx: EngineContext) -> float:
@@ -172,8 +193,10 @@ def max_running_requests(ctx: EngineContext, utilization: float) -> int:
     (mem_cache/kv_cache_configurator.py:3119-3132):
     ``min(clamp(tokens / context_len * 512, 2048, 4096), tokens // 2)``.
     """
-    tokens = ctx.kv_pool_tokens(utilization) if ctx.kv_tokens is not None else 0
-    if tokens <= 0 or ctx.context_len <= 0:
+    if ctx.context_len <= 0:  # a synthetic model: no context to size by, the clamp's floor
+        return 2048
+    tokens = _pool_tokens(ctx, utilization)
+    if not tokens:
         return 2048
     pool = min(max(int(tokens / ctx.context_len * 512), 2048), 4096)
     return max(1, min(tokens // 2, pool))
@@ -191,8 +214,9 @@ ENGINE = SGLang(
         Flag("mem-fraction-static", "gpu_memory_utilization", help="GPU memory share of weights and KV"),
         Flag("page-size", "block_size", help="tokens per KV page"),
         Flag("schedule-policy", "scheduling_policy", values=SCHEDULE_POLICIES,
-             search={"choices": ["fcfs", "lpm", "priority"]},
-             help="waiting order: fcfs, lpm (longest cached prefix first; fcfs past 128 waiting), or "
+             search={"choices": ["fcfs", "lpm", "lof", "priority"]},
+             help="waiting order: fcfs, lpm (longest cached prefix first; fcfs past 128 waiting), lof (largest "
+                  "max_tokens first: the client's cap, never the true length), or "
                   "priority (enable-priority-scheduling over fcfs; higher values first)"),
         Flag("retraction-policy", "preemption_victim", values=RETRACTION_POLICIES, unset="fewest_output",
              search={"choices": ["fewest_output", "lowest_priority"], "when": {"scheduling_policy": ["priority"]}},
@@ -203,5 +227,9 @@ ENGINE = SGLang(
         Flag("disable-radix-cache", "enable_prefix_caching", kind="store_true", invert=True, search={},
              help="turn the radix (prefix) cache off"),
         Flag("context-length", "max_model_len", unset=0, help="longest prompt + output"),
+        Flag("load-balance-method", "router", values=LOAD_BALANCE_METHODS,
+             search={"choices": list(LOAD_BALANCE_METHODS)},
+             help="which dp-size replica takes a request: round_robin, total_requests (fewest running + "
+                  "waiting), total_tokens (fewest tokens)"),
     ),
 )

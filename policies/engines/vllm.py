@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from costmodels.costmodel import CostModelError
 from policies.config import PolicyConfig
 from policies.engines.base import EngineContext, EngineError, Flag, Target
 
@@ -40,14 +41,17 @@ class VLLM(Target):
             long_prefill_token_threshold=0, gpu_memory_utilization=GPU_MEMORY_UTILIZATION, block_size=BLOCK_SIZE,
             scheduling_policy="fcfs", schedule_mode="decode_first", kv_headroom=0.0, admission_mode="none",
             preemption_mode="recompute", preemption_victim="newest", enable_prefix_caching=True,
-            max_model_len=ctx.context_len,
+            max_model_len=ctx.context_len, router="vllm_dp",
         )
 
     def implied(self, config: PolicyConfig, ctx: EngineContext) -> dict[str, Any]:
         # Scheduler._preempt_request picks max(running, key=(priority, arrival)) under
         # priority scheduling (the least urgent), the last scheduled request under FCFS.
         victim = "lowest_priority" if config.scheduling_policy == "priority" else "newest"
-        return {**super().implied(config, ctx), "preemption_victim": victim}
+        # data-parallel replicas sit behind the API server's own load balancer
+        # (vllm/v1/engine/core_client.py:1766-1805); nothing migrates, every replica prefills
+        return {**super().implied(config, ctx), "preemption_victim": victim, "router": "vllm_dp",
+                "migration": False, "prefill_replicas": 0}
 
     speculative_keys = ("speculative-config",)
 
@@ -85,10 +89,15 @@ class VLLM(Target):
         if max_len and ctx.context_len and max_len > ctx.context_len:
             broken.append(f"max-model-len {max_len} exceeds the model's max_position_embeddings {ctx.context_len} "
                           "[vllm/config/model.py: User-specified max_model_len is greater than the derived]")
-        if max_len and ctx.kv_tokens is not None and max_len > ctx.kv_pool_tokens(config.gpu_memory_utilization):
-            broken.append(f"the KV cache holds {ctx.kv_pool_tokens(config.gpu_memory_utilization)} tokens, fewer "
-                          f"than one max-model-len ({max_len}) request "
-                          "[vllm/v1/core/kv_cache_utils.py check_enough_kv_cache_memory]")
+        if ctx.kv_tokens is not None:
+            try:
+                pool = ctx.kv_pool_tokens(config.gpu_memory_utilization)
+            except CostModelError as exc:
+                broken.append(f"gpu-memory-utilization {config.gpu_memory_utilization}: {exc}")
+                pool = None
+            if pool is not None and max_len and max_len > pool:
+                broken.append(f"the KV cache holds {pool} tokens, fewer than one max-model-len ({max_len}) request "
+                              "[vllm/v1/core/kv_cache_utils.py check_enough_kv_cache_memory]")
         return broken
 
 

@@ -89,8 +89,10 @@ def invoke(*args):
 
 def test_json_report_equals_scoring_the_same_run(trace_file):
     from costmodels import build
+    from optimizer.targets import engine_context
     from policies.engine import simulate
-    from policies.presets import preset
+    from policies.engines import preset
+    from studies.lengths import Predictor, with_client_caps
     from studies.metrics import score
     from studies.slo import parse_slo
     from studies.traces import load_trace
@@ -98,11 +100,14 @@ def test_json_report_equals_scoring_the_same_run(trace_file):
     out = invoke("--trace", str(trace_file), "--slo", "ttft:2000,tpot:100", "--format", "json", "--seed", "3")
     assert out.exit_code == 0, out.output
     data = json.loads(out.stdout)
-    trace = load_trace(trace_file)
-    result = simulate(trace, build("llama-3.1-8b", "h100"), preset("vllm-default", "h100"), seed=3)
+    ctx = engine_context("llama-3.1-8b", "h100")
+    # the file has no caps: clients get the engine's default, the model's context less the prompt
+    trace = Predictor().apply(with_client_caps(load_trace(trace_file), context_len=ctx.context_len), seed=3)
+    assert ctx.context_len == 131072 and trace.max_tokens[0] == 131072 - trace.prompt_tokens[0]
+    result = simulate(trace, build("llama-3.1-8b", "h100"), preset("vllm-default", ctx), seed=3)
     expected = score(result, trace, parse_slo("ttft:2000,tpot:100")).to_dict()
     assert data["report"] == json.loads(json.dumps(expected))
-    assert data["config"] == preset("vllm-default", "h100").to_dict()
+    assert data["config"] == preset("vllm-default", ctx).to_dict()
     assert data["config_source"] == "vllm-default (h100)" and data["requests"] == 80
     assert data["report"]["n_offered"] == 80 and set(data["report"]["per_tenant"]) == {"alice", "bob"}
 
@@ -117,12 +122,16 @@ def test_table_shows_key_figures_and_cost_model_source(trace_file):
 
 
 def test_overrides_and_config_file(trace_file, tmp_path):
+    # vLLM's default max_model_len is the model's context (131072): without chunked prefill the
+    # token budget must cover it, as vLLM requires, so a shorter max_model_len goes with it
+    refused = invoke("--trace", str(trace_file), "--set", "enable_chunked_prefill=false", "--format", "json")
+    assert refused.exit_code == 2 and "max_model_len=131072" in refused.output
     out = invoke("--trace", str(trace_file), "--set", "max_num_seqs=4", "--set", "admission_mode=reservation",
-                 "--set", "enable_chunked_prefill=false", "--format", "json")
+                 "--set", "enable_chunked_prefill=false", "--set", "max_model_len=4096", "--format", "json")
     assert out.exit_code == 0, out.output
     config = json.loads(out.stdout)["config"]
-    assert (config["max_num_seqs"], config["admission_mode"], config["enable_chunked_prefill"]) == (
-        4, "reservation", False)
+    assert (config["max_num_seqs"], config["admission_mode"], config["enable_chunked_prefill"],
+            config["max_model_len"]) == (4, "reservation", False, 4096)
     policy = tmp_path / "policy.toml"
     policy.write_text("[policy]\nmax_num_batched_tokens = 2048\nscheduling_policy = \"priority\"\n")
     data = json.loads(invoke("--trace", str(trace_file), "--config", str(policy), "--format", "json").stdout)

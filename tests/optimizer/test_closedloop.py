@@ -58,7 +58,7 @@ def test_bad_sizes_and_requests_that_never_fit_are_errors():
     with pytest.raises(ClosedLoopError, match="did not finish"):
         run_closed_loop(tiny, CONFIG, 2, 100, 10)
     with pytest.raises(ClosedLoopError, match="unknown framework"):
-        framework_config("tgi")
+        framework_config("tgi", None)
 
 
 def _runs_csv(path, rows):

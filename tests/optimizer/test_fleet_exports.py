@@ -1,4 +1,5 @@
-"""Router exports: sglang-router flags in router.yaml, and engine headers that say routing is elsewhere."""
+"""Router exports: sglang-router flags in router.yaml (what-if fleets), and engine files that carry
+only the engine's own data-parallel routing."""
 
 import pytest
 import yaml
@@ -6,15 +7,15 @@ import yaml
 from optimizer.exports import (
     Deployment,
     ExportError,
-    engine_args,
     engine_yaml,
     knobs_from_router_yaml,
     policy_toml,
+    read_engine_file,
     router_args,
     router_yaml,
 )
-from policies.config import PolicyConfig
-from policies.presets import preset
+from policies.config import PolicyConfig, inert_knobs
+from policies.engines import EngineContext, preset, target
 
 # sglang-router 0.3.2 flags (serving-configs.md §3), checked independently of optimizer.exports.
 ROUTER_032_KEYS = frozenset({"policy", "cache-threshold", "balance-abs-threshold", "balance-rel-threshold",
@@ -62,28 +63,43 @@ def test_migration_and_pd_are_listed_as_simulated_only():
     assert all("simulated only" in why for why in mapped.not_carried.values())
 
 
-def test_engine_headers_send_routing_to_router_yaml():
-    config = preset("vllm-default").replace(router="cache_aware", router_cache_threshold=0.6, migration=True)
-    vllm = engine_args(config, FLEET, "vllm")
-    assert set(vllm.not_carried) == {"router", "router_cache_threshold", "migration"}
-    assert vllm.not_carried["router"] == "'cache_aware': sglang-router --policy, in router.yaml"
-    assert "simulated only" in vllm.not_carried["migration"]
-    text = engine_yaml(config, FLEET, "vllm")
-    assert "vLLM has no request router" in text and "router.yaml" in text
-    assert not set(yaml.safe_load(text)) & {"policy", "cache-threshold", "router"}
-    assert "not a flag of SGLang serve" in engine_yaml(config, FLEET, "sglang")
-    # one replica: the fleet knobs act on nothing, so nothing is said about them
-    single = Deployment("m")
-    assert not engine_args(config.replace(migration=False), single, "vllm").not_carried
-    assert "router.yaml" not in engine_yaml(config, single, "vllm")
+def test_engine_files_carry_only_the_engines_own_routing():
+    ctx = EngineContext("h100", 80.0, context_len=131072)
+    vllm, sglang = target("vllm"), target("sglang")
+    # vLLM: data-parallel replicas sit behind its API server's own balancer; nothing migrates
+    # and every replica prefills, whatever the what-if config asked for
+    wish = preset("vllm-default", ctx).replace(router="cache_aware", router_cache_threshold=0.6, migration=True)
+    runs = vllm.resolve(wish, ctx)
+    assert (runs.router, runs.migration, runs.prefill_replicas) == ("vllm_dp", False, 0)
+    text = engine_yaml(vllm, wish, FLEET, ctx)
+    data = yaml.safe_load(text)
+    assert data["data-parallel-size"] == 4
+    assert not set(data) & {"policy", "cache-threshold", "router", "load-balance-method"}
+    assert "router.yaml" not in text and "migration" not in text
+    back, inert = read_engine_file(vllm, text, ctx), inert_knobs(runs, FLEET.replicas)
+    assert "router_cache_threshold" in inert  # a cache-aware threshold acts on nothing behind vllm_dp
+    assert {k: v for k, v in back.to_dict().items() if k not in inert} == {
+        k: v for k, v in runs.to_dict().items() if k not in inert}
+    # SGLang: --load-balance-method across its dp-size replicas, read back as the router
+    config = preset("sglang-default", ctx).replace(router="total_tokens")
+    text = engine_yaml(sglang, config, FLEET, ctx)
+    data = yaml.safe_load(text)
+    assert (data["dp-size"], data["load-balance-method"]) == (4, "total_tokens")
+    assert read_engine_file(sglang, text, ctx).router == "total_tokens"
+    # sglang-router's cache-aware policy is no flag of SGLang serve: refused, never written
+    with pytest.raises(ExportError, match="load-balance-method"):
+        engine_yaml(sglang, config.replace(router="cache_aware"), FLEET, ctx)
+    # one replica: nothing to balance, so no flag
+    assert "load-balance-method" not in yaml.safe_load(engine_yaml(sglang, config, Deployment("m"), ctx))
 
 
 def test_policy_toml_names_the_router_flags():
     text = policy_toml(PolicyConfig())
     lines = text.splitlines()
     comment = lines[lines.index('router = "round_robin"') - 1]
-    assert "sglang-router --policy" in comment and "NOT EXPOSED" not in comment
-    assert "NOT EXPOSED" in lines[lines.index("migration = false") - 1]
+    assert "sglang-router --policy" in comment and "NOT IN ANY ENGINE" not in comment
+    assert "sglang --load-balance-method" in comment
+    assert "NOT IN ANY ENGINE" in lines[lines.index("migration = false") - 1]
 
 
 def test_bad_router_yaml_is_named():

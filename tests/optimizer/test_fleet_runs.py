@@ -152,13 +152,21 @@ def test_simulate_names_bad_fleet_flags(trace_file, flags, message):
 
 
 def test_tune_on_a_failing_fleet_reports_the_router_each_replica_and_the_failure(trace_file, tmp_path):
-    run_dir = tmp_path / "run"
+    # cache_aware is sglang-router's policy, no engine's own flag: the what-if study routes by it,
+    # and the vLLM study keeps vLLM's own data-parallel balancing (saying the router is not its flag)
+    runs = tmp_path / "run"
     out = runner.invoke(app, ["tune", "--trace", str(trace_file), *MODEL, "--slo", "ttft:500,tpot:50",
                               "--replicas", "2", "--router", "cache_aware", "--fail", "1@3:6", "--trials", "4",
-                              "--batch-size", "2", "--run-dir", str(run_dir), "--quiet"], env={"COLUMNS": "200"})
+                              "--batch-size", "2", "--run-dir", str(runs), "--engine", "vllm", "--what-if",
+                              "--quiet"], env={"COLUMNS": "200"})
     assert out.exit_code == 0, out.output
+    assert "vLLM has no flag for router" in out.output
     assert "failures: replica@down:up seconds 1@3:6" in out.output
     assert "re-routed" in out.output and "good/s during failures" in out.output
+    vllm = json.loads((runs / "vllm" / "summary.json").read_text())
+    assert vllm["best"]["config"]["router"] == "vllm_dp"  # vllm.yaml read back: vLLM's own DP balancer
+    # (the vllm-default baseline is test_exports.py::test_an_engines_baseline_is_what_its_file_runs's)
+    run_dir = runs / "servetune"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["deployment"]["failures"] == {"windows": ["1@3:6"]}
     assert summary["deployment"]["routing"].startswith("cache_aware router")

@@ -4,8 +4,12 @@ import optuna
 import pytest
 
 from optimizer.space import Fleet, SpaceError, build_space
-from policies.config import FLEET_KNOBS, PolicyConfig
-from policies.presets import vllm_default
+from policies.config import FLEET_KNOBS, ROUTERS, PolicyConfig
+from policies.engines import EngineContext, preset
+
+
+def vllm_default() -> PolicyConfig:
+    return preset("vllm-default", EngineContext("h100", 80.0))
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -43,8 +47,8 @@ def test_a_fleet_searches_the_router_and_each_knob_only_under_its_parent():
             assert (child in params) == (getattr(config, parent) == value), child
         assert 0 <= config.prefill_replicas <= 3
         assert "migration_pause_ms" not in params and "interconnect_gbps" not in params  # hardware, fixed
-    assert {c.router for c, _, _ in runs} == {"round_robin", "least_outstanding", "least_kv", "cache_aware",
-                                               "unified", "consistent_hash"}
+    # the what-if space searches every router, the engines' own (vllm_dp, SGLang's DP methods) included
+    assert {c.router for c, _, _ in runs} == set(ROUTERS)
     assert {c.prefill_replicas for c, _, _ in runs} == {0, 1, 2, 3}
 
 

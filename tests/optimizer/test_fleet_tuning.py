@@ -18,6 +18,7 @@ from optimizer.failplan import FailurePlan, compressed
 from optimizer.review import ConfigFigures, ReviewInputs, build_review, routing_label, to_markdown
 from optimizer.space import Fleet
 from optimizer.spec import SpecError, load_spec, spec_from_dict
+from optimizer.targets import context_of
 from policies.config import PolicyConfig
 from policies.failures import FailureError, FailureSchedule
 from studies.slo import parse_slo
@@ -28,6 +29,9 @@ from tests.optimizer.tuning_helpers import (
     make_trace,
     write_csv_trace,
 )
+
+#: model "m" is no built-in model: the engines' defaults are sized from the synthetic pool
+BURST_CONTEXT = context_of(burst_cost_model(), "h100", context_len=0)
 
 # -- failure plans ---------------------------------------------------------------------------------
 
@@ -87,7 +91,7 @@ def trace_file(tmp_path):
 
 def test_fleet_flags_fix_the_router_and_pools_for_the_search_and_the_baselines(trace_file):
     spec = load_spec(trace=trace_file, model="m", gpu="h100", slo="ttft:500", replicas=4, router="cache_aware",
-                     prefill_replicas=1, fail="3@1:2")
+                     prefill_replicas=1, fail="3@1:2", context=BURST_CONTEXT)
     assert "router" not in spec.search_space.names and "prefill_replicas" not in spec.search_space.names
     assert "router_cache_threshold" in spec.search_space.names  # the fixed router's own thresholds are searched
     assert spec.deployment_knobs == {"router": "cache_aware", "prefill_replicas": 1}
@@ -137,7 +141,7 @@ class RecordingFleet(FakeEngine):
 
 
 def _evaluator(trace_file, **flags):
-    spec = load_spec(trace=trace_file, model="m", gpu="h100", slo="ttft:500", seed=5, **flags)
+    spec = load_spec(trace=trace_file, model="m", gpu="h100", slo="ttft:500", seed=5, context=BURST_CONTEXT, **flags)
     fleet = RecordingFleet()
     evaluator = Evaluator(spec, trace=make_trace(50, gap_s=0.1), cost_model=burst_cost_model(), engine=fleet,
                           fleet_engine=fleet, scorer=fake_score)

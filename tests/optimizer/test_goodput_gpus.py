@@ -13,6 +13,7 @@ from optimizer.outputs import deployment_of, fleet_front, recommend, trial_fleet
 from optimizer.space import Fleet, SpaceError, build_space, tp_degrees
 from optimizer.spec import SpecError, load_spec
 from optimizer.study import create_or_resume, enqueue_baselines, gains, run
+from policies.engines import target
 from tests.optimizer.tuning_helpers import make_trace, write_csv_trace
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -120,13 +121,15 @@ def test_goodput_gpus_study_finds_a_front_where_more_gpus_buy_more_goodput(tmp_p
     fleet = trial_fleet(best, spec)
     assert best.user_attrs["report"]["slo_attainment"] >= spec.capacity_target
     assert all(p.slo_attainment < spec.capacity_target for p in front if p.gpus < fleet.gpus)
-    text = engine_yaml(evaluator.baselines()["vllm-default"], deployment_of(spec, evaluator, fleet), "vllm")
+    text = engine_yaml(target("vllm"), evaluator.baselines()["vllm-default"], deployment_of(spec, fleet), spec.context)
     assert f"tensor-parallel-size: {fleet.tp}\n" in text and f"data-parallel-size: {fleet.replicas}\n" in text
 
 
-def test_run_outputs_export_the_recommended_fleet(tmp_path):
+@pytest.mark.parametrize(("engine", "parallel"), [("vllm", "tensor-parallel-size: 2\ndata-parallel-size: {}\n"),
+                                                ("sglang", "tp-size: 2\ndp-size: {}\n")])
+def test_run_outputs_export_the_recommended_fleet(tmp_path, engine, parallel):
     trace = _overloaded_trace(120)
-    spec = _spec(tmp_path, trace, objective="goodput-gpus", trials=6, batch_size=2, seed=2,
+    spec = _spec(tmp_path, trace, objective="goodput-gpus", trials=6, batch_size=2, seed=2, engine=engine,
                  space={"others": "fixed", "tp": [2], "replicas": {"low": 2, "high": 3}})
     evaluator = Evaluator(spec, trace=trace)
     study = create_or_resume(spec)
@@ -136,15 +139,17 @@ def test_run_outputs_export_the_recommended_fleet(tmp_path):
     summary = outputs.summary
     fleet = summary["best"]["fleet"]
     assert fleet["tp"] == 2 and fleet["replicas"] in (2, 3)
-    assert summary["baselines"]["vllm-default"]["fleet"] == {"tp": 1, "replicas": 1, "gpus": 1,
-                                                             "routing": "one replica, no routing"}
-    assert fleet["routing"] == "round_robin router"  # others = "fixed": the router stays the preset's
+    assert summary["baselines"][f"{engine}-default"]["fleet"] == {"tp": 1, "replicas": 1, "gpus": 1,
+                                                                  "routing": "one replica, no routing"}
+    # others = "fixed": the router stays the engine's own (vLLM's DP balancer, SGLang's round robin)
+    router = {"vllm": "vllm_dp", "sglang": "round_robin"}[engine]
+    assert summary["best"]["config"]["router"] == router and fleet["routing"] == f"{router} router"
     assert set(fleet["per_replica"]) == {str(j) for j in range(fleet["replicas"])}
-    vllm = (spec.run_dir / "vllm.yaml").read_text()
-    sglang = (spec.run_dir / "sglang.yaml").read_text()
-    assert f"tensor-parallel-size: 2\ndata-parallel-size: {fleet['replicas']}\n" in vllm
-    assert f"tp-size: 2\ndp-size: {fleet['replicas']}\n" in sglang
+    # the study's own engine file carries the recommended fleet; no other engine's file is written
+    text = (spec.run_dir / f"{engine}.yaml").read_text()
+    assert parallel.format(fleet["replicas"]) in text
+    assert not (spec.run_dir / {"vllm": "sglang.yaml", "sglang": "vllm.yaml"}[engine]).exists()
     review = (spec.run_dir / "capacity-review.md").read_text()
-    assert f"x TP 2 = {fleet['gpus']} GPU(s), round_robin router." in review and "## Fleet" in review
+    assert f"x TP 2 = {fleet['gpus']} GPU(s), {router} router." in review and "## Fleet" in review
     assert f"{fleet['gpus']} ({fleet['replicas']} x TP 2) | 1 (1 x TP 1)" in review
-    assert json.loads((spec.run_dir / "summary.json").read_text())["deployment"]["routing"] == "round_robin router"
+    assert json.loads((spec.run_dir / "summary.json").read_text())["deployment"]["routing"] == f"{router} router"

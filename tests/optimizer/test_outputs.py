@@ -24,7 +24,14 @@ from optimizer.outputs import (
     write_run_outputs,
 )
 from policies.config import PolicyConfig
-from policies.presets import preset
+from policies.engines import EngineContext
+from policies.engines import preset as engine_preset
+
+H100 = EngineContext("h100", 80.0)
+
+
+def preset(name: str) -> PolicyConfig:
+    return engine_preset(name, H100)
 
 
 def _study(directions, rows) -> optuna.Study:
@@ -159,6 +166,7 @@ def _run(tmp_path, objective: str):
     from optimizer.evaluate import Evaluator
     from optimizer.objective import record
     from optimizer.spec import load_spec
+    from optimizer.targets import context_of
     from tests.optimizer.test_outputs_fixtures import make_trace
 
     rng = np.random.default_rng(7)
@@ -166,9 +174,13 @@ def _run(tmp_path, objective: str):
     trace = make_trace(np.cumsum(rng.exponential(0.04, n)), rng.integers(100, 1500, n), rng.integers(2, 120, n))
     trace_file = tmp_path / "trace.csv"
     trace_file.write_text("stand-in bytes for the provenance hash\n")
+    cost_model = CostModel.synthetic(60_000)
+    # a model of unknown context (max_model_len 0: whatever the pool holds): Llama's 131072 would not
+    # fit this synthetic pool, and this hand-rolled objective does not prune as the study does
     spec = load_spec(trace=trace_file, model="meta-llama/Llama-3.1-8B", gpu="h100", slo="ttft:300,tpot:40",
-                     objective=objective, study_name="outputs-test", run_dir=tmp_path / "run", seed=3)
-    evaluator = Evaluator(spec, trace=trace, cost_model=CostModel.synthetic(60_000))
+                     objective=objective, study_name="outputs-test", run_dir=tmp_path / "run", seed=3,
+                     context=context_of(cost_model, "h100", context_len=0))
+    evaluator = Evaluator(spec, trace=trace, cost_model=cost_model)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(directions=["maximize", "minimize"] if objective != "goodput" else ["maximize"],
                                 sampler=optuna.samplers.RandomSampler(seed=0))
@@ -189,9 +201,10 @@ def _run(tmp_path, objective: str):
 def test_write_run_outputs_fills_the_run_folder(tmp_path):
     outputs, study, spec = _run(tmp_path, "goodput")
     run = spec.run_dir
-    for name in ("vllm.yaml", "sglang.yaml", "policy.toml", "bench.sh", "summary.json", "trials.parquet",
-                 "capacity-review.md", "capacity-review.html"):
+    for name in ("policy.toml", "summary.json", "trials.parquet", "capacity-review.md", "capacity-review.html"):
         assert (run / name).stat().st_size > 0, name
+    # a what-if study (the default target) writes servetune's policy only, never an engine's file
+    assert not any((run / name).exists() for name in ("vllm.yaml", "sglang.yaml", "bench.sh"))
     for stem in ("pareto", "rate-sweep", "latency-cdf", "importance"):
         assert (run / "plots" / f"{stem}.png").read_bytes()[:4] == b"\x89PNG", stem
         assert "<svg" in (run / "plots" / f"{stem}.svg").read_text(), stem
@@ -200,7 +213,9 @@ def test_write_run_outputs_fills_the_run_folder(tmp_path):
     best = select_best(study.trials, ["maximize"])
     assert summary["best"]["trial"] == best.number
     assert summary["best"]["values"]["value"] == pytest.approx(best.values[0])
+    # the recommendation's figures are policy.toml's replay, which is the trial's config itself
     assert summary["best"]["report"]["weighted_goodput"] == pytest.approx(best.user_attrs["report"]["weighted_goodput"])
+    assert summary["recommendation"]["file"] == "policy.toml" and summary["recommendation"]["what_if"] is True
     assert set(summary["baselines"]) == {"vllm-default", "sglang-default"}
     vllm = summary["baselines"]["vllm-default"]
     assert vllm["trial"] == 0
@@ -219,7 +234,7 @@ def test_write_run_outputs_fills_the_run_folder(tmp_path):
     frame = pl.read_parquet(run / "trials.parquet")
     assert frame.height == 14 and frame["baseline"].to_list()[:2] == ["vllm-default", "sglang-default"]
     review = (run / "capacity-review.md").read_text()
-    assert f"best (trial {best.number}" in review and "![Pareto front](plots/pareto.png)" in review
+    assert f"policy.toml (trial {best.number})" in review and "![Pareto front](plots/pareto.png)" in review
     assert "GPU(s)" in review and "## What limits the best config" in review
     assert outputs.files["summary.json"] == run / "summary.json"
 

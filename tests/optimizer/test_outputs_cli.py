@@ -14,20 +14,18 @@ from tests.optimizer.test_outputs_fixtures import make_trace
 runner = CliRunner()
 
 
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
+def _study(tmp, engine: str):
     from optimizer.evaluate import Evaluator
     from optimizer.spec import load_spec
     from optimizer.study import create_or_resume, enqueue_baselines, run
     from studies.traces import write_trace
 
-    tmp = tmp_path_factory.mktemp("run")
     rng = np.random.default_rng(5)
     n = 300
     trace = make_trace(np.cumsum(rng.exponential(0.05, n)), rng.integers(100, 2000, n), rng.integers(2, 200, n))
     path = write_trace(trace, tmp / "trace.csv")
     spec = load_spec(trace=path, model="meta-llama/Llama-3.1-8B", gpu="h100", slo="ttft:1000,tpot:60",
-                     trials=8, batch_size=4, study_name="cli-test", run_dir=tmp / "run")
+                     trials=8, batch_size=4, study_name=f"cli-test-{engine}", run_dir=tmp / engine, engine=engine)
     study = create_or_resume(spec)
     evaluator = Evaluator(spec)
     enqueue_baselines(study, spec, evaluator.baselines())
@@ -35,23 +33,45 @@ def run_dir(tmp_path_factory):
     return spec.run_dir
 
 
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A vLLM study's run folder."""
+    return _study(tmp_path_factory.mktemp("run"), "vllm")
+
+
+@pytest.fixture(scope="module")
+def sglang_run_dir(tmp_path_factory):
+    return _study(tmp_path_factory.mktemp("run"), "sglang")
+
+
 def test_report_regenerates_the_run_folder(run_dir):
     result = runner.invoke(app, ["report", str(run_dir)])
     assert result.exit_code == 0, result.output
     assert "weighted goodput vs vllm-default" in result.output
-    for name in ("summary.json", "trials.parquet", "vllm.yaml", "sglang.yaml", "policy.toml", "bench.sh",
+    assert "sglang-default" not in result.output  # a vLLM study's baseline is vLLM's own defaults
+    for name in ("summary.json", "trials.parquet", "vllm.yaml", "bench.sh",
                  "capacity-review.md", "capacity-review.html", "plots/pareto.png", "plots/rate-sweep.svg"):
         assert (run_dir / name).stat().st_size > 0, name
+    # only the study's own engine file: its trials are not SGLang configs or what-ifs
+    assert not (run_dir / "sglang.yaml").exists() and not (run_dir / "policy.toml").exists()
 
 
-def test_export_writes_the_requested_trial_for_each_backend(run_dir, tmp_path):
-    out = tmp_path / "t3.yaml"
-    result = runner.invoke(app, ["export", str(run_dir), "--trial", "3", "--backend", "vllm", "-o", str(out)])
+def test_export_writes_the_requested_trial_for_the_studys_engine(run_dir, sglang_run_dir, tmp_path):
+    from optuna.trial import TrialState
+
+    from optimizer.outputs import open_run
+
+    _, study = open_run(run_dir, None)
+    # a sampled trial the search completed (vLLM's rules prune some, e.g. a budget below max-num-seqs)
+    number = next(t.number for t in study.get_trials(deepcopy=False)
+                  if t.state == TrialState.COMPLETE and "baseline" not in t.user_attrs)
+    out = tmp_path / "t.yaml"
+    result = runner.invoke(app, ["export", str(run_dir), "--trial", str(number), "--backend", "vllm", "-o", str(out)])
     assert result.exit_code == 0, result.output
     text = out.read_text()
-    assert "trial 3" in text.splitlines()[1]
+    assert f"trial {number}" in text.splitlines()[1]
     assert set(yaml.safe_load(text)) <= VLLM_033_KEYS
-    result = runner.invoke(app, ["export", str(run_dir), "--backend", "sglang"])
+    result = runner.invoke(app, ["export", str(sglang_run_dir)])  # the backend defaults to the study's engine
     assert result.exit_code == 0, result.output
     data = yaml.safe_load(result.stdout)
     assert set(data) <= SGLANG_0523_KEYS and data["model-path"] == "meta-llama/Llama-3.1-8B"
@@ -61,6 +81,7 @@ def test_export_writes_the_requested_trial_for_each_backend(run_dir, tmp_path):
 @pytest.mark.parametrize(("args", "message"), [
     (["export", "{run}", "--backend", "trtllm"], "unknown backend 'trtllm'"),
     (["export", "{run}", "--backend", "vllm", "--trial", "99"], "no trial 99 in this study"),
+    (["export", "{run}", "--backend", "sglang"], "its trials are not sglang configs"),
     (["export", "{missing}", "--backend", "vllm"], "does not exist"),
     (["report", "{missing}"], "does not exist"),
     (["report", "{empty}"], "not a servetune run folder"),

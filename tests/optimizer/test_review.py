@@ -21,9 +21,14 @@ from optimizer.review import (
     to_markdown,
     write_review,
 )
-from policies.presets import preset
+from policies.engines import EngineContext
+from policies.engines import preset as engine_preset
 from policies.result import SimResult
 from studies.slo import parse_slo
+
+
+def preset(name):
+    return engine_preset(name, EngineContext("h100", 80.0))
 
 
 def _signals(busy=0.5, kv=0.5, preempt=0.0, kv_rejects=0.0, queue=0.1) -> LoadSignals:

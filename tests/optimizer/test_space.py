@@ -5,9 +5,10 @@ import optuna
 import pytest
 
 from costmodels.costmodel import CostModel
-from optimizer.space import DEFAULTS, SpaceError, build_space, infeasibility
+from optimizer.space import SpaceError, build_space, infeasibility
 from policies.config import KNOBS, PolicyConfig
-from policies.presets import sglang_default, vllm_default
+from policies.engines import EngineContext, preset
+from policies.engines.servetune import SEARCH
 from tests.optimizer.tuning_helpers import sampled
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -94,17 +95,23 @@ def test_bad_overrides_name_the_knob(overrides, message):
 
 def test_baseline_params_replay_the_preset():
     space = build_space()
-    for config in (vllm_default("h100"), sglang_default("h100")):
+    h100 = EngineContext("h100", 80.0)
+    for config in (preset("vllm-default", h100), preset("sglang-default", h100)):
         params = space.params_for(config)
         study = optuna.create_study()
         study.enqueue_trial(params)
         trial = study.ask()
         space.record(trial, config)
         assert trial.params == params
-        assert space.suggest(optuna.trial.FixedTrial(params)).max_num_batched_tokens == config.max_num_batched_tokens
+        replay = optuna.create_study()
+        replay.enqueue_trial(params)  # params the space cannot express are sampled, the rest replayed
+        assert space.suggest(replay.ask()).max_num_batched_tokens == config.max_num_batched_tokens
+        # SGLang's request cap comes from its KV pool (2048 without KV sizing), above the
+        # what-if range [8, 1024]: left out of the params, not recorded falsely
+        assert ("max_num_seqs" in params) == (8 <= config.max_num_seqs <= 1024)
     # a value outside the searched range is left out rather than recorded falsely
     narrow = build_space({"max_num_batched_tokens": {"low": 256, "high": 4096, "log": True}})
-    assert "max_num_batched_tokens" not in narrow.params_for(vllm_default("h100"))
+    assert "max_num_batched_tokens" not in narrow.params_for(preset("vllm-default", h100))
 
 
 def test_infeasible_configs_are_named():
@@ -123,4 +130,4 @@ def test_infeasible_configs_are_named():
 
 
 def test_defaults_only_name_real_knobs():
-    assert set(DEFAULTS) <= {k.name for k in KNOBS}
+    assert set(SEARCH) <= {k.name for k in KNOBS}

@@ -59,9 +59,16 @@ def wait_for(predicate, timeout=120.0):
 def test_tune_prints_gains_and_rejects_bad_input(trace_file, tmp_path):
     out = subprocess.run(servetune("tune", "--trace", trace_file, *MODEL, "--trials", 6, "--no-outputs",
                                    "--run-dir", tmp_path / "run"),
-                         capture_output=True, text=True, cwd=tmp_path, timeout=300)
+                         capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                         env={**os.environ, "COLUMNS": "200"})
     assert out.returncode == 0, out.stderr
-    assert "gain over vllm-default:" in out.stdout and "gain over sglang-default:" in out.stdout
+    text = " ".join(out.stdout.split())
+    # one study per engine (both by default), each against its own engine's defaults
+    assert "vLLM 0.33.0" in text and "SGLang 0.5.23" in text
+    assert "│ vllm-default " in text and "│ sglang-default " in text
+    # a gain is the exported file's, replayed: without outputs none is stated, rather than a searched trial's
+    assert text.count("--no-outputs: no file written, so no gain is stated") == 2
+    assert "gain of" not in text and "gain over" not in text
     bad = subprocess.run(servetune("tune", "--trace", trace_file, *MODEL, "--trials", 6, "--slo", "ttft:1",
                                    "--run-dir", tmp_path / "run"),
                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
@@ -70,10 +77,10 @@ def test_tune_prints_gains_and_rejects_bad_input(trace_file, tmp_path):
 
 def test_resume_after_kill_keeps_every_completed_trial(trace_file, tmp_path):
     run_dir = tmp_path / "run"
-    journal = str(run_dir / "study.journal")
-    name = "killme"
-    cmd = servetune("tune", "--trace", trace_file, *MODEL, "--study-name", name, "--run-dir", run_dir,
-                    "--no-outputs", "--quiet", "--batch-size", 2)
+    journal = str(run_dir / "vllm" / "study.journal")  # runs/<study>/<engine>/
+    name = "killme-vllm"  # the study of the vLLM target
+    cmd = servetune("tune", "--trace", trace_file, *MODEL, "--study-name", "killme", "--run-dir", run_dir,
+                    "--engine", "vllm", "--no-outputs", "--quiet", "--batch-size", 2)
     proc = subprocess.Popen([*cmd, "--trials", "500"], cwd=tmp_path, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
@@ -103,10 +110,11 @@ def shared_study(trace_file, tmp_path, storage, name, reader):
     budget = 60
     common = ["--batch-size", 1, "--quiet"]
     tune = subprocess.Popen(servetune("tune", "--trace", trace_file, *MODEL, "--trials", budget, "--study-name", name,
-                                      "--run-dir", tmp_path / name, "--storage", storage, "--no-outputs", *common),
+                                      "--run-dir", tmp_path / name, "--storage", storage, "--engine", "vllm",
+                                      "--no-outputs", *common),
                             cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    wait_for(lambda: (tmp_path / name / "study.json").exists())
-    workers = [subprocess.Popen(servetune("worker", "--study", name, "--storage", storage, *common),
+    wait_for(lambda: (tmp_path / name / "vllm" / "study.json").exists())
+    workers = [subprocess.Popen(servetune("worker", "--study", f"{name}-vllm", "--storage", storage, *common),
                                 cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for _ in range(2)]
     for p in (tune, *workers):
         _, err = p.communicate(timeout=300)
@@ -117,13 +125,13 @@ def shared_study(trace_file, tmp_path, storage, name, reader):
     assert len({t.number for t in done}) == budget
     extra = [t for t in study.get_trials() if t.state == TrialState.FAIL]
     assert all(t.user_attrs.get("over_budget") for t in extra)
-    assert len([t for t in done if "baseline" in t.user_attrs]) == 2
+    assert len([t for t in done if "baseline" in t.user_attrs]) == 1  # a vLLM study's one baseline: vllm-default
     assert len({t.user_attrs["worker"] for t in done}) >= 2  # the workers did share the work
 
 
 def test_processes_share_one_journal(trace_file, tmp_path):
     journal = str(tmp_path / "shared.journal")
-    shared_study(trace_file, tmp_path, journal, "shared", lambda: load(open_storage_for(journal), "shared"))
+    shared_study(trace_file, tmp_path, journal, "shared", lambda: load(open_storage_for(journal), "shared-vllm"))
 
 
 @pytest.mark.postgres
@@ -133,9 +141,9 @@ def test_processes_share_one_postgres_study(trace_file, tmp_path):
         pytest.skip("SERVETUNE_TEST_PG_URL is unset; source .ci/postgres.sh to start a server")
     name = f"pg-{uuid.uuid4().hex[:8]}"
     try:
-        shared_study(trace_file, tmp_path, url, name, lambda: load(url, name))
+        shared_study(trace_file, tmp_path, url, name, lambda: load(url, f"{name}-vllm"))
     finally:
-        optuna.delete_study(study_name=name, storage=url)
+        optuna.delete_study(study_name=f"{name}-vllm", storage=url)
 
 
 @pytest.mark.postgres

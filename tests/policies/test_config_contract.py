@@ -6,8 +6,24 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from costmodels.costmodel import CostModelError
+from costmodels.gpus import load_gpu
+from optimizer.targets import engine_context
 from policies.config import KNOBS, ConfigError, PolicyConfig
-from policies.presets import preset, sglang_default, vllm_default
+from policies.engines import EngineContext, preset
+
+
+def _ctx(gpu: str) -> EngineContext:
+    """A context of ``gpu`` without a model (no context length, no KV sizing)."""
+    return EngineContext(gpu, load_gpu(gpu).memory_bytes / 2**30)
+
+
+def vllm_default(gpu: str = "h100") -> PolicyConfig:
+    return preset("vllm-default", _ctx(gpu))
+
+
+def sglang_default(gpu: str = "h100") -> PolicyConfig:
+    return preset("sglang-default", _ctx(gpu))
 
 
 def _knob_value(knob):
@@ -69,9 +85,9 @@ def test_sglang_defaults_are_prefill_first_with_ratio_admission():
 
 def test_unknown_preset_and_gpu_are_named():
     with pytest.raises(ConfigError, match="unknown preset 'vllm'"):
-        preset("vllm")
-    with pytest.raises(ConfigError, match="unknown GPU 'v100'"):
-        preset("vllm-default", "v100")
+        preset("vllm", _ctx("h100"))
+    with pytest.raises(CostModelError, match="unknown GPU 'v100'"):
+        engine_context("meta-llama/Llama-3.1-8B", "v100")
 
 
 def test_both_engines_cache_prefixes_by_default():

@@ -10,7 +10,7 @@ from policies.config import (
     active_fleet_knobs,
     check_fleet,
 )
-from policies.presets import sglang_default, vllm_default
+from policies.engines import ENGINES, EngineContext, preset, target
 
 FLEET = dict(router="consistent_hash", router_cache_threshold=0.7, router_balance_abs=8, router_balance_rel=2.5,
              router_queue_weight=0.25, hash_virtual_nodes=64, hash_prefix_blocks=3, hash_by_tenant=True,
@@ -24,8 +24,9 @@ def test_defaults_are_round_robin_with_nothing_moving():
     # the sglang-router defaults (0.3.2) and the contract's ring
     assert (config.router_cache_threshold, config.router_balance_abs, config.router_balance_rel) == (0.3, 64, 1.5)
     assert (config.hash_virtual_nodes, config.hash_overflow_factor) == (160, 1.25)
-    for preset in (vllm_default(), sglang_default()):
-        assert all(getattr(preset, name) == getattr(config, name) for name in FLEET_KNOBS)
+    h100 = EngineContext("h100", 80.0)
+    for defaults in (preset("vllm-default", h100), preset("sglang-default", h100)):
+        assert all(getattr(defaults, name) == getattr(config, name) for name in FLEET_KNOBS)
 
 
 def test_fleet_values_round_trip_through_vector_and_toml():
@@ -77,4 +78,8 @@ def test_sglang_router_flags_are_recorded_and_no_engine_flag_is_claimed():
     flags = {name: KNOB_BY_NAME[name].router for name in FLEET_KNOBS if KNOB_BY_NAME[name].router}
     assert flags == {"router": "policy", "router_cache_threshold": "cache-threshold",
                      "router_balance_abs": "balance-abs-threshold", "router_balance_rel": "balance-rel-threshold"}
-    assert not any(KNOB_BY_NAME[name].vllm or KNOB_BY_NAME[name].sglang for name in FLEET_KNOBS)
+    # the only fleet knob an engine flag drives is the router of its own data-parallel replicas
+    # (SGLang's --load-balance-method); thresholds, migration and P/D pools are no engine's flag
+    claimed = {(name, flag.key): flag.knob for name in ENGINES for flag in target(name).flags
+               if flag.knob in FLEET_KNOBS}
+    assert claimed == {("sglang", "load-balance-method"): "router"}

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from studies.formats import detect
-from studies.traces import TraceError, TraceWarning, load_trace
+from studies.traces import CAP_GIVEN, CAP_NONE, NO_CAP, TraceError, TraceWarning, load_trace
 
 MOONCAKE = "".join(json.dumps(r) + "\n" for r in [
     {"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [0, 1]},
@@ -38,7 +38,9 @@ def test_mooncake_raw(tmp_path):
     assert t.arrival_s.tolist() == [0, 0, 0, 3, 6]
     assert t.block_offsets.tolist() == [0, 2, 3, 5, 6, 7]
     assert t.block_hashes.tolist() == [0, 1, 0, 0, 2, 3, 4]
-    assert t.block_tokens == 512 and t.max_tokens.tolist() == [3, 5, 2, 1, 1]
+    # Mooncake carries no caps: every request is CAP_NONE (NO_CAP), never its true output length
+    assert t.block_tokens == 512 and t.max_tokens.tolist() == [NO_CAP] * 5
+    assert t.max_tokens_source.tolist() == [CAP_NONE] * 5 and not t.caps_known
     assert t.meta["format"] == "mooncake"
 
 
@@ -80,7 +82,8 @@ def test_burstgpt_keeps_failures_and_counts_filters(tmp_path):
 
 def test_native_csv_fields_and_defaults(tmp_path):
     t = load_trace(write(tmp_path, "n.csv", NATIVE))
-    assert t.max_tokens.tolist() == [16, 1] and t.priority.tolist() == [2, 0]
+    assert t.max_tokens.tolist() == [16, NO_CAP] and t.priority.tolist() == [2, 0]  # empty cap: none given
+    assert t.max_tokens_source.tolist() == [CAP_GIVEN, CAP_NONE]
     assert list(t.tenant_labels) == ["a", "b"] and list(t.slo_class_labels) == ["fast", "default"]
     assert t.deadline_s[0] == 10 and np.isnan(t.deadline_s[1])
     assert t.block_hashes.tolist() == [1, 2] and t.block_offsets.tolist() == [0, 2, 2]

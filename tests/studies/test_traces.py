@@ -3,7 +3,16 @@
 import numpy as np
 import pytest
 
-from studies.traces import Trace, TraceError, csr_take, encode_names, load_trace, trace_stats
+from studies.traces import (
+    CAP_NONE,
+    NO_CAP,
+    Trace,
+    TraceError,
+    csr_take,
+    encode_names,
+    load_trace,
+    trace_stats,
+)
 
 
 def small() -> Trace:
@@ -15,7 +24,9 @@ def small() -> Trace:
 
 def test_from_columns_defaults():
     t = small()
-    assert t.max_tokens.tolist() == [3, 1, 7, 1]  # max(output, 1): a failed request still asked for a token
+    # no caps given: NO_CAP / CAP_NONE, never the true output length (which the scheduler must not see)
+    assert t.max_tokens.tolist() == [NO_CAP] * 4 and t.max_tokens_source.tolist() == [CAP_NONE] * 4
+    assert t.output_estimator == "cap" and t.output_estimate.tolist() == [NO_CAP] * 4
     assert t.tenant_names == ("default",) and t.tenant.dtype == np.int32
     assert np.isnan(t.deadline_s).all() and t.block_tokens == 512
     assert not t.arrival_s.flags.writeable
