@@ -93,8 +93,9 @@ def studies() -> dict[str, dict[str, Any]]:
 
 def tune_target(name: str, engine: str, trace, slos, trials: int, seed: int) -> dict[str, Any]:
     """One target's study on ``trace`` (its first 75% tuned), its file, and the checks."""
+    # as `servetune tune` does: each engine timed with its own profiled op tables
     spec = StudySpec(trace=Path(f"{name}.trace"), model=MODEL, gpu=GPU, slos=slos, trials=trials, seed=seed,
-                     batch_size=2, engine=engine, holdout=HOLDOUT)
+                     batch_size=2, engine=engine, holdout=HOLDOUT, framework=engine if engine != "servetune" else "vllm")
     evaluator = Evaluator(spec, trace=client_view(trace, spec))
     study = optuna.create_study(directions=list(objective_for(spec).directions), sampler=make_sampler(spec, seed))
     enqueue_baselines(study, spec, evaluator.baselines())

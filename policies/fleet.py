@@ -116,7 +116,8 @@ R_NONE = int(Reject.NONE)
 R_EXCEEDS = int(Reject.EXCEEDS_CAPACITY)
 
 # fi rows: per request, i8[N_FI, n]
-FI_OWNER = 0  # replica the request was last delivered to (-1: not arrived, queued or in flight)
+FI_OWNER = 0  # replica the request was last delivered to (-1: not arrived, queued, in flight, or it ended on
+#              an incarnation that has since failed)
 FI_PROMISE = 1  # P/D: decode replica that promised it KV (-1: none)
 FI_NEED = 2  # P/D: blocks promised
 FI_DEST = 3  # destination while in flight (-1: not in flight)
@@ -718,7 +719,13 @@ def _fail(fl, j, t):
     decode = fr[FR_POOL, j] == 1
     for r in range(fi.shape[1]):
         o = fi[FI_OWNER, r]
-        held = o == j and rep_j.ri[STATUS, r] != DONE
+        if o == j and rep_j.ri[STATUS, r] == DONE:
+            # ended here: its outputs are written by _retire below; it must not stay owned by
+            # j, or j's next incarnation (where r is NOT_ARRIVED) would take it for one in
+            # its inbox at j's next failure (issue 18: a replica failing twice never ended)
+            fi[FI_OWNER, r] = -1
+            continue
+        held = o == j
         if not (held or fi[FI_DEST, r] == j or (decode and fi[FI_PROMISE, r] == j)):
             continue
         if o >= 0:

@@ -24,6 +24,7 @@ from optimizer.cli.failure_options import FailOption, MtbfOption, RepairOption
 from optimizer.spec import SpecError, load_spec
 from optimizer.study import RunStats, StudyError
 from policies.config import ConfigError
+from policies.engines import ENGINES
 from studies.slo import SLOError
 from studies.traces import TraceError
 
@@ -107,10 +108,13 @@ def tune_command(
                      holdout=DEFAULT_HOLDOUT if holdout is None else holdout)
         names = _targets(engine, what_if)
         probe = load_spec(spec_file, **flags)  # the study's name and run folder, shared by its targets
+        probe_framework = framework if framework is not None else _spec_framework(spec_file)
         spaces = _spaces_per_target(probe.space, names, console)
         summaries = {}
         for name in names:
-            spec = load_spec(spec_file, **{**flags, "engine": name, "study_name": f"{probe.study_name}-{name}",
+            # an engine's study is timed with that engine's profiled op tables unless --framework says
+            own = {"framework": name if name in ENGINES else "vllm"} if probe_framework is None else {}
+            spec = load_spec(spec_file, **{**flags, **own, "engine": name, "study_name": f"{probe.study_name}-{name}",
                                            "run_dir": Path(probe.run_dir) / name, "space": spaces[name]})
             if max_rejected is not None:
                 spec = spec.replace(constraints=dataclasses.replace(spec.constraints,
@@ -128,8 +132,16 @@ def tune_command(
 DEFAULT_HOLDOUT = 0.25
 
 
+def _spec_framework(spec_file: Path | None) -> str | None:
+    """The framework a spec file sets, if any (then every target uses its tables)."""
+    if spec_file is None:
+        return None
+    from studies.tomlfile import read_toml
+
+    return (read_toml(spec_file, SpecError).get("deployment") or {}).get("framework")
+
+
 def _targets(engine: str, what_if: bool) -> list[str]:
-    from policies.engines import ENGINES
 
     if engine not in (*ENGINES, "both"):
         raise SpecError(f"--engine {engine!r} is unknown; valid: {[*ENGINES, 'both']}")
@@ -312,8 +324,8 @@ def _print_file_gains(console: Console, summary: dict) -> None:
         console.print(f"[bold red]no default meets the SLOs for {lead['target_attainment']:.0%} of requests on this "
                       f"deployment[/]: the recommended {rec['file']} needs "
                       + (f"[bold]{gpus} GPU(s)[/] ({lead['replicas_needed']} replicas)" if gpus else "more GPUs than "
-                         "the capacity search reached") + " at these SLOs; a gain over a default that serves almost "
-                      "nothing well is not a figure to act on")
+                         "the capacity search reached") + " at these SLOs; size by that, not by a gain over a "
+                      "default that misses them")
     for name, entry in summary["baselines"].items():
         theirs = entry["report"].get("weighted_goodput") or 0.0
         mine = best.get("weighted_goodput") or 0.0

@@ -70,7 +70,7 @@ def test_a_trial_rebuilt_from_its_params_gives_the_same_config():
 def test_baselines_on_a_fleet_record_their_fleet_knobs():
     space = build_space(fleet=Fleet(replicas=4))
     params = space.params_for(vllm_default())
-    assert params["router"] == "round_robin" and params["migration"] is False
+    assert params["router"] == "vllm_dp" and params["migration"] is False  # vLLM routes its DP replicas itself
     assert params["prefill_replicas:on"] is False
     assert "router" not in build_space().params_for(vllm_default())
     # a P/D split the trial's fleet cannot hold is left out rather than recorded falsely

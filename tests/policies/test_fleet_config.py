@@ -25,8 +25,11 @@ def test_defaults_are_round_robin_with_nothing_moving():
     assert (config.router_cache_threshold, config.router_balance_abs, config.router_balance_rel) == (0.3, 64, 1.5)
     assert (config.hash_virtual_nodes, config.hash_overflow_factor) == (160, 1.25)
     h100 = EngineContext("h100", 80.0)
-    for defaults in (preset("vllm-default", h100), preset("sglang-default", h100)):
-        assert all(getattr(defaults, name) == getattr(config, name) for name in FLEET_KNOBS)
+    # each engine routes its data-parallel replicas its own way; nothing else moves
+    vllm, sglang = preset("vllm-default", h100), preset("sglang-default", h100)
+    assert (vllm.router, sglang.router) == ("vllm_dp", "round_robin")  # SGLang's "auto" is round_robin
+    for defaults in (vllm, sglang):
+        assert all(getattr(defaults, name) == getattr(config, name) for name in FLEET_KNOBS if name != "router")
 
 
 def test_fleet_values_round_trip_through_vector_and_toml():
