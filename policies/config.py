@@ -40,7 +40,7 @@ class Knob:
         return KNOB_INDEX[self.name]
 
 
-SCHEDULING_POLICIES = ("fcfs", "priority", "edf", "sjf", "lpm", "vtc", "lof")  # append only: indices are encoded
+SCHEDULING_POLICIES = ("fcfs", "priority", "edf", "sjf", "lpm", "vtc", "lof", "dfs_weight")  # append only: indices are encoded
 SCHEDULE_MODES = ("decode_first", "prefill_first")
 ADMISSION_MODES = ("none", "reservation", "predicted", "new_token_ratio")
 PREEMPTION_MODES = ("recompute", "swap", "auto")

@@ -52,7 +52,9 @@ Sharing (issue 6; state in ``Replica.pc``/``wq``/``sh``, rules in
 * Waiting order (``scheduling_policy``): fcfs, priority (with ``aging_rate``), edf
   (a never-scheduled head whose deadline is lost even alone, with ``deadline_margin_ms``,
   is rejected DEADLINE_UNMEETABLE), sjf, lpm, vtc, lof (SGLang: largest ``max_out``
-  first); queue lanes are (tenant, class) pairs.
+  first), dfs_weight (SGLang's dfs-weight over the cached hash chains, fixed per
+  admission round by ``qm.dfs_rekey``; fcfs with caching off); queue lanes are (tenant,
+  class) pairs.
   Past ``max_wait_s`` a never-scheduled request is rejected or, with ``max_wait_action =
   admit_first``, moved ahead of every other.
 * Quotas (tenant KV / token quotas, class budgets; ``policies.fairness``): a head over
@@ -341,6 +343,7 @@ assert SCHEDULING_POLICIES == qm.QUEUE_ORDERS and FAIRNESS_COST_UNITS == fm.FAIR
 EDF = SCHEDULING_POLICIES.index("edf")
 VTC = SCHEDULING_POLICIES.index("vtc")
 LPM = SCHEDULING_POLICIES.index("lpm")
+DFS_WEIGHT = SCHEDULING_POLICIES.index("dfs_weight")
 ADMIT_FIRST = MAX_WAIT_ACTIONS.index("admit_first")
 PREFILL_FIRST = SCHEDULE_MODES.index("prefill_first")
 ADMIT_NONE = ADMISSION_MODES.index("none")
@@ -365,8 +368,10 @@ R_DEADLINE = int(Reject.DEADLINE_UNMEETABLE)
 R_EXCEEDS = int(Reject.EXCEEDS_CAPACITY)
 R_MAX_PREEMPTIONS = int(Reject.MAX_PREEMPTIONS)
 
-#: Kernel error code: a step formed no work although requests were waiting or running.
+#: Kernel error codes: a step formed no work although requests were waiting or running;
+#: ``withdraw`` was asked for a request the replica does not hold.
 ERROR_STALLED = 1
+ERROR_NOT_HELD = 2
 
 # Per-request output rows (out_i, out_f) copied from the kernel's state.
 O_STATE, O_REASON, O_GENERATED, O_PREEMPTS = 0, 1, 2, 3
@@ -983,6 +988,8 @@ def _admit_waiting(rep, st, tables, cfg, prefill_first, threshold):
         gf[NTR_REM] = (g[FREE] - g[HEADROOM]) * block_size - gf[RATIO] * _running_future(ri, g, rep.lists[L_RUN])
     if quotas:
         lane_blocked[:] = 0
+    if order == DFS_WEIGHT and caching and g[N_RUN] < max_seqs and g[BUDGET] > 0:
+        qm.dfs_rekey(wq, pc, offsets, prompt)  # SGLang sorts once per round that may admit (calc_priority)
     while g[N_RUN] < max_seqs and g[BUDGET] > 0:
         r = qm.pick(wq, order, lane_blocked, sh.tenants[fm.TS_COUNTER], pc, offsets, prompt)
         if r < 0:
@@ -1741,11 +1748,13 @@ def _stuck_modes(cfg, quotas):
     """Modes under which a blocked waiting head stays blocked while decodes only grow:
     admission by free KV or reservation (new_token_ratio decays, so it may unblock), no
     step-time cap, quota or max wait, and a static queue order (EDF rejects by the clock,
-    VTC reorders by counters, LPM by cached prefixes, which decodes may evict)."""
+    VTC reorders by counters, LPM and DFS_WEIGHT by cached prefixes, which decodes may
+    evict)."""
     mode = int(cfg[I_ADMISSION])
     order = int(cfg[I_POLICY])
     return (mode != ADMIT_NTR and cfg[I_STEP_CAP_MS] <= 0.0 and not quotas and cfg[I_MAX_WAIT] <= 0.0
-            and order != EDF and order != VTC and not (order == LPM and cfg[I_PREFIX_CACHING] != 0.0))
+            and order != EDF and order != VTC
+            and not ((order == LPM or order == DFS_WEIGHT) and cfg[I_PREFIX_CACHING] != 0.0))
 
 
 # ======================================================================================
@@ -2127,8 +2136,11 @@ def _leave_inbox(rep, r):
     inbox = rep.lists[L_INBOX]
     ring = inbox.shape[0] - 1
     p = g[INBOX_HEAD]
-    while inbox[p % ring] != r:
+    while p < g[N_DELIVERED] and inbox[p % ring] != r:
         p += 1
+    if p == g[N_DELIVERED]:  # r is not in the inbox: a caller's bug, reported instead of searched for ever
+        g[ERROR] = ERROR_NOT_HELD
+        return
     for q in range(p, g[N_DELIVERED] - 1):
         inbox[q % ring] = inbox[(q + 1) % ring]
     g[N_DELIVERED] -= 1

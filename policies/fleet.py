@@ -36,6 +36,13 @@ State is structure-of-arrays: per request ``fi`` (owner, promise, destination in
 and the engine's carried rows (what a request takes from replica to replica), per replica
 ``fr``, run scalars ``fg``. Every array the loop touches is borrowed (``engine.borrowed``)
 so the many small calls per event cost no reference counting.
+
+Progress guard: every event of a correct run moves one of the run's progress counters
+(arrivals and failure events taken, migration ticks, deliveries, steps of any replica),
+so the event loop runs at most ``base + per * progress`` times (``_progress_budget``:
+generous, derived from the trace); past that, or as soon as a replica's engine reports an
+internal error, the run stops and ``simulate_fleet`` raises ``SimulationStalled`` naming
+the time, the replica and the fleet's state, instead of hanging.
 """
 
 from __future__ import annotations
@@ -81,8 +88,10 @@ from policies.kernel_state import (
     C_ERROR,
     C_N_SAMPLES,
     C_PEAK,
+    C_STEPS,
     COMPUTED,
     DONE,
+    ERROR,
     F_BUSY,
     F_END,
     N_COUNTS,
@@ -96,6 +105,7 @@ from policies.kernel_state import (
     S_TENANT,
     SERIES_CAPACITY,
     STATUS,
+    STEPS,
 )
 from policies.result import Reject, SimResult, State
 
@@ -152,9 +162,21 @@ RQ_REROUTES, RQ_REPREFILL, RQ_ENDED_ON = 0, 1, 2  # requests: i8[N_RQ, n]
 N_RQ = 3
 FL_MIGRATIONS, FL_HANDOFFS, FL_INCARNATIONS, FL_ERROR = 0, 1, 2, 3  # fleet: i8[N_FLEET]
 N_FLEET = 4
-#: Fleet error codes: a request never ended, or a hand-off was left in flight.
+#: Fleet error codes: a request never ended, a hand-off was left in flight, the event loop
+#: made no progress (``_progress_budget`` exceeded), a replica's engine reported an error.
 ERROR_UNENDED = 1
 ERROR_IN_FLIGHT = 2
+ERROR_NO_PROGRESS = 3
+ERROR_ENGINE = 4
+# stall slots: where a guard stopped the run, f8[N_STALL]
+(ST_T, ST_REPLICA, ST_ITERATIONS, ST_Q_LEN, ST_N_FLIGHT, ST_ARRIVALS, ST_FAILURES, ST_CLOCK, ST_RUNNING, ST_WAITING,
+ ST_OUTSTANDING, ST_ENGINE_ERROR) = range(12)
+N_STALL = 12
+
+
+class SimulationStalled(RuntimeError):
+    """The fleet kernel stopped a run that made no progress (an internal error: please
+    report the trace, config and failure schedule)."""
 
 
 class FleetBuffers(NamedTuple):
@@ -175,6 +197,7 @@ class FleetBuffers(NamedTuple):
     incarnations: np.ndarray  # i8[I, 2]: replica, samples
     ends: np.ndarray  # f8[I]: clock when the incarnation stopped
     fleet: np.ndarray  # i8[N_FLEET]
+    stall: np.ndarray  # f8[N_STALL]: where a progress guard stopped the run (NaN: it did not)
 
 
 class Fleet(NamedTuple):
@@ -220,21 +243,27 @@ class Fleet(NamedTuple):
 # ======================================================================================
 @njit(cache=True, nogil=True)
 def fleet_kernel(statics, tables, block_hashes, kv_bytes, swap_bw, fail_t, fail_replica, fail_up, cfg, caps, hosts,
-                 seed, series_every, fast_forward, tenant_params, class_params, router, out):
+                 seed, series_every, fast_forward, tenant_params, class_params, router, out, budget):
     """One replay of the trace through a fleet of R = len(statics) replicas running ``cfg``.
 
     ``statics``/``tables``: each replica's ``engine.Statics`` and step-time tables;
     ``kv_bytes``/``swap_bw``/``caps``/``hosts``: each replica's KV bytes per token, host
     copy bandwidth and GPU/host KV blocks; ``fail_*``: the failure events in processing
     order (``FailureSchedule.events``); ``router``: an empty ``routing.RouterState``;
-    ``out``: ``FleetBuffers``, filled. The rest as in ``engine.new_replica``.
+    ``out``: ``FleetBuffers``, filled; ``budget``: i8[2] (base, per), the event loop runs
+    at most base + per * progress times (``_progress``). The rest as in ``engine.new_replica``.
     """
     owned = _new_fleet(statics, tables, block_hashes, kv_bytes, swap_bw, fail_t, fail_replica, fail_up, cfg, caps,
                        hosts, seed, series_every, fast_forward, tenant_params, class_params, router, out)
     fl = _borrow_fleet(owned)  # owned outlives it
     n_rep = fl.fr.shape[1]
     t = fl.t0
+    iterations = 0
     while True:
+        iterations += 1
+        if iterations > budget[0] + budget[1] * _progress(fl):
+            _stall(fl, t, ERROR_NO_PROGRESS, _laggard(fl), iterations, 0)
+            break
         n_stepping = _watch_steps(fl)
         for k in range(n_stepping):
             _run(fl, fl.stepping[k], t, True)
@@ -249,19 +278,23 @@ def fleet_kernel(statics, tables, block_hashes, kv_bytes, swap_bw, fail_t, fail_
                     _run(fl, j, t, False)
             _release_promises(fl)
         _events_at(fl, t)
+        j = _replica_in_error(fl)
+        if j >= 0:
+            _stall(fl, t, ERROR_ENGINE, j, iterations, _engine_error(fl, j))
+            break
     _finish(owned)
 
 
 @njit(cache=True, parallel=True)
 def fleet_many_kernel(statics, tables, block_hashes, kv_bytes, swap_bw, fail_t, fail_replica, fail_up, cfgs, caps,
-                      hosts, seed, series_every, fast_forward, tenant_params, class_params, routers, outs):
+                      hosts, seed, series_every, fast_forward, tenant_params, class_params, routers, outs, budget):
     """``fleet_kernel`` for every row of ``cfgs`` (each its own fleet), in parallel."""
     signed = np.arange(cfgs.shape[0])  # prange counts unsigned; typed lists take a signed index
     for m in prange(cfgs.shape[0]):
         k = signed[m]
         fleet_kernel(statics, tables, block_hashes, kv_bytes, swap_bw, fail_t, fail_replica, fail_up, cfgs[k],
                      caps[k], hosts[k], seed, series_every, fast_forward, tenant_params[k], class_params[k],
-                     routers[k], outs[k])
+                     routers[k], outs[k], budget)
 
 
 @njit(cache=True, nogil=True)
@@ -317,7 +350,7 @@ def _borrow_fleet(fl):
         FleetBuffers(borrowed(out.out_i), borrowed(out.out_f), borrowed(out.cached), borrowed(out.requests),
                      borrowed(out.counts), borrowed(out.fcounts), borrowed(out.prefix), borrowed(out.service),
                      borrowed(out.routed), borrowed(out.series), borrowed(out.incarnations), borrowed(out.ends),
-                     borrowed(out.fleet)),
+                     borrowed(out.fleet), borrowed(out.stall)),
         borrowed(fl.block_hashes), borrowed(fl.caps), borrowed(fl.hosts), borrowed(fl.kv_bytes), borrowed(fl.swap_bw),
         borrowed(fl.tenant_params), borrowed(fl.class_params), borrowed(fl.fail_t), borrowed(fl.fail_replica),
         borrowed(fl.fail_up), fl.t0, fl.seed, fl.series_every, fl.fast_forward)
@@ -326,7 +359,10 @@ def _borrow_fleet(fl):
 @njit(cache=True, nogil=True)
 def _finish(fl):
     """After the last event: run every alive replica to its end, end what is still
-    queued, write every replica's outputs and flag a request that did not end."""
+    queued, write every replica's outputs and flag a request that did not end. After a
+    progress guard stopped the run, nothing more is run (the run is an error)."""
+    if fl.out.fleet[FL_ERROR] != 0:
+        return
     n_rep = fl.fr.shape[1]
     for j in range(n_rep):
         if fl.fr[FR_ALIVE, j]:
@@ -342,6 +378,71 @@ def _finish(fl):
         out.fleet[FL_ERROR] = ERROR_IN_FLIGHT
     elif np.any(out.out_i[O_STATE] < 0):
         out.fleet[FL_ERROR] = ERROR_UNENDED
+
+
+# -- the progress guard ---------------------------------------------------------------------
+@njit(cache=True, nogil=True)
+def _progress(fl):
+    """The run's progress counters summed: arrivals and failure events taken, migration
+    ticks, deliveries and steps of every incarnation. Every event of a correct run
+    moves one of them, so they bound the event loop's iterations."""
+    fg, out = fl.fg, fl.out
+    p = fg[FG_NEXT_ARRIVAL] + fg[FG_NEXT_FAILURE] + fg[FG_TICK]
+    for j in range(fl.fr.shape[1]):
+        p += out.routed[j] + out.counts[j, C_STEPS]  # counts: retired incarnations
+        if fl.fr[FR_ALIVE, j]:
+            p += fl.nodes[j][0].g[STEPS]
+    return p
+
+
+@njit(cache=True, nogil=True)
+def _engine_error(fl, j):
+    """Replica j's engine error code (its current incarnation's, or a retired one's)."""
+    e = fl.out.counts[j, C_ERROR]
+    if fl.fr[FR_ALIVE, j] and fl.nodes[j][0].g[ERROR] != 0:
+        e = fl.nodes[j][0].g[ERROR]
+    return e
+
+
+@njit(cache=True, nogil=True)
+def _replica_in_error(fl):
+    """The first replica whose engine reported an internal error (-1: none)."""
+    for j in range(fl.fr.shape[1]):
+        if _engine_error(fl, j) != 0:
+            return j
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def _laggard(fl):
+    """The alive replica holding requests with the earliest clock (-1: none holds any)."""
+    best = -1
+    for j in range(fl.fr.shape[1]):
+        if fl.fr[FR_ALIVE, j] and engine.outstanding(fl.nodes[j][0]) > 0:
+            if best < 0 or engine.clock(fl.nodes[j][0]) < engine.clock(fl.nodes[best][0]):
+                best = j
+    return best
+
+
+@njit(cache=True, nogil=True)
+def _stall(fl, t, code, j, iterations, engine_error):
+    """A guard stops the run at t: record the error and what the fleet and replica j looked like."""
+    fg, s = fl.fg, fl.out.stall
+    fl.out.fleet[FL_ERROR] = code
+    s[ST_T] = t
+    s[ST_REPLICA] = j
+    s[ST_ITERATIONS] = iterations
+    s[ST_Q_LEN] = fg[FG_Q_LEN]
+    s[ST_N_FLIGHT] = fg[FG_N_FLIGHT]
+    s[ST_ARRIVALS] = fg[FG_NEXT_ARRIVAL]
+    s[ST_FAILURES] = fg[FG_NEXT_FAILURE]
+    s[ST_ENGINE_ERROR] = engine_error
+    if j >= 0 and fl.fr[FR_ALIVE, j]:
+        rep = fl.nodes[j][0]
+        s[ST_CLOCK] = engine.clock(rep)
+        s[ST_RUNNING] = engine.running(rep)
+        s[ST_WAITING] = engine.waiting(rep)
+        s[ST_OUTSTANDING] = engine.outstanding(rep)
 
 
 # -- the loop ---------------------------------------------------------------------------
@@ -960,14 +1061,23 @@ def simulate_fleet_many(trace, cost_models, configs: Sequence[PolicyConfig], see
             fail_t.astype(np.float64), fail_replica.astype(np.int64), fail_up.astype(np.bool_))
     every = engine.default_series_every(trace)
     fast_forward = engine._fast_forward_enabled()
+    budget = np.array(_progress_budget(trace.n, len(fail_t), n_rep), dtype=np.int64)
     if len(configs) == 1:
         fleet_kernel(*args, cfgs[0], caps[0], hosts[0], seed, every, fast_forward, side[0][0], side[0][1],
-                     routers[0], outs[0])
+                     routers[0], outs[0], budget)
     else:
         fleet_many_kernel(*args, cfgs, caps, hosts, seed, every, fast_forward,
                           np.stack([t for t, _ in side]), np.stack([c for _, c in side]), typed.List(routers),
-                          typed.List(outs))
+                          typed.List(outs), budget)
     return [_fleet_result(trace, out, side[k][0][:, fm.T_WEIGHT], schedule) for k, out in enumerate(outs)]
+
+
+def _progress_budget(n: int, n_events: int, n_rep: int) -> tuple[int, int]:
+    """(base, per): the event loop of a run over n requests with ``n_events`` failure
+    events may iterate base + per * progress times (``_progress``). A correct run iterates
+    about once per unit of progress, plus once per replica running out of work; the bound
+    is many times that, and cheap to reach when the loop spins."""
+    return 16 * (n + n_events + n_rep) + 1024, 4
 
 
 def _replica_costs(cost_models, replicas: int | None) -> list[CostModel]:
@@ -996,12 +1106,14 @@ def _buffers(n: int, n_rep: int, n_tenants: int, incarnations: int) -> FleetBuff
         fcounts=np.zeros((n_rep, N_FCOUNTS)), prefix=np.zeros((n_rep, N_PREFIX)),
         service=np.zeros((n_rep, n_tenants)), routed=np.zeros(n_rep, dtype=np.int64),
         series=np.zeros((incarnations, SERIES_CAPACITY, 4)), incarnations=np.full((incarnations, 2), -1, np.int64),
-        ends=np.full(incarnations, np.nan), fleet=np.zeros(N_FLEET, dtype=np.int64),
+        ends=np.full(incarnations, np.nan), fleet=np.zeros(N_FLEET, dtype=np.int64), stall=np.full(N_STALL, np.nan),
     )
 
 
 def _fleet_result(trace, out: FleetBuffers, weights: np.ndarray, schedule: FailureSchedule) -> SimResult:
     error = int(out.fleet[FL_ERROR])
+    if error in (ERROR_NO_PROGRESS, ERROR_ENGINE):
+        raise SimulationStalled(_stall_message(error, out.stall, trace.n, len(schedule)))
     if error:
         what = {ERROR_UNENDED: "a request never ended", ERROR_IN_FLIGHT: "a hand-off was left in flight"}[error]
         raise RuntimeError(f"fleet kernel: {what}; please report this trace and config")
@@ -1026,6 +1138,20 @@ def _fleet_result(trace, out: FleetBuffers, weights: np.ndarray, schedule: Failu
         replica_kv_peak_blocks=out.counts[:, C_PEAK].copy(),
         replica_kv_capacity_blocks=out.counts[:, C_CAP].copy(),
     )
+
+
+def _stall_message(error: int, stall: np.ndarray, n: int, n_windows: int) -> str:
+    s = stall
+    j = int(s[ST_REPLICA])
+    why = (f"replica {j}'s engine reported internal error {int(s[ST_ENGINE_ERROR])}" if error == ERROR_ENGINE
+           else f"the event loop passed its bound of iterations ({int(s[ST_ITERATIONS])})")
+    state = (f"fleet queue {int(s[ST_Q_LEN])}, in flight {int(s[ST_N_FLIGHT])}, arrivals {int(s[ST_ARRIVALS])}/{n}, "
+             f"failure events {int(s[ST_FAILURES])} (of {n_windows} windows)")
+    if not math.isnan(s[ST_CLOCK]):
+        state += (f"; replica clock {s[ST_CLOCK]:.6g} s, running {int(s[ST_RUNNING])}, waiting {int(s[ST_WAITING])}, "
+                  f"outstanding {int(s[ST_OUTSTANDING])}")
+    return (f"simulation made no progress at t={s[ST_T]:.6g} s, replica {j if j >= 0 else 'none'}, state: {state} "
+            f"({why}); please report this trace, config and failure schedule")
 
 
 def _merged_series(out: FleetBuffers) -> np.ndarray:

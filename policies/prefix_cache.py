@@ -62,7 +62,9 @@ E_CACHED = 0  # 1 while the entry holds KV
 E_REFS = 1
 E_LRU_PREV = 2  # doubly linked LRU list of unreferenced cached entries
 E_LRU_NEXT = 3
-N_ENTRY_ROWS = 4
+E_BORN = 4  # S_INSERTS when the entry was last created: the order SGLang's radix node gains its children
+E_WAIT = 5  # scratch, zero between calls: waiting requests whose matched chain holds the entry (dfs_weight)
+N_ENTRY_ROWS = 6
 
 
 class PrefixCache(NamedTuple):
@@ -264,6 +266,7 @@ def insert(pc, block_offsets, i, ctx):
         else:
             pc.tab[E_CACHED, e] = 1
             pc.tab[E_REFS, e] = 1
+            pc.tab[E_BORN, e] = pc.stats[S_INSERTS]
             pc.stats[S_CACHED] += 1
             pc.stats[S_INSERTS] += 1
     if last > pc.req[R_HELD, i]:

@@ -31,6 +31,27 @@ Orders (``scheduling_policy``; codes are the knob's choice indices):
   engine's ``max_out = min(max_tokens, max_len - prompt)``; never the true output
   length. SGLang's priority-first variant (``enable_priority_scheduling``, off by
   default) is not modelled.
+- ``dfs_weight``: SGLang 0.5.23's ``dfs-weight`` (a cache-aware policy): the tree is the
+  prefix cache's hash-block chains (a hash names its whole prefix); each waiting request
+  sits at the deepest cached block of its chain (``prefix_cache.match``'s entries, the
+  node SGLang's ``match_prefix`` leaves in ``req.last_node``, schedule_policy.py:346-356,
+  mem_cache/common.py:221-259: the key is not capped at prompt - 1), the root if none;
+  a node's weight counts the waiting requests in its subtree. Order (``dfs_rekey``, the
+  twin of ``_dfs_weight_order``, mem_cache/base_prefix_cache.py:347-387, called by
+  ``_sort_by_dfs_weight``, schedule_policy.py:496-502): depth first from the root,
+  children by descending weight, ties in the order the parent gained them (a stable
+  sort of ``node.children``, an insertion-ordered dict: here the entry's creation stamp
+  ``E_BORN``), and a node's own requests *after* its subtrees (post-order: the deepest
+  match first, unmatched requests last), among themselves in queue order. SGLang sorts
+  its queue in place once per scheduling round (``calc_priority``, schedule_policy.py:213-246;
+  scheduler.py:4129); the engine calls
+  ``dfs_rekey`` at the start of each admission round, which writes each waiting
+  request's position into its key1, so the order stays fixed through the round (as
+  SGLang admits down its sorted list), and "queue order" within a node is the previous
+  round's order, arrivals since after it (key1 0 > any position), preempted ones
+  before those (key2 < 0). No FCFS fallback past 128 waiting (SGLang applies it to lpm
+  and hrrn only, schedule_policy.py:304-315); with the prefix cache off the engine
+  never re-keys and the order is fcfs (``_validate_and_adjust_policy``, :324-338).
 
 A key is fixed when a request is pushed; ``promote`` re-keys one to the very front
 (hard max wait with "admit first").
@@ -46,8 +67,8 @@ from numba import njit
 from costmodels.steptable import step_seconds
 from policies import prefix_cache
 
-FCFS, PRIORITY, EDF, SJF, LPM, VTC, LOF = 0, 1, 2, 3, 4, 5, 6
-QUEUE_ORDERS = ("fcfs", "priority", "edf", "sjf", "lpm", "vtc", "lof")
+FCFS, PRIORITY, EDF, SJF, LPM, VTC, LOF, DFS_WEIGHT = 0, 1, 2, 3, 4, 5, 6, 7
+QUEUE_ORDERS = ("fcfs", "priority", "edf", "sjf", "lpm", "vtc", "lof", "dfs_weight")
 LPM_FCFS_ABOVE = 128  # SGLang: cache-aware orders fall back to FCFS past this many waiting
 FRONT = -np.inf  # key1 of a promoted request
 
@@ -138,7 +159,7 @@ def order_keys(order, seq, arrival, priority, deadline, job_s, aging_rate, max_o
         return (np.inf, arrival) if np.isnan(deadline) else (deadline, arrival)
     if order == SJF:
         return job_s + aging_rate * arrival, arrival
-    return 0.0, float(seq)  # fcfs, lpm and vtc: enqueue order
+    return 0.0, float(seq)  # fcfs, lpm, vtc and dfs_weight (until ``dfs_rekey``): enqueue order
 
 
 @njit(cache=True, nogil=True)
@@ -306,3 +327,67 @@ def pick(q, order, lane_blocked, vtc_counter, pc, block_offsets, prompt_tokens):
                 continue
         best, best_counter, best_tokens = i, counter, tokens
     return best
+
+
+@njit(cache=True, nogil=True)
+def dfs_rekey(q, pc, block_offsets, prompt_tokens):
+    """Rewrite every queued request's key1 to its position in SGLang's dfs-weight order
+    (``position - queued``, so all precede key1 0, the key of later arrivals), keeping
+    key2, and rebuild the lane heaps. See the module docstring.
+
+    As a sort: request r's matched chain e_0..e_{k-1} becomes the sequence of
+    (-weight(e_j), born(e_j)) then a terminator (0, 0) that follows any node (weights are
+    at least 1); sequences compare lexicographically, ties (the same node) by the
+    current key (key1, key2, request). Stable LSD passes, least significant key first.
+    """
+    n = queued(q)
+    if n == 0:
+        return
+    lanes = q.lanes
+    reqs = np.empty(n, dtype=np.int64)
+    slot = np.empty(n, dtype=np.int64)
+    depth = np.empty(n, dtype=np.int64)
+    m = 0
+    dmax = 0
+    wait = pc.tab[prefix_cache.E_WAIT]
+    born = pc.tab[prefix_cache.E_BORN]
+    for lane in range(lanes.shape[1]):
+        base = lanes[L_BASE, lane]
+        for s in range(base, base + lanes[L_SIZE, lane]):
+            r = q.slots[SLOT_REQ, s]
+            k = prefix_cache.match(pc, block_offsets, prompt_tokens, r)[0]
+            reqs[m], slot[m], depth[m] = r, s, k
+            dmax = max(dmax, k)
+            for j in range(k):
+                wait[pc.entry[block_offsets[r] + j]] += 1
+            m += 1
+    idx = np.argsort(reqs, kind="mergesort")
+    col = np.empty(n)
+    for i in range(n):
+        col[i] = q.keys[K2, slot[idx[i]]]
+    idx = idx[np.argsort(col, kind="mergesort")]
+    for i in range(n):
+        col[i] = q.keys[K1, slot[idx[i]]]
+    idx = idx[np.argsort(col, kind="mergesort")]
+    icol = np.empty(n, dtype=np.int64)
+    for j in range(dmax - 1, -1, -1):
+        for row in (prefix_cache.E_BORN, prefix_cache.E_WAIT):
+            for i in range(n):
+                a = idx[i]
+                if j < depth[a]:
+                    e = pc.entry[block_offsets[reqs[a]] + j]
+                    icol[i] = born[e] if row == prefix_cache.E_BORN else -wait[e]
+                else:
+                    icol[i] = 0  # the terminator (j == depth) and what follows it
+            idx = idx[np.argsort(icol, kind="mergesort")]
+    for i in range(n):
+        r = reqs[i]
+        for j in range(depth[i]):
+            wait[pc.entry[block_offsets[r] + j]] = 0
+    for p in range(n):
+        q.keys[K1, slot[idx[p]]] = float(p - n)
+    for lane in range(lanes.shape[1]):
+        base = lanes[L_BASE, lane]
+        size = lanes[L_SIZE, lane]
+        for s in range(base + size // 2 - 1, base - 1, -1):
+            _sift_down(q, base, size, s)

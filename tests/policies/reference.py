@@ -34,9 +34,9 @@ from policies.speculative import (
 )
 
 from . import reference_speculative as rspec
-from .reference_sharing import LPM_FCFS_ABOVE, RefPrefixCache, RefShares, order_keys, private_blocks
+from .reference_sharing import LPM_FCFS_ABOVE, RefPrefixCache, RefShares, dfs_weight_order, order_keys, private_blocks
 
-ORDERS = ("fcfs", "priority", "edf", "sjf", "lpm", "vtc", "lof")
+ORDERS = ("fcfs", "priority", "edf", "sjf", "lpm", "vtc", "lof", "dfs_weight")
 
 
 @dataclass
@@ -450,6 +450,12 @@ class Reference:
             self.ntr_rem = (self.free - self.headroom) * self.bs - self.ratio * future
         blocked: set = set()
         cache = self.cache
+        if (self.order == ORDERS.index("dfs_weight") and self.caching and len(self.running) < c.max_num_seqs
+                and self.budget > 0):  # sorted once per round that may admit, as SGLang
+            by_id = {r.id: r for r in self.waiting}
+            order = dfs_weight_order(cache, list(by_id), key=lambda i: (*by_id[i].key, i))
+            for pos, i in enumerate(order):
+                by_id[i].key = (float(pos - len(order)), by_id[i].key[1])
         while len(self.running) < c.max_num_seqs and self.budget > 0:
             r = self.head(blocked)
             if r is None:

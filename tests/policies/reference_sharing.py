@@ -98,7 +98,7 @@ class RefPrefixCache:
 
 
 # -- waiting queue -------------------------------------------------------------------------
-FCFS, PRIORITY, EDF, SJF, LPM, VTC, LOF = range(7)
+FCFS, PRIORITY, EDF, SJF, LPM, VTC, LOF, DFS_WEIGHT = range(8)
 
 
 def order_keys(order, seq, arrival, priority, deadline, job_s, aging_rate, max_out=0):
@@ -111,6 +111,41 @@ def order_keys(order, seq, arrival, priority, deadline, job_s, aging_rate, max_o
     if order == SJF:
         return job_s + aging_rate * arrival, arrival
     return 0.0, float(seq)
+
+
+def dfs_weight_order(cache: RefPrefixCache, waiting: list[int], key) -> list[int]:
+    """SGLang 0.5.23's dfs-weight order of the waiting requests (``_dfs_weight_order``,
+    sglang/srt/mem_cache/base_prefix_cache.py:347-387), as an explicit tree walk.
+
+    Nodes are cached hashes (a hash names its prefix); a request sits at the last block
+    of its matched chain (root if none). Weight = waiting requests in the subtree.
+    Depth first from the root, children by descending weight, ties in the order the
+    node gained them (``node.children`` is an insertion-ordered dict and the sort is
+    stable: here the hash's creation order, the order of ``cache.refs``), a node's own
+    requests after its subtrees, in ``key`` order (the current queue order).
+    """
+    born = {h: n for n, h in enumerate(cache.refs)}
+    path = {i: tuple(cache.hashes[i][: cache.match(i)[0]]) for i in waiting}
+    children: dict[tuple, set] = {(): set()}
+    at: dict[tuple, list[int]] = {}
+    weight: dict[tuple, int] = {}
+    for i in waiting:
+        p = path[i]
+        at.setdefault(p, []).append(i)
+        for d in range(len(p) + 1):
+            weight[p[:d]] = weight.get(p[:d], 0) + 1
+            children.setdefault(p[:d], set())
+            if d > 0:
+                children[p[: d - 1]].add(p[:d])
+    order: list[int] = []
+
+    def walk(node):
+        for child in sorted(children[node], key=lambda c: (-weight[c], born[c[-1]])):
+            walk(child)
+        order.extend(sorted(at.get(node, ()), key=key))
+
+    walk(())
+    return order
 
 
 class RefWaitQueue:

@@ -15,6 +15,13 @@ MOONCAKE = SHARED / "traces" / "mooncake" / "conversation_trace.jsonl"
 AZURE = SHARED / "traces" / "azure2023" / "AzureLLMInferenceTrace_conv.csv"
 
 
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    """A small trace file of ``text`` in the test's folder."""
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
 def _need(path: Path) -> Path:
     if not path.is_file():
         pytest.skip(f"real trace not found at {path} (set SERVETUNE_SHARED to the shared/ folder)")

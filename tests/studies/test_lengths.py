@@ -17,6 +17,7 @@ from studies.traces import (
     load_trace,
     write_trace,
 )
+from tests.studies.conftest import write
 
 MOONCAKE = "".join(json.dumps(r) + "\n" for r in [
     {"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [0, 1]},
@@ -26,12 +27,6 @@ MOONCAKE = "".join(json.dumps(r) + "\n" for r in [
 AZURE = "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,374,44\n2023-11-16 18:15:50.99,396,109\n"
 NATIVE = ("arrival_s,prompt_tokens,output_tokens,max_tokens\n"
           "0.5,600,3,16\n1.25,10,0,\n")
-
-
-def write(tmp_path, name, text):
-    path = tmp_path / name
-    path.write_text(text)
-    return path
 
 
 def test_files_without_caps_are_marked_without_caps(tmp_path):

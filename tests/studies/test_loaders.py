@@ -8,6 +8,7 @@ import pytest
 
 from studies.formats import detect
 from studies.traces import CAP_GIVEN, CAP_NONE, NO_CAP, TraceError, TraceWarning, load_trace
+from tests.studies.conftest import write
 
 MOONCAKE = "".join(json.dumps(r) + "\n" for r in [
     {"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [0, 1]},
@@ -25,12 +26,6 @@ BURST = ("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n
          "7,ChatGPT,10,5,15,API log\n")
 NATIVE = ("arrival_s,prompt_tokens,output_tokens,max_tokens,tenant,priority,slo_class,deadline_s,block_hashes\n"
           "0.5,600,3,16,a,2,fast,10,1 2\n1.25,10,0,,b,,,,\n")
-
-
-def write(tmp_path, name, text):
-    path = tmp_path / name
-    path.write_text(text)
-    return path
 
 
 def test_mooncake_raw(tmp_path):

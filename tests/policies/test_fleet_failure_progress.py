@@ -1,0 +1,163 @@
+"""Issue 18: a replica that fails more than once, and the fleet's progress guard.
+
+A request that ended on a replica kept that replica as its owner; once the replica came
+back (a new, empty incarnation, where the request is NOT_ARRIVED) its next failure took
+the request for one in its inbox and searched the inbox for it for ever. These runs end,
+every request in exactly one final state, and the kernel agrees with the reference.
+The guard: a run whose event loop passes its iteration bound, or whose engine reports an
+internal error, stops with ``SimulationStalled`` instead of hanging.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from policies import engine
+from policies import fleet as fleet_module
+from policies.config import ROUTERS, ConfigError, PolicyConfig
+from policies.failures import FailureSchedule
+from policies.fleet import SimulationStalled, simulate_fleet
+from policies.result import State
+
+from .conftest import cost_model, make_trace, new_replica, poisson_trace
+from .reference_fleet import reference_fleet
+from .test_fleet_reference import PER_REPLICA, PER_REQUEST
+
+FINAL = {int(s) for s in State}
+
+
+def assert_each_request_ends_once(result, n):
+    """Every request has exactly one final state; a finished one ended on one replica, at
+    one time; any other has no replica."""
+    state = np.asarray(result.state)
+    assert state.shape == (n,)
+    assert set(np.unique(state).tolist()) <= FINAL
+    finished = state == int(State.FINISHED)
+    assert np.all(result.replica[finished] >= 0)
+    assert np.all(result.replica[~finished] == -1)
+    assert np.all(np.isfinite(result.finish_s))
+
+
+def assert_kernel_equals_reference(trace, costs, config, failures, seed=0):
+    try:
+        expected = reference_fleet(trace, costs, config, seed, failures)
+    except ConfigError:
+        assume(False)
+    assert all(left == (0, 0) for left in expected["leftover"]), f"reference leaked KV: {expected['leftover']}"
+    got = simulate_fleet(trace, costs, config, seed=seed, failures=failures)
+    for name in PER_REQUEST + PER_REPLICA:
+        np.testing.assert_array_equal(getattr(got, name), expected[name], err_msg=name)
+    assert_each_request_ends_once(got, trace.n)
+    return got
+
+
+BUSY = PolicyConfig(gpu_memory_utilization=1.0, max_num_batched_tokens=256, block_size=16)
+
+
+@pytest.mark.parametrize("knobs", [{}, {"router": "least_kv", "migration": True, "interconnect_gbps": 1.0},
+                                   {"prefill_replicas": 1}], ids=["colocated", "migration", "pd"])
+@pytest.mark.parametrize("rows", [
+    [(0, 1.0, 2.0), (0, 3.0, 4.0)],  # issue 18's smallest case: one replica failing twice
+    [(0, 0.5, 1.0), (0, 2.0, 2.5), (0, 4.0, 4.5)],  # three times
+    [(0, 0.5, 1.5), (1, 1.0, 2.0), (0, 2.5, 3.0), (1, 2.8, math.inf)],  # both, overlapping, one never back
+], ids=["twice", "three-times", "both-overlapping"])
+def test_a_replica_failing_again_after_coming_back_finishes(rows, knobs):
+    trace = poisson_trace(120, rate=30.0, seed=1)
+    failures = FailureSchedule.from_rows(rows)
+    got = assert_kernel_equals_reference(trace, [cost_model(), cost_model()], BUSY.replace(**knobs), failures)
+    assert got.reroutes.sum() > 0  # the failures hit requests
+
+
+def test_requests_ended_before_a_failure_keep_their_outcome():
+    """What ended on replica 0's first incarnation is not re-routed by its second failure."""
+    trace = poisson_trace(120, rate=30.0, seed=1)
+    failures = FailureSchedule.from_rows([(0, 1.0, 2.0), (0, 3.0, 4.0)])
+    once = simulate_fleet(trace, cost_model(), BUSY, replicas=2, failures=FailureSchedule.from_rows([(0, 1.0, 2.0)]))
+    twice = simulate_fleet(trace, cost_model(), BUSY, replicas=2, failures=failures)
+    ended_early = np.asarray(once.finish_s) < 1.0
+    assert ended_early.any()
+    for name in ("state", "finish_s", "replica", "tokens_generated"):
+        np.testing.assert_array_equal(getattr(twice, name)[ended_early], getattr(once, name)[ended_early])
+    assert np.all(twice.reroutes[ended_early] == 0)
+
+
+@st.composite
+def overloaded_fleets(draw):
+    """2-3 replicas with small KV under a burst of requests, each replica failing up to
+    three times (windows of different replicas overlap freely), some never back."""
+    n = draw(st.integers(4, 40))
+    gaps = draw(st.lists(st.sampled_from([0.0, 0.001, 0.003, 0.01]), min_size=n, max_size=n))
+    arrival = np.cumsum(gaps)
+    prompt = draw(st.lists(st.integers(1, 200), min_size=n, max_size=n))
+    output = draw(st.lists(st.integers(0, 150), min_size=n, max_size=n))
+    patience = draw(st.lists(st.one_of(st.none(), st.none(), st.floats(0.01, 1.0)), min_size=n, max_size=n))
+    deadline = [a + d if d is not None else math.nan for a, d in zip(arrival, patience, strict=True)]
+    trace = make_trace(arrival, prompt, output, deadline=deadline)
+    replicas = draw(st.integers(2, 3))
+    costs = [cost_model(draw(st.sampled_from([400, 800, 3000])), per_token_s=draw(st.sampled_from([2e-6, 2e-5])))
+             for _ in range(replicas)]
+    span = float(arrival[-1]) + 0.3
+    rows = []
+    for j in range(replicas):
+        t = 0.0
+        for _ in range(draw(st.integers(0, 3))):
+            down = t + draw(st.floats(0.0, span / 2))
+            up = down + draw(st.sampled_from([0.002, 0.02, 0.1, 0.4, math.inf]))
+            rows.append((j, down, up))
+            if not math.isfinite(up):
+                break
+            t = up + draw(st.sampled_from([1e-6, 0.005, 0.05]))  # windows of one replica never touch
+    config = BUSY.replace(
+        max_num_batched_tokens=draw(st.sampled_from([32, 256])),
+        max_num_seqs=draw(st.sampled_from([2, 64])),
+        enable_chunked_prefill=draw(st.booleans()),
+        block_size=draw(st.sampled_from([4, 16])),
+        preemption_mode=draw(st.sampled_from(["recompute", "swap"])),
+        router=draw(st.sampled_from(ROUTERS)),
+        migration=draw(st.booleans()),
+        migration_interval_s=0.01,
+        interconnect_gbps=draw(st.sampled_from([0.1, 50.0])),
+        prefill_replicas=draw(st.sampled_from([0, 0, *range(1, replicas)])),
+    )
+    return trace, costs, config, FailureSchedule.from_rows(rows) if rows else None
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(overloaded_fleets(), st.integers(0, 2**31))
+def test_repeated_and_overlapping_failures_under_overload_always_end(fleet, seed):
+    trace, costs, config, failures = fleet
+    assert_kernel_equals_reference(trace, costs, config, failures, seed)
+
+
+def test_the_guard_stops_a_run_past_its_iteration_bound(monkeypatch):
+    trace = poisson_trace(60, rate=30.0, seed=2)
+    failures = FailureSchedule.from_rows([(0, 0.5, 1.0), (0, 1.5, 2.0)])
+    monkeypatch.setattr(fleet_module, "_progress_budget", lambda n, n_events, n_rep: (1, 0))
+    with pytest.raises(SimulationStalled, match=r"simulation made no progress at t=[0-9.e+-]+ s, replica \S+, "
+                                                r"state: fleet queue \d+, in flight \d+, arrivals \d+/60"):
+        simulate_fleet(trace, cost_model(), BUSY, replicas=2, failures=failures)
+    assert issubclass(SimulationStalled, RuntimeError)
+
+
+def test_the_default_bound_leaves_a_long_overloaded_replay_alone():
+    """Far more work than the replicas can do, long queues, preemptions, migration ticks
+    and failures: the guard never fires on a correct run."""
+    trace = poisson_trace(1500, rate=400.0, seed=3, prompt=(50, 800), output=(20, 400))
+    failures = FailureSchedule.from_rows([(0, 0.5, 1.0), (0, 2.0, 2.5), (1, 1.0, 1.2), (0, 3.0, 3.5)])
+    config = BUSY.replace(router="least_kv", migration=True, migration_interval_s=0.001)
+    result = simulate_fleet(trace, cost_model(2000), config, replicas=2, failures=failures)
+    assert_each_request_ends_once(result, trace.n)
+    assert result.preemptions.sum() > 0 and result.reroutes.sum() > 0
+
+
+def test_withdrawing_a_request_the_replica_does_not_hold_is_an_error_not_a_hang():
+    trace = poisson_trace(5, rate=10.0, seed=0)
+    rep, st_, _ = new_replica(trace, cost_model(), BUSY)
+    carried_i, carried_f = engine.new_carried(trace.n)
+    engine.withdraw(rep, st_, 0, False, carried_i, carried_f)
+    assert rep.g[engine.ERROR] == engine.ERROR_NOT_HELD
