@@ -70,7 +70,8 @@ def test_a_replica_failing_again_after_coming_back_finishes(rows, knobs):
     trace = poisson_trace(120, rate=30.0, seed=1)
     failures = FailureSchedule.from_rows(rows)
     got = assert_kernel_equals_reference(trace, [cost_model(), cost_model()], BUSY.replace(**knobs), failures)
-    assert got.reroutes.sum() > 0  # the failures hit requests
+    if not knobs.get("prefill_replicas"):  # (replica 0 prefills fast under P/D and may hold nothing)
+        assert got.reroutes.sum() > 0  # the failures hit requests
 
 
 def test_requests_ended_before_a_failure_keep_their_outcome():
