@@ -51,7 +51,10 @@ Orders (``scheduling_policy``; codes are the knob's choice indices):
   round's order, arrivals since after it (key1 0 > any position), preempted ones
   before those (key2 < 0). No FCFS fallback past 128 waiting (SGLang applies it to lpm
   and hrrn only, schedule_policy.py:304-315); with the prefix cache off the engine
-  never re-keys and the order is fcfs (``_validate_and_adjust_policy``, :324-338).
+  never re-keys and the order is fcfs (``_validate_and_adjust_policy``, :324-338). A
+  promoted request (admit first) keeps key1 ``FRONT``, ahead of the order. Re-keying
+  happens only in a round that may admit (SGLang returns before ``calc_priority`` when
+  the batch is full, scheduler.py:4120-4133).
 
 A key is fixed when a request is pushed; ``promote`` re-keys one to the very front
 (hard max wait with "admit first").
@@ -333,7 +336,8 @@ def pick(q, order, lane_blocked, vtc_counter, pc, block_offsets, prompt_tokens):
 def dfs_rekey(q, pc, block_offsets, prompt_tokens):
     """Rewrite every queued request's key1 to its position in SGLang's dfs-weight order
     (``position - queued``, so all precede key1 0, the key of later arrivals), keeping
-    key2, and rebuild the lane heaps. See the module docstring.
+    key2, and rebuild the lane heaps; a promoted request (key1 ``FRONT``, hard max wait
+    with admit first) keeps its key, ahead of the order. See the module docstring.
 
     As a sort: request r's matched chain e_0..e_{k-1} becomes the sequence of
     (-weight(e_j), born(e_j)) then a terminator (0, 0) that follows any node (weights are
@@ -385,7 +389,8 @@ def dfs_rekey(q, pc, block_offsets, prompt_tokens):
         for j in range(depth[i]):
             wait[pc.entry[block_offsets[r] + j]] = 0
     for p in range(n):
-        q.keys[K1, slot[idx[p]]] = float(p - n)
+        if q.keys[K1, slot[idx[p]]] != FRONT:  # a promoted request stays ahead of every other
+            q.keys[K1, slot[idx[p]]] = float(p - n)
     for lane in range(lanes.shape[1]):
         base = lanes[L_BASE, lane]
         size = lanes[L_SIZE, lane]

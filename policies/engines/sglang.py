@@ -36,7 +36,7 @@ PAGE_SIZE = 1  # srt/arg_groups/overrides.py:1341-1363 (CUDA)
 SCHEDULE_CONSERVATIVENESS = 1.0  # srt/arg_groups/fields/schedule.py:139-142
 #: srt/arg_groups/fields/schedule.py:90-100 accepts more (priority among them, which the
 #: scheduler then refuses: schedule_policy.py:324-344); these are the ones simulated.
-SCHEDULE_POLICIES = {"fcfs": "fcfs", "lpm": "lpm", "lof": "lof", "priority": "priority"}  # priority: see to_args
+SCHEDULE_POLICIES = {"fcfs": "fcfs", "lpm": "lpm", "lof": "lof", "priority": "priority", "dfs_weight": "dfs-weight"}  # priority: see to_args
 #: retraction-policy (fields/schedule.py:126-138) -> the retracted request
 RETRACTION_POLICIES = {"fewest_output": "length", "lowest_priority": "priority"}
 #: --load-balance-method across dp-size replicas (managers/data_parallel_controller.py:105-160,
@@ -214,7 +214,7 @@ ENGINE = SGLang(
         Flag("mem-fraction-static", "gpu_memory_utilization", help="GPU memory share of weights and KV"),
         Flag("page-size", "block_size", help="tokens per KV page"),
         Flag("schedule-policy", "scheduling_policy", values=SCHEDULE_POLICIES,
-             search={"choices": ["fcfs", "lpm", "lof", "priority"]},
+             search={"choices": ["fcfs", "lpm", "lof", "priority", "dfs_weight"]},
              help="waiting order: fcfs, lpm (longest cached prefix first; fcfs past 128 waiting), lof (largest "
                   "max_tokens first: the client's cap, never the true length), or "
                   "priority (enable-priority-scheduling over fcfs; higher values first)"),

@@ -34,7 +34,14 @@ from policies.speculative import (
 )
 
 from . import reference_speculative as rspec
-from .reference_sharing import LPM_FCFS_ABOVE, RefPrefixCache, RefShares, dfs_weight_order, order_keys, private_blocks
+from .reference_sharing import (
+    LPM_FCFS_ABOVE,
+    RefPrefixCache,
+    RefShares,
+    dfs_weight_order,
+    order_keys,
+    private_blocks,
+)
 
 ORDERS = ("fcfs", "priority", "edf", "sjf", "lpm", "vtc", "lof", "dfs_weight")
 
@@ -455,7 +462,8 @@ class Reference:
             by_id = {r.id: r for r in self.waiting}
             order = dfs_weight_order(cache, list(by_id), key=lambda i: (*by_id[i].key, i))
             for pos, i in enumerate(order):
-                by_id[i].key = (float(pos - len(order)), by_id[i].key[1])
+                if by_id[i].key[0] != -math.inf:  # promoted (admit_first) stay ahead
+                    by_id[i].key = (float(pos - len(order)), by_id[i].key[1])
         while len(self.running) < c.max_num_seqs and self.budget > 0:
             r = self.head(blocked)
             if r is None:
