@@ -16,6 +16,7 @@ Traces carry no output caps, so every client sends none and the engine caps at t
 context less the prompt; SJF orders by that cap (predictor ``cap``): no true lengths.
 
     python benchmarks/deployable.py [--trials 40] [--only sample-x0.3,azure-conv-x4,bursty] [--out benchmarks/results]
+    python benchmarks/deployable.py --targets sglang   # rerun one target, keep the others' results
     python benchmarks/deployable.py --summarize benchmarks/results/deployable.json
 """
 
@@ -199,12 +200,13 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unknown studies {unknown}; known: {sorted(chosen)}")
         chosen = {k: v for k, v in chosen.items() if k in wanted}
     out_json = args.out / "deployable.json"
-    results: dict[str, dict[str, Any]] = json.loads(out_json.read_text()) if args.only and out_json.is_file() else {}
+    partial = bool(args.only) or args.targets != ",".join(TARGETS)  # rerun some: keep the rest
+    results: dict[str, dict[str, Any]] = json.loads(out_json.read_text()) if partial and out_json.is_file() else {}
     for name, study in chosen.items():
         trace = study["load"]()
         tuned, held = split_holdout(trace, HOLDOUT)
         print(f"## {name}: {trace.n} requests ({tuned.n} tuned, {held.n} held out)", flush=True)
-        results[name] = {}
+        results.setdefault(name, {})
         for engine in args.targets.split(","):
             r = tune_target(name, engine, trace, study["slo"], args.trials, args.seed)
             results[name][engine] = r

@@ -38,7 +38,15 @@ import polars as pl
 import pyarrow as pa
 
 from studies.formats._rows import Rows, read_csv, read_jsonl, read_parquet
-from studies.traces import CAP_GIVEN, CAP_NONE, ESTIMATE_IS_CAP, NO_CAP, Trace, TraceError, encode_names
+from studies.traces import (
+    CAP_GIVEN,
+    CAP_NONE,
+    ESTIMATE_IS_CAP,
+    NO_CAP,
+    Trace,
+    TraceError,
+    encode_names,
+)
 
 COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens", "max_tokens", "tenant", "priority",
            "slo_class", "deadline_s", "block_hashes", "block_tokens", "output_estimate")
