@@ -106,8 +106,11 @@ def open_storage_for(journal):
 
 
 def shared_study(trace_file, tmp_path, storage, name, reader):
-    """One tune process and two workers on one storage; the budget is met exactly."""
-    budget = 60
+    """One tune process and two workers on one storage; the budget is met exactly.
+
+    The budget is large enough that the tune process is still searching when the workers
+    have started (about 3 s of imports and set-up each), so all of them take trials."""
+    budget = 240
     common = ["--batch-size", 1, "--quiet"]
     tune = subprocess.Popen(servetune("tune", "--trace", trace_file, *MODEL, "--trials", budget, "--study-name", name,
                                       "--run-dir", tmp_path / name, "--storage", storage, "--engine", "vllm",
