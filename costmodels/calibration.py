@@ -91,7 +91,7 @@ def load_runs(path: str | Path, *, builtin_only: bool = True) -> pl.DataFrame:
 
 
 def _raw(t: StepTables) -> StepTables:
-    return t._replace(overhead_s=0.0, scale=1.0)
+    return t._replace(overhead_s=0.0, scale=1.0, prefill_scale=1.0, decode_scale=1.0)
 
 
 def tpot_parts(tables: StepTables, batch: np.ndarray, isl: np.ndarray, osl: np.ndarray) -> np.ndarray:
@@ -186,36 +186,64 @@ def load_calibration(path: str | Path) -> list[dict]:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise CostModelError(f"calibration file {path}: expected format {FORMAT!r}")
     for i, e in enumerate(data["entries"]):
-        if not (e.get("overhead_s", -1) >= 0 and e.get("scale", 0) > 0):
-            raise CostModelError(f"calibration file {path}: entry {i} needs overhead_s >= 0 and scale > 0")
+        if not (e.get("overhead_s", -1) >= 0 and e.get("scale", 0) > 0
+                and e.get("prefill_scale", 1.0) > 0 and e.get("decode_scale", 1.0) > 0):
+            raise CostModelError(f"calibration file {path}: entry {i} needs overhead_s >= 0 and scales > 0")
+        missing = [k for k in ("model", "gpu", "framework", "gemm_dtype") if k not in e]
+        if missing:
+            raise CostModelError(f"calibration file {path}: entry {i} lacks {missing}")
     return data["entries"]
 
 
-def _match(entries: list[dict], model: str, gpu: str, framework: str, gemm_dtype: str) -> dict | None:
+#: How an entry was chosen for a cost model, most specific first (the fallback chain).
+MATCHES = ("setup", "model", "pooled")
+
+
+def _match(entries: list[dict], model: str, gpu: str, framework: str, gemm_dtype: str, tp: int,
+           kv_dtype: str) -> tuple[dict | None, str]:
+    """The entry for a setup and how it matched: the same model at this TP and KV dtype
+    (``setup``), the same model at any TP (``model``), the pooled fit of the GPU and
+    framework (``pooled``); (None, "none") without one."""
     same = [e for e in entries if e["gpu"] == gpu and e["framework"] == framework and e["gemm_dtype"] == gemm_dtype]
-    return next((e for e in same if e["model"] == model), None) or next((e for e in same if e["model"] == "*"), None)
+    mine = [e for e in same if e["model"] == model]
+    for e in mine:
+        if tp in e.get("tp", []) and e.get("kv_dtype", e["gemm_dtype"]) == kv_dtype:
+            return e, "setup"
+    if mine:
+        return mine[0], "model"
+    pooled = next((e for e in same if e["model"] == "*"), None)
+    return (pooled, "pooled") if pooled is not None else (None, "none")
 
 
 def apply_calibration(cost: CostModel, model: str, gpu: str, framework: str, gemm_dtype: str,
-                      calibration: str | Path | bool | None) -> CostModel:
-    """``cost`` with a calibrated overhead and scale.
+                      calibration: str | Path | bool | None, kv_dtype: str | None = None) -> CostModel:
+    """``cost`` with a calibrated overhead and scales, and ``cost.calibration`` saying
+    which entry (file, match level, its fitted values and stated error) it used.
 
     ``calibration``: a file (an entry must match), None (the bundled file, if it has a
     match; otherwise the model stays uncalibrated and ``source`` says so) or False (never).
     """
     if calibration is False:
-        return cost
+        return replace(cost, calibration={"file": None, "match": "off"})
     path = BUNDLED if calibration is None else Path(calibration)
     if calibration is None and not path.is_file():
-        return replace(cost, source=cost.source + "; uncalibrated")
-    entry = _match(load_calibration(path), model, gpu, framework, gemm_dtype)
+        return replace(cost, source=cost.source + "; uncalibrated", calibration={"file": None, "match": "none"})
+    kv_dtype = kv_dtype or gemm_dtype
+    entry, how = _match(load_calibration(path), model, gpu, framework, gemm_dtype, cost.tp, kv_dtype)
     if entry is None:
         if calibration is not None:
             raise CostModelError(f"calibration file {path} has no entry for {model} on {gpu} with "
                                  f"{framework}/{gemm_dtype}")
-        return replace(cost, source=cost.source + "; uncalibrated")
-    tables = cost.tables._replace(overhead_s=entry["overhead_s"], scale=entry["scale"])
+        return replace(cost, source=cost.source + "; uncalibrated", calibration={"file": None, "match": "none"})
+    scales = {k: float(entry.get(k, 1.0)) for k in ("prefill_scale", "decode_scale")}
+    tables = cost.tables._replace(overhead_s=entry["overhead_s"], scale=entry["scale"], **scales)
     label = "default" if calibration is None else path.name
-    which = "" if entry["model"] == model else " pooled"
-    return replace(cost, tables=tables, source=cost.source + f"; calibrated:{label}{which} "
-                   f"(overhead {entry['overhead_s'] * 1e3:.2f} ms, scale {entry['scale']:.3f})")
+    split = "" if scales == {"prefill_scale": 1.0, "decode_scale": 1.0} else (
+        f", prefill x{scales['prefill_scale']:.3f}, decode x{scales['decode_scale']:.3f}")
+    used = {"file": label, "match": how, "model": entry["model"], "tp": entry.get("tp"),
+            "overhead_s": entry["overhead_s"], "scale": entry["scale"], **scales,
+            "error": entry.get("error") or {"in_sample_tpot_mape": entry.get("tpot_mape_after"),
+                                            "in_sample_ttft_mape": entry.get("ttft_mape_after"),
+                                            "out_of_sample": None}}
+    return replace(cost, tables=tables, calibration=used, source=cost.source + f"; calibrated:{label} {how} "
+                   f"(overhead {entry['overhead_s'] * 1e3:.2f} ms, scale {entry['scale']:.3f}{split})")

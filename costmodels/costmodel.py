@@ -9,7 +9,7 @@ Memory figures are per GPU; KV capacity in tokens is the same on every GPU of th
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from costmodels.steptable import StepTables, linear_tables, validate_tables
@@ -44,6 +44,9 @@ class CostModel:
     swap_capacity_bytes: float  # host memory for swapped KV, per GPU
     tp: int = 1
     source: str = "linear"  # e.g. "profiled:aiconfigurator/vllm-0.24.0", "roofline", "measured:FILE"
+    #: the calibration entry applied (``costmodels.calibration.apply_calibration``): file,
+    #: match level, fitted values, stated error; None for a model no calibration touched
+    calibration: dict | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         validate_tables(self.tables)

@@ -15,6 +15,15 @@ A step's time is the sum of separable parts, each a dense grid built once per
   of a cached prefix pays attention over the whole context;
 - ``overhead_s``: fixed per-step time (scheduler, launch, norms), and ``scale``.
 
+Calibration against measured runs also separates the two regimes a step mixes:
+``decode_scale`` multiplies what the step's decode tokens cost on their own (the token-
+linear ops at the decode count, lm-head, decode attention: bandwidth-bound work) and
+``prefill_scale`` what the other new tokens add to it (the token-linear ops' increment
+over the decode count, prefill attention: compute-bound work). Both default to 1, when
+the split changes nothing:
+
+    step = scale * (decode_scale * decode part + prefill_scale * prefill part + overhead_s)
+
 Separable grids keep each axis dense where the profiles are measured, which a single
 3-D grid over (tokens, sequences, KV) could not do at the same size.
 
@@ -65,7 +74,7 @@ class StepTables(NamedTuple):
     """Dense grids for one (model, GPU, TP, framework), packed; all times in seconds.
 
     Build with ``StepTables.from_grids``; read the grids through the properties
-    (``linear_tokens``, ``decode_s``, ...). ``_replace(overhead_s=..., scale=...)`` is
+    (``linear_tokens``, ``decode_s``, ...). ``_replace(overhead_s=..., scale=..., prefill_scale=..., decode_scale=...)`` is
     safe; never edit ``data`` in place (the indexes would go stale). It stays writeable
     so that its Numba type, and so every compiled kernel, survives pickling unchanged.
     """
@@ -73,10 +82,13 @@ class StepTables(NamedTuple):
     data: np.ndarray  # f8, every grid with its lookup index (layout above)
     overhead_s: float
     scale: float
+    prefill_scale: float = 1.0
+    decode_scale: float = 1.0
 
     @classmethod
     def from_grids(cls, *, linear_tokens, linear_s, head_seqs, head_s, decode_batch, decode_kv, decode_s,
-                   decode_kv_measured, prefill_pairs, prefill_s, overhead_s, scale) -> StepTables:
+                   decode_kv_measured, prefill_pairs, prefill_s, overhead_s, scale, prefill_scale=1.0,
+                   decode_scale=1.0) -> StepTables:
         """Pack the grids (axes ascending, grids finite and >= 0) with their lookup indexes.
 
         ValueError naming the grid if one breaks the rules.
@@ -85,11 +97,13 @@ class StepTables(NamedTuple):
             linear_tokens, linear_s, head_seqs, head_s, decode_batch, decode_kv, decode_s, decode_kv_measured,
             prefill_pairs, prefill_s), strict=True)}
         _check_grids(g, overhead_s, scale)
+        if not (prefill_scale > 0 and decode_scale > 0):
+            raise ValueError("prefill_scale and decode_scale must be > 0")
         blocks = [_block(g[axis], None if values is None else g[values]) for axis, values in _CURVES.values()]
         blocks.append(g["decode_s"].ravel())
         starts = _HEADER + np.cumsum([0] + [len(b) for b in blocks[:-1]])
         data = np.concatenate([starts.astype(np.float64), *blocks])
-        return cls(data, float(overhead_s), float(scale))
+        return cls(data, float(overhead_s), float(scale), float(prefill_scale), float(decode_scale))
 
     def grids(self) -> dict[str, np.ndarray]:
         """The grids by name, as views of ``data``."""
@@ -130,7 +144,8 @@ def validate_tables(t: StepTables) -> None:
     if not (isinstance(t.data, np.ndarray) and t.data.dtype == np.float64 and t.data.ndim == 1):
         raise ValueError("StepTables.data must be a 1-D float64 array; build tables with StepTables.from_grids")
     try:
-        repacked = StepTables.from_grids(**t.grids(), overhead_s=t.overhead_s, scale=t.scale)
+        repacked = StepTables.from_grids(**t.grids(), overhead_s=t.overhead_s, scale=t.scale,
+                                         prefill_scale=t.prefill_scale, decode_scale=t.decode_scale)
     except (IndexError, ValueError, OverflowError) as exc:
         raise ValueError(f"StepTables.data is not a packed table ({exc}); build tables with "
                          "StepTables.from_grids") from exc
@@ -305,24 +320,33 @@ def step_seconds(t, n_tokens, n_logit_seqs, n_decode, kv_decode_tokens, prefill_
     n_tokens: new tokens computed in the step (all kinds); n_logit_seqs: sequences that
     sample a token; n_decode and kv_decode_tokens: decode sequences and the KV tokens
     their attention reads in total; prefill_pairs: prefill attention work (see module).
+    The token-linear ops at ``n_decode`` tokens are the decode part, their increment up
+    to ``n_tokens`` the prefill part (module docstring).
     """
     if n_tokens <= 0:
         return 0.0, False
     d = t.data
     total, out = _curve(d, LINEAR, n_tokens)
+    if n_decode >= n_tokens:
+        decode_part = total
+    elif n_decode > 0:
+        decode_part = _curve(d, LINEAR, n_decode)[0]
+    else:
+        decode_part = 0.0
+    prefill_part = total - decode_part  # additions below in the order decode_run_step uses
     if n_logit_seqs > 0:
         part, past = _curve(d, HEAD, n_logit_seqs)
-        total += part
+        decode_part += part
         out = out or past
     if n_decode > 0:
         part, past = _decode(d, n_decode, kv_decode_tokens)
-        total += part
+        decode_part += part
         out = out or past
     if prefill_pairs > 0:
         part, past = _curve(d, PREFILL, prefill_pairs)
-        total += part
+        prefill_part += part
         out = out or past
-    return t.scale * (total + t.overhead_s), out
+    return t.scale * (t.decode_scale * decode_part + t.prefill_scale * prefill_part + t.overhead_s), out
 
 
 @njit(cache=True, nogil=True)
@@ -354,7 +378,7 @@ def decode_run_step(t, base, kv_decode_tokens):
     at_low = d[low] + v * (d[low + 1] - d[low])
     at_high = d[high] + v * (d[high + 1] - d[high])
     part = at_low + u * (at_high - at_low)
-    return t.scale * (lh + part + t.overhead_s), out or kv_past or kv_decode_tokens > measured_kv
+    return t.scale * (t.decode_scale * (lh + part) + t.overhead_s), out or kv_past or kv_decode_tokens > measured_kv
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -403,9 +427,10 @@ def step_seconds_at_tile_ends(t, n_tokens, n_logit_seqs, n_decode, kv_decode_tok
     if n_tokens <= 0:
         return seconds, out
     d = t.data
-    shift = _curve_at_tile_ends(d, LINEAR, n_tokens) - _curve(d, LINEAR, n_tokens)[0]
+    linear_scale = t.prefill_scale if n_tokens > n_decode else t.decode_scale  # the tokens the step adds
+    shift = linear_scale * (_curve_at_tile_ends(d, LINEAR, n_tokens) - _curve(d, LINEAR, n_tokens)[0])
     if n_logit_seqs > 0:
-        shift += _curve_at_tile_ends(d, HEAD, n_logit_seqs) - _curve(d, HEAD, n_logit_seqs)[0]
+        shift += t.decode_scale * (_curve_at_tile_ends(d, HEAD, n_logit_seqs) - _curve(d, HEAD, n_logit_seqs)[0])
     return seconds + t.scale * shift, out
 
 

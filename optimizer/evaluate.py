@@ -51,6 +51,8 @@ class Evaluator:
         self.slos = spec.slos
         self.fleet = spec.fleet
         loaded = trace if trace is not None else load_study_trace(spec)
+        #: the whole study trace (the traffic a bench replays)
+        self.full_trace = loaded
         #: the tuning window, and the held-out end of the trace scored after the search (None: no holdout)
         self.trace, self.holdout_trace = split_holdout(loaded, spec.holdout)
         self.target = engine_target(spec.engine)
@@ -166,6 +168,17 @@ class Evaluator:
         self._trim(0)
         return [self._reports[k] for k in keys]
 
+    def simulate_on(self, trace, config: PolicyConfig, fleet: Fleet | None = None):
+        """SimResult of one config on another trace (the traffic a bench replays): not
+        cached, and without the study's failure plan, which no replay reproduces."""
+        fleet = fleet or self.fleet
+        cost_model, seed = self.cost_model_at(fleet.tp), self.spec.seed
+        options = {} if self.spec.speculative is None else {"acceptance": self.spec.speculative.acceptance}
+        if fleet.replicas == 1:
+            return self.engine.simulate(trace, cost_model, config, seed=seed, **options)
+        return self.fleet_engine.simulate_fleet_many(trace, cost_model, [config], seed=seed, replicas=fleet.replicas,
+                                                     failures=None, **options)[0]
+
     def _pairs(self, configs, fleets) -> list[tuple[PolicyConfig, Fleet]]:
         if fleets is None:
             return [(c, self.fleet) for c in configs]
@@ -254,4 +267,4 @@ def build_cost_model(spec: StudySpec, tp: int):
     """The spec's model on its GPU and framework at TP ``tp``."""
     from costmodels import build
 
-    return build(spec.model, spec.gpu, tp=tp, framework=spec.framework)
+    return build(spec.model, spec.gpu, tp=tp, framework=spec.framework, calibration=spec.calibration)

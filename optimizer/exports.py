@@ -6,8 +6,7 @@
   config it came from. Its header states the simulated figures of that file.
 - ``policy.toml``: the native config with every knob: the what-if target's recommendation
   (servetune's own policies, which no engine runs).
-- ``bench.sh``: the ``vllm bench serve`` / ``sglang.bench_serving`` command that measures
-  the file on hardware, with the study's goodput bounds.
+- the bench replay that measures the file on hardware is ``optimizer.bench``'s.
 - ``router.yaml`` (what-if fleets): the sglang-router 0.3.2 flags of the fleet's router.
 
 Speculative decoding: the engines verify a fixed block of ``num_speculative_tokens``
@@ -19,7 +18,6 @@ drafter (``Deployment.drafter``); when it names none, the file carries a marked
 from __future__ import annotations
 
 import math
-import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -241,14 +239,14 @@ def policy_toml(config: PolicyConfig, note: str = "", *, what_if: bool = False) 
 
 @dataclass(frozen=True)
 class TrafficShape:
-    """What ``vllm bench serve`` needs to replay a trace's load with its random dataset."""
+    """A trace's load in a few figures, for the capacity review and ``summary.json``."""
 
     n_requests: int
     rate_rps: float
     burstiness: float  # gamma shape of inter-arrival gaps: 1 = Poisson, < 1 burstier
     mean_prompt_tokens: int
     mean_output_tokens: int
-    range_ratio: float  # uniform length spread around the means, matching the prompt spread
+    range_ratio: float  # uniform length spread around the means that matches the prompt spread
 
     @classmethod
     def of(cls, trace: Trace) -> TrafficShape:
@@ -274,60 +272,21 @@ class TrafficShape:
 
 
 def goodput_bounds(slos: SLOSet) -> dict[str, float]:
-    """One ``--goodput`` bound per key: the strictest over the classes (vLLM bench has one set)."""
+    """The strictest bound of each key over the classes (the latency plots draw them)."""
     bounds = {}
     for key in SLO_KEYS:
         given = [getattr(c, f"{key}_ms") for c in slos.classes if getattr(c, f"{key}_ms") is not None]
         if given:
             bounds[key] = min(given)
     if not bounds:
-        raise ExportError("a bench command needs at least one SLO bound (ttft, tpot or e2el)")
+        raise ExportError("no SLO bound (ttft, tpot or e2el) is set")
     return bounds
 
 
-def bench_script(deployment: Deployment, slos: SLOSet, traffic: TrafficShape, *, server: str, seed: int = 0,
-                 expected: Mapping[str, float] | None = None) -> str:
-    """A bash script running ``vllm bench serve --goodput`` against a server started by ``server``
-    (e.g. ``vllm serve --config vllm.yaml``; any OpenAI-compatible server, SGLang's included).
-
-    The random dataset reproduces the trace's request count, mean rate, burstiness and mean
-    lengths, not its exact arrivals; ``expected`` holds the simulated figures of the very
-    file the server runs, printed for comparison.
-    """
-    bounds = goodput_bounds(slos)
-    goodput = " ".join(f"{k}:{v:g}" for k, v in bounds.items())
-    burstiness = "" if math.isinf(traffic.burstiness) else f" --burstiness {traffic.burstiness:.4g}"
-    command = [
-        "vllm bench serve --backend openai --endpoint /v1/completions --host \"$HOST\" --port \"$PORT\"",
-        f"--model {shlex.quote(deployment.model)}",
-        f"--dataset-name random --random-input-len {traffic.mean_prompt_tokens} "
-        f"--random-output-len {traffic.mean_output_tokens} --random-range-ratio {traffic.range_ratio:.3f} --ignore-eos",
-        f"--num-prompts {traffic.n_requests} --request-rate {traffic.rate_rps:.6g}{burstiness} --seed {seed}",
-        f"--goodput {goodput}",
-        "--percentile-metrics ttft,tpot,e2el --metric-percentiles 50,90,99",
-        "--save-result --result-dir \"$RESULT_DIR\" --result-filename bench-result.json",
-    ]
-    lines = [
-        "#!/usr/bin/env bash",
-        "# Check the tuned config on real hardware:",
-        f"#   1. start the server:  {server}   ({deployment.replicas} replica(s) x TP {deployment.tp}"
-        f" = {deployment.gpus} {deployment.gpu} GPU(s))",
-        "#   2. run this script; compare \"Request goodput (req/s):\" with the simulated figures below.",
-    ]
-    if len(slos.classes) > 1:
-        lines.append("# vLLM bench takes one SLO set: the strictest bound of each key over the SLO classes.")
-    for key, value in (expected or {}).items():
-        lines.append(f"# simulated {key} of that file: {value:.6g}")
-    lines += ["set -euo pipefail", 'HOST="${HOST:-127.0.0.1}"', 'PORT="${PORT:-8000}"',
-              'RESULT_DIR="${RESULT_DIR:-.}"', " \\\n  ".join(command)]
-    return "\n".join(lines) + "\n"
-
-
 def write_exports(directory: str | Path, target: Target, config: PolicyConfig, deployment: Deployment,
-                  ctx: EngineContext, slos: SLOSet, traffic: TrafficShape, *, seed: int = 0, note: str = "",
-                  expected: Mapping[str, float] | None = None) -> dict[str, Path]:
-    """Write the target's files: an engine's ``<engine>.yaml`` and ``bench.sh``; the what-if
-    target's ``policy.toml`` (and ``router.yaml`` for a fleet). Returns their paths by name."""
+                  ctx: EngineContext, *, note: str = "", expected: Mapping[str, float] | None = None) -> dict[str, Path]:
+    """Write the target's files: an engine's ``<engine>.yaml``; the what-if target's
+    ``policy.toml`` (and ``router.yaml`` for a fleet). Returns their paths by name."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     if target.what_if:
@@ -335,15 +294,10 @@ def write_exports(directory: str | Path, target: Target, config: PolicyConfig, d
         if deployment.replicas > 1:
             texts["router.yaml"] = router_yaml(config, deployment, note)
     else:
-        name = f"{target.name}.yaml"
-        texts = {name: engine_yaml(target, config, deployment, ctx, note, expected),
-                 "bench.sh": bench_script(deployment, slos, traffic, server=f"{target.name} serve --config {name}",
-                                          seed=seed, expected=expected)}
+        texts = {f"{target.name}.yaml": engine_yaml(target, config, deployment, ctx, note, expected)}
     paths = {}
     for name, text in texts.items():
         path = directory / name
         path.write_text(text)
         paths[name] = path
-    if "bench.sh" in paths:
-        paths["bench.sh"].chmod(0o755)
     return paths

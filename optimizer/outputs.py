@@ -290,13 +290,32 @@ def provenance(spec, evaluator) -> dict[str, Any]:
         "trace": {"path": str(spec.trace), "sha256": file_sha256(spec.trace), "requests": evaluator.trace.n,
                   "source": evaluator.trace.source, "format": spec.trace_format,
                   "rate_scale": spec.rate_scale, "target_rps": spec.target_rps},
-        "cost_model": {"name": cost_model.name, "source": cost_model.source, "tp": cost_model.tp},
+        "cost_model": {"name": cost_model.name, "source": cost_model.source, "tp": cost_model.tp,
+                       "calibration": residual(cost_model)},
         "versions": versions,
         "seed": spec.seed,
         "command": shlex.join(sys.argv),
         "storage": redact_url(spec.storage) if spec.storage else None,
         "written_utc": datetime.now(UTC).isoformat(timespec="seconds"),
     }
+
+
+def residual(cost_model) -> dict[str, Any]:
+    """Which calibration a cost model used and the error it was measured to have: every
+    gain is to be read against it. Out of sample where the entry states it; else said."""
+    used = dict(cost_model.calibration or {"file": None, "match": "none"})
+    error = used.get("error") or {}
+    held = error.get("leave_one_run_out") or error.get("out_of_sample")
+    if used.get("file") is None:
+        used["stated_error"] = "uncalibrated: no measured error for this setup"
+    elif held:
+        used["stated_error"] = "out of sample: " + ", ".join(f"{k} {v:.1f}%" for k, v in held.items()
+                                                             if isinstance(v, int | float))
+    else:
+        inside = error.get("in_sample") or {k: v for k, v in error.items() if k.startswith("in_sample") and v}
+        used["stated_error"] = ("in sample only (fitted and scored on the same runs): "
+                                + ", ".join(f"{k} {v:.1f}%" for k, v in inside.items() if isinstance(v, int | float)))
+    return used
 
 
 def redact_url(url: str) -> str:
@@ -426,8 +445,10 @@ def write_run_outputs(run_dir, study, spec, evaluator) -> RunOutputs:
     files: dict[str, Path] = {}
     expected = {k: recommended.report[k] for k in ("request_goodput", "slo_attainment", "p99_ttft_ms", "p99_tpot_ms")
                 if recommended.report.get(k) is not None}
-    files.update(write_exports(run_dir, evaluator.target, replay.config, deployment, spec.context, spec.slos, traffic,
-                               seed=spec.seed, note=note, expected=expected))
+    files.update(write_exports(run_dir, evaluator.target, replay.config, deployment, spec.context, note=note,
+                               expected=expected))
+    if not evaluator.target.what_if:
+        files.update(write_bench_replay(run_dir, spec, evaluator, replay, recommended.fleet, expected))
     generalisation = generalisation_check(spec, evaluator, {e.name: e.config for e in evaluated},
                                           [e.fleet for e in evaluated])
     plot_files = _write_plots(run_dir / "plots", study, trials, dirs, names, evaluated, evaluator.trace, spec,
@@ -443,7 +464,8 @@ def write_run_outputs(run_dir, study, spec, evaluator) -> RunOutputs:
         objectives=tuple(zip(names, best.values, dirs, strict=True)),
         plots={caption: str(path.relative_to(run_dir)) for caption, path in plot_files.items()
                if path.suffix == ".png"},
-        notes=_notes(best, recommended, evaluated, spec, evaluator.target, generalisation),
+        notes=_notes(best, recommended, evaluated, spec, evaluator.target, generalisation,
+                     residual(evaluator.cost_model)),
         fleet_front=fleet_front(trials),
         failures=None if spec.failures is None else spec.failures.describe(),
     )
@@ -463,6 +485,25 @@ def write_run_outputs(run_dir, study, spec, evaluator) -> RunOutputs:
     files["trials.parquet"] = run_dir / "trials.parquet"
     trials_frame(trials, names).write_parquet(files["trials.parquet"])
     return RunOutputs(files, summary)
+
+
+def write_bench_replay(run_dir: Path, spec, evaluator, replay: FileReplay, fleet: Fleet,
+                       expected: Mapping[str, float]) -> dict[str, Path]:
+    """The bench replay of the exported file (``optimizer.bench.scripts``): the whole study
+    trace as a timed replay sends it, and that file simulated on exactly that."""
+    from optimizer.bench.results import RequestTimes
+    from optimizer.bench.scripts import write_bench
+    from studies.replay import as_replayed
+
+    replayed = as_replayed(evaluator.full_trace)
+    result = evaluator.simulate_on(replayed, replay.config, fleet)
+    name = evaluator.target.name
+    deployment = {"model": spec.model, "gpu": spec.gpu, "tp": fleet.tp, "replicas": fleet.replicas,
+                  "framework": spec.framework}
+    return write_bench(run_dir, engine=name, config_file=replay.name, server=f"{name} serve --config {replay.name}",
+                       deployment=deployment, trace=replayed, slos=spec.slos,
+                       simulated=RequestTimes.simulated(result, replayed), study=spec.study_name,
+                       study_figures=expected, fleet_knobs={k: getattr(replay.config, k) for k in FLEET_KNOBS})
 
 
 #: Rate scales of the held-out traffic the generalisation check scores, besides its own rate.
@@ -587,7 +628,7 @@ def _pareto_points(trials, dirs, names) -> tuple[list[plots.TrialPoint], tuple[s
 
 
 def _notes(best: FrozenTrial, recommended: Evaluated, evaluated: Sequence[Evaluated], spec, target,
-           generalisation: Mapping[str, Any] | None = None) -> list[str]:
+           generalisation: Mapping[str, Any] | None = None, calibration: Mapping[str, Any] | None = None) -> list[str]:
     notes = []
     if target.what_if:
         notes.append("WHAT-IF: this recommendation uses servetune's own policies, which no engine runs; its gain is "
@@ -601,6 +642,10 @@ def _notes(best: FrozenTrial, recommended: Evaluated, evaluated: Sequence[Evalua
                      f"{spec.holdout:.0%} ({generalisation['requests']} requests) the gain is "
                      + ", ".join(f"{g:.2f}x over {n}" if math.isfinite(g) else f"unbounded over {n}"
                                  for n, g in at.items()) + ".")
+    if calibration is not None:
+        which = ("no calibration" if calibration.get("file") is None else
+                 f"calibration {calibration['file']} ({calibration['match']} entry)")
+        notes.append(f"Cost model: {which}; its error: {calibration['stated_error']}. Read every gain against it.")
     if not is_feasible(best):
         violated = ", ".join(k for k, v in best.constraints.items() if v > 0)
         notes.append(f"No trial met every constraint; trial {best.number} is the best of all and violates {violated}.")

@@ -119,12 +119,15 @@ class StudySpec:
     max_tokens: int | None = None  # the cap clients send where the trace has none (None: context - prompt)
     predictor: str = "cap"  # the output-length estimate SJF orders by: cap, noisy:SIGMA, oracle
     holdout: float = 0.0  # share of the window, at its end, kept out of tuning and scored after it
+    calibration: Path | None = None  # a calibration file (`servetune calibrate`); None: the bundled one
     #: the GPU and model the engine resolves its defaults for (built from model and GPU if None)
     context: EngineContext | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         set_(self, "trace", Path(self.trace))
+        if self.calibration is not None:
+            set_(self, "calibration", Path(self.calibration))
         set_(self, "constraints", _constraints(self.constraints))
         set_(self, "space", {k: dict(v) if isinstance(v, Mapping) else v for k, v in dict(self.space).items()})
         for name in ("model", "gpu"):
@@ -226,7 +229,9 @@ class StudySpec:
                       "rate_scale": self.rate_scale, "target_rps": self.target_rps,
                       "max_tokens": self.max_tokens, "predictor": self.predictor},
             "deployment": {"model": self.model, "gpu": self.gpu, "tp": self.tp, "replicas": self.replicas,
-                           "framework": self.framework, "gpu_hour_usd": self.gpu_hour_usd},
+                           "framework": self.framework, "gpu_hour_usd": self.gpu_hour_usd,
+                           # only when given, so studies on the bundled calibration keep their fingerprint
+                           **({} if self.calibration is None else {"calibration": str(self.calibration)})},
             "slo": {c.name: {k: v for k, v in (("ttft", c.ttft_ms), ("tpot", c.tpot_ms), ("e2el", c.e2el_ms),
                                                ("weight", c.weight)) if v is not None}
                     for c in self.slos.classes},
@@ -323,7 +328,7 @@ _SECTIONS = {
               "rate_scale": "rate_scale", "target_rps": "target_rps", "max_tokens": "max_tokens",
               "predictor": "predictor"},
     "deployment": {"model": "model", "gpu": "gpu", "tp": "tp", "replicas": "replicas",
-                   "framework": "framework", "gpu_hour_usd": "gpu_hour_usd"},
+                   "framework": "framework", "gpu_hour_usd": "gpu_hour_usd", "calibration": "calibration"},
     "objective": {"mode": "objective", "capacity_target": "capacity_target"},
 }
 
@@ -356,7 +361,7 @@ def _from_mapping(data: Mapping[str, Any], base_dir: Path, where) -> dict[str, A
         if bad:
             raise SpecError(f"{where}: [{section}] has unknown key(s) {bad}; valid: {sorted(keys)}")
         values.update({keys[k]: v for k, v in body.items() if v is not None})
-    for key in ("trace", "run_dir"):
+    for key in ("trace", "run_dir", "calibration"):
         if key in values:
             values[key] = Path(values[key]) if Path(values[key]).is_absolute() else base_dir / values[key]
     slo = data.get("slo")

@@ -492,7 +492,8 @@ def _borrow_statics(st):
 
 @njit(cache=True, nogil=True, inline="always")
 def _borrow_tables(tables):
-    return StepTables(borrowed(tables.data), tables.overhead_s, tables.scale)
+    return StepTables(borrowed(tables.data), tables.overhead_s, tables.scale, tables.prefill_scale,
+                      tables.decode_scale)
 
 
 # ======================================================================================

@@ -165,7 +165,7 @@ def request_latencies(result: SimResult, trace: Trace) -> dict[str, np.ndarray]:
 
 def good_requests(result: SimResult, trace: Trace, slos: SLOSet) -> np.ndarray:
     """Boolean mask: finished and within every configured bound of the request's SLO class."""
-    bounds, _ = _class_table(trace, slos)
+    bounds, _ = class_table(trace, slos)
     return _good(result, request_latencies(result, trace), bounds[trace.slo_class])
 
 
@@ -177,7 +177,7 @@ def score(result: SimResult, trace: Trace, slos: SLOSet) -> Report:
     finished = state == State.FINISHED
     rejected = state == State.REJECTED
     lat = request_latencies(result, trace)
-    bounds, weights = _class_table(trace, slos)
+    bounds, weights = class_table(trace, slos)
     good = _good(result, lat, bounds[trace.slo_class])
     request_weight = weights[trace.slo_class]
     generated = result.tokens_generated
@@ -331,7 +331,7 @@ def _replicas(result: SimResult) -> dict[str, dict[str, Any]]:
     }
 
 
-def _class_table(trace: Trace, slos: SLOSet) -> tuple[np.ndarray, np.ndarray]:
+def class_table(trace: Trace, slos: SLOSet) -> tuple[np.ndarray, np.ndarray]:
     """Bounds (k, 3) in ms and weights (k,) for each of the trace's SLO class codes."""
     classes = [slos.lookup(name) for name in trace.slo_class_names]
     bounds = np.array([c.bounds_ms for c in classes], dtype=np.float64).reshape(len(classes), 3)

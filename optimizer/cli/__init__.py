@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from optimizer.cli import cost, export, report, simulate, trace, tune, validate
+from optimizer.cli import bench, cost, export, report, simulate, trace, tune, validate
 
 app = typer.Typer(
     name="servetune",
@@ -12,7 +12,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
 )
-for module in (trace, cost, simulate, tune, report, export, validate):
+for module in (trace, cost, simulate, tune, report, export, validate, bench):
     module.register(app)
 
 

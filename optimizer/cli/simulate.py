@@ -65,6 +65,8 @@ def simulate_command(
         "--max-tokens", help="the cap clients send where the trace has none (default: context - prompt)")] = None,
     predictor: Annotated[str, typer.Option(
         "--predictor", help="output estimate SJF orders by: cap, noisy:SIGMA, or oracle (an upper bound)")] = "cap",
+    calibration: Annotated[Path | None, typer.Option(
+        "--calibration", help="calibration file from `servetune calibrate` (default: the bundled one)")] = None,
     output_format: Annotated[str, typer.Option("--format", help="table or json")] = "table",
     timeline: Annotated[Path | None, typer.Option("--timeline", help="write a timeline plot (PNG)")] = None,
 ) -> None:
@@ -75,7 +77,7 @@ def simulate_command(
         fleet_knobs = {k: v for k, v in (("router", router), ("prefill_replicas", prefill_replicas)) if v is not None}
         run = _simulate(trace, trace_format, model, gpu, tp, framework, config, preset_name, overrides or [], slo,
                         slo_file, rate_scale, seed, output_format, replicas, FailurePlan.from_flags(fail, mtbf, repair),
-                        fleet_knobs, max_tokens, predictor)
+                        fleet_knobs, max_tokens, predictor, calibration)
     except USER_ERRORS as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -99,7 +101,7 @@ def _simulate(trace_path: Path, trace_format: str | None, model: str, gpu: str, 
               config_path: Path | None, preset_name: str | None, overrides: list[str], slo: str | None,
               slo_file: Path | None, rate_scale: float, seed: int, output_format: str, replicas: int = 1,
               failures: FailurePlan | None = None, fleet_knobs: dict | None = None, max_tokens: int | None = None,
-              predictor: str = "cap") -> dict:
+              predictor: str = "cap", calibration: Path | None = None) -> dict:
     """Validate every input first (cheap ones before the trace), then simulate and score."""
     if output_format not in ("table", "json"):
         raise ConfigError(f"--format must be table or json, got {output_format!r}")
@@ -122,7 +124,7 @@ def _simulate(trace_path: Path, trace_format: str | None, model: str, gpu: str, 
     requests = load_trace(trace_path, format=trace_format)
     if rate_scale != 1.0:
         requests = scale_rate(requests, rate_scale)
-    cost_model = build(model, gpu, tp=tp, framework=framework)  # first: names an unknown model
+    cost_model = build(model, gpu, tp=tp, framework=framework, calibration=calibration)  # first: names an unknown model
     requests = with_client_caps(requests, max_tokens=max_tokens, context_len=ctx.context_len)
     requests = Predictor.parse(predictor).apply(requests, seed=seed)
     schedule = None if failures is None else failures.schedule(replicas, requests.arrival_s, seed)

@@ -92,6 +92,8 @@ def tune_command(
         "--max-tokens", help="the cap clients send where the trace has none (default: context - prompt)")] = None,
     predictor: Annotated[str | None, typer.Option(
         "--predictor", help="output estimate SJF orders by: cap (default), noisy:SIGMA, oracle (an upper bound)")] = None,
+    calibration: Annotated[Path | None, typer.Option(
+        "--calibration", help="calibration file from `servetune calibrate` (default: the bundled one)")] = None,
 ) -> None:
     """Search the scheduler knobs for the most weighted goodput on a trace, per engine."""
     console = Console()
@@ -105,6 +107,7 @@ def tune_command(
                      objective="capacity" if capacity else objective, capacity_target=capacity_target,
                      trials=trials, batch_size=batch_size, seed=seed, sampler=sampler, study_name=study_name,
                      storage=storage, run_dir=run_dir, max_tokens=max_tokens, predictor=predictor,
+                     calibration=calibration,
                      holdout=DEFAULT_HOLDOUT if holdout is None else holdout)
         names = _targets(engine, what_if)
         probe = load_spec(spec_file, **flags)  # the study's name and run folder, shared by its targets

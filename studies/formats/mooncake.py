@@ -92,16 +92,15 @@ def spread_buckets(arrival_s: np.ndarray, mode: str, rng: np.random.Generator,
 
 
 def write(trace: Trace, path: Path) -> Path:
-    """Mooncake JSONL: arrival rounded to whole ms; tenants, SLO classes, priorities,
-    deadlines and max_tokens are not part of the format and are not written."""
-    if trace.block_tokens != BLOCK_TOKENS and trace.block_offsets[-1]:
-        raise TraceError(f"Mooncake blocks are {BLOCK_TOKENS} tokens; this trace's are {trace.block_tokens}")
-    timestamps = np.rint(trace.arrival_s * 1000.0).astype(np.int64)
+    """Mooncake JSONL: arrival in ms to the microsecond, blocks of ``trace.block_tokens``
+    (a replay tool must be told the size when it is not 512); tenants, SLO classes,
+    priorities, deadlines and max_tokens are not part of the format and are not written."""
+    timestamps = np.round(trace.arrival_s * 1000.0, 3)
     offsets, hashes = trace.block_offsets, trace.block_hashes.tolist()
     with open(path, "w") as handle:
         for i in range(trace.n):
             record = {
-                "timestamp": int(timestamps[i]),
+                "timestamp": float(timestamps[i]),
                 "input_length": int(trace.prompt_tokens[i]),
                 "output_length": int(trace.output_tokens[i]),
                 "hash_ids": hashes[offsets[i]:offsets[i + 1]],

@@ -21,6 +21,20 @@ def test_overhead_and_scale_apply_to_the_whole_step(llama8b):
     assert calibrated == pytest.approx(1.5 * (base + 0.002))
 
 
+def test_prefill_and_decode_scales_split_a_mixed_step():
+    # linear tables: 2 us/token, 1 us/logit seq, 2 ns/KV token, 0.1 ns/pair, no overhead
+    t = raw(linear_tables())
+    decode = 2e-6 * 10 + 1e-6 * 10 + 2e-9 * 10_000  # 10 decodes: their tokens, lm-head, attention
+    prefill = 2e-6 * 500 + 1e-10 * 125_250  # a 500-token chunk: the tokens it adds, its attention
+    args = (510, 10, 10, 10_000.0, 125_250.0)
+    assert step_seconds(t, *args)[0] == pytest.approx(decode + prefill)
+    split = t._replace(prefill_scale=1.5, decode_scale=0.5, overhead_s=0.001)
+    assert step_seconds(split, *args)[0] == pytest.approx(0.5 * decode + 1.5 * prefill + 0.001)
+    # a pure-decode step takes the decode scale only, a lone prefill the prefill scale (lm-head: decode)
+    assert step_seconds(split, 10, 10, 10, 10_000.0, 0.0)[0] == pytest.approx(0.5 * decode + 0.001)
+    assert step_seconds(split, 500, 1, 0, 0.0, 125_250.0)[0] == pytest.approx(1.5 * prefill + 0.5 * 1e-6 + 0.001)
+
+
 @pytest.mark.parametrize("axis", range(5))
 def test_step_time_is_monotone_in_each_input(llama8b, axis):
     rng = np.random.default_rng(axis)

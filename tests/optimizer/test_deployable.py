@@ -2,7 +2,7 @@
 
 A study searches one target's space (vLLM, SGLang, or servetune's what-ifs); its run folder
 holds that target's file, and the recommendation's report in summary.json, the console and
-bench.sh is the replay of that very file.
+the bench replay is of that very file.
 """
 
 from __future__ import annotations
@@ -64,9 +64,9 @@ def test_reported_figures_are_the_exported_files_replay(tmp_path, engine):
         _, base_report = evaluator.simulate(evaluator.baselines()[base])
         assert theirs == pytest.approx(base_report.weighted_goodput, rel=1e-12)
     if engine != "servetune":
-        # bench.sh and the file's header state the replayed figures, not another policy's
-        bench = (spec.run_dir / "bench.sh").read_text()
-        assert f"simulated request_goodput of that file: {report.request_goodput:.6g}" in bench
+        # the bench script and the file's header state the replayed figures, not another policy's
+        bench = (spec.run_dir / f"bench-{engine}.sh").read_text()
+        assert f"request_goodput {report.request_goodput:.4g}" in bench
         assert f"simulated request_goodput of this file: {report.request_goodput:.6g}" in text
         assert not (spec.run_dir / "policy.toml").exists()
     else:

@@ -204,7 +204,7 @@ def test_write_run_outputs_fills_the_run_folder(tmp_path):
     for name in ("policy.toml", "summary.json", "trials.parquet", "capacity-review.md", "capacity-review.html"):
         assert (run / name).stat().st_size > 0, name
     # a what-if study (the default target) writes servetune's policy only, never an engine's file
-    assert not any((run / name).exists() for name in ("vllm.yaml", "sglang.yaml", "bench.sh"))
+    assert not any((run / name).exists() for name in ("vllm.yaml", "sglang.yaml", "bench-vllm.sh", "trace.jsonl"))
     for stem in ("pareto", "rate-sweep", "latency-cdf", "importance"):
         assert (run / "plots" / f"{stem}.png").read_bytes()[:4] == b"\x89PNG", stem
         assert "<svg" in (run / "plots" / f"{stem}.svg").read_text(), stem

@@ -49,7 +49,7 @@ def test_report_regenerates_the_run_folder(run_dir):
     assert result.exit_code == 0, result.output
     assert "weighted goodput vs vllm-default" in result.output
     assert "sglang-default" not in result.output  # a vLLM study's baseline is vLLM's own defaults
-    for name in ("summary.json", "trials.parquet", "vllm.yaml", "bench.sh",
+    for name in ("summary.json", "trials.parquet", "vllm.yaml", "bench-vllm.sh", "trace.jsonl", "bench.json",
                  "capacity-review.md", "capacity-review.html", "plots/pareto.png", "plots/rate-sweep.svg"):
         assert (run_dir / name).stat().st_size > 0, name
     # only the study's own engine file: its trials are not SGLang configs or what-ifs
