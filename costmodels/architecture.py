@@ -149,9 +149,16 @@ class ModelArch:
 
 
 def load_model(model: str, model_config: str | Path | None = None) -> ModelArch:
-    """A built-in model by any accepted spelling, or the model described by ``model_config``."""
+    """A built-in model by any accepted spelling, the model described by ``model_config``,
+    or, when ``model`` is itself a HuggingFace ``config.json`` path, that model (named by
+    its folder)."""
     if model_config is not None:
         return ModelArch.from_hf_config(model_config, name=model)
+    if model.lower() not in ALIASES and (model.endswith(".json") or Path(model).is_file()):
+        path = Path(model)
+        if not path.is_file():
+            raise CostModelError(f"model config {path} does not exist")
+        return ModelArch.from_hf_config(path, name=path.resolve().parent.name)
     canonical = ALIASES.get(model.lower())
     if canonical is None:
         raise CostModelError(f"unknown model {model!r}; built-in: {', '.join(BUILTIN)} "

@@ -267,4 +267,5 @@ def build_cost_model(spec: StudySpec, tp: int):
     """The spec's model on its GPU and framework at TP ``tp``."""
     from costmodels import build
 
-    return build(spec.model, spec.gpu, tp=tp, framework=spec.framework, calibration=spec.calibration)
+    return build(spec.model, spec.gpu, tp=tp, framework=spec.framework, calibration=spec.calibration,
+                 model_config=spec.model_config, gemm_dtype=spec.dtype, kv_dtype=spec.kv_cache_dtype)

@@ -396,21 +396,22 @@ def _fleet_value(name: str, value: Any, where: str) -> int:
 
 
 @lru_cache(maxsize=32)
-def tp_degrees(model: str, gpu: str, framework: str = "vllm") -> tuple[int, ...]:
+def tp_degrees(model: str, gpu: str, framework: str = "vllm", model_config=None, dtype: str = "bf16"
+               ) -> tuple[int, ...]:
     """TP degrees in ``TP_DEGREES`` that split the model's heads evenly and fit its weights on ``gpu``."""
     from costmodels import build
     from costmodels.architecture import load_model
     from costmodels.costmodel import CostModelError
 
     try:
-        load_model(model)
+        load_model(model, model_config)
     except CostModelError as exc:
         raise SpaceError(f"[space.tp]: cannot list the TP degrees of {model!r} ({exc}); "
                          "give them, e.g. tp = [1, 2, 4]") from None
     valid = []
     for tp in TP_DEGREES:
         try:
-            build(model, gpu, tp=tp, framework=framework)
+            build(model, gpu, tp=tp, framework=framework, model_config=model_config, gemm_dtype=dtype)
         except CostModelError:
             continue
         valid.append(tp)

@@ -49,6 +49,8 @@ class SpecError(ValueError):
 #: Objective modes: name -> (metric names, directions). See optimizer.objective.
 OBJECTIVE_MODES = ("goodput", "goodput-gpus", "goodput-ttft", "goodput-cost", "capacity")
 SAMPLERS = ("tpe", "nsga2", "random")
+DTYPES = ("bf16", "fp8")  # weights (fp8: the GEMMs too)
+KV_DTYPES = ("auto", "bf16", "fp8")
 #: On-demand $/GPU-hour used by the cost objective when the spec gives none (indicative).
 GPU_HOUR_USD = {"a100": 2.0, "h100": 3.0, "h200": 3.8}
 #: Fleet knobs a flag fixes for the whole study (baselines included): the deployment's own.
@@ -120,14 +122,22 @@ class StudySpec:
     predictor: str = "cap"  # the output-length estimate SJF orders by: cap, noisy:SIGMA, oracle
     holdout: float = 0.0  # share of the window, at its end, kept out of tuning and scored after it
     calibration: Path | None = None  # a calibration file (`servetune calibrate`); None: the bundled one
+    model_config: Path | None = None  # a HuggingFace config.json for a model servetune does not ship
+    dtype: str = "bf16"  # weights: bf16 or fp8
+    kv_dtype: str = "auto"  # KV cache: auto (the weights' activation dtype, bf16), bf16 or fp8
     #: the GPU and model the engine resolves its defaults for (built from model and GPU if None)
     context: EngineContext | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         set_(self, "trace", Path(self.trace))
-        if self.calibration is not None:
-            set_(self, "calibration", Path(self.calibration))
+        for name in ("calibration", "model_config"):
+            if getattr(self, name) is not None:
+                set_(self, name, Path(getattr(self, name)))
+        if self.dtype not in DTYPES:
+            raise SpecError(f"dtype (weights) must be one of {list(DTYPES)}, got {self.dtype!r}")
+        if self.kv_dtype not in KV_DTYPES:
+            raise SpecError(f"kv_dtype must be one of {list(KV_DTYPES)}, got {self.kv_dtype!r}")
         set_(self, "constraints", _constraints(self.constraints))
         set_(self, "space", {k: dict(v) if isinstance(v, Mapping) else v for k, v in dict(self.space).items()})
         for name in ("model", "gpu"):
@@ -165,7 +175,9 @@ class StudySpec:
         set_(self, "speculative", drafter)
         if self.context is None:
             try:
-                set_(self, "context", engine_context(self.model, self.gpu, self.tp, self.framework, self.replicas))
+                set_(self, "context", engine_context(
+                    self.model, self.gpu, self.tp, self.framework, self.replicas,
+                    None if self.model_config is None else str(self.model_config), self.dtype, self.kv_cache_dtype))
             except ValueError as exc:
                 raise SpecError(f"deployment: {exc}") from None
         target = engine_target(self.engine)
@@ -173,7 +185,7 @@ class StudySpec:
         set_(self, "search_space", build_space(
             self.space, base if drafter is None else base.replace(**drafter.config_values()),
             Fleet(self.tp, self.replicas), search_fleet=self.objective == "goodput-gpus",
-            tp_degrees=lambda: tp_degrees(self.model, self.gpu, self.framework),
+            tp_degrees=lambda: tp_degrees(self.model, self.gpu, self.framework, self.model_config, self.dtype),
             drafter_tokens=None if drafter is None else drafter.max_draft_tokens,
             target=target, context=self.context))
         if drafter is None and ("speculative_mode" in self.search_space.names
@@ -193,6 +205,11 @@ class StudySpec:
         set_(self, "run_dir", Path(self.run_dir) if self.run_dir is not None else Path("runs") / self.study_name)
 
     search_space: SearchSpace = field(init=False, repr=False, compare=False)
+
+    @property
+    def kv_cache_dtype(self) -> str:
+        """The KV dtype simulated: ``auto`` is the activations' (bf16, with fp8 weights too)."""
+        return "bf16" if self.kv_dtype == "auto" else self.kv_dtype
 
     @property
     def gpus(self) -> int:
@@ -230,8 +247,11 @@ class StudySpec:
                       "max_tokens": self.max_tokens, "predictor": self.predictor},
             "deployment": {"model": self.model, "gpu": self.gpu, "tp": self.tp, "replicas": self.replicas,
                            "framework": self.framework, "gpu_hour_usd": self.gpu_hour_usd,
-                           # only when given, so studies on the bundled calibration keep their fingerprint
-                           **({} if self.calibration is None else {"calibration": str(self.calibration)})},
+                           # only when given, so studies on the defaults keep their fingerprint
+                           **({} if self.calibration is None else {"calibration": str(self.calibration)}),
+                           **({} if self.model_config is None else {"model_config": str(self.model_config)}),
+                           **({} if self.dtype == "bf16" else {"dtype": self.dtype}),
+                           **({} if self.kv_dtype == "auto" else {"kv_dtype": self.kv_dtype})},
             "slo": {c.name: {k: v for k, v in (("ttft", c.ttft_ms), ("tpot", c.tpot_ms), ("e2el", c.e2el_ms),
                                                ("weight", c.weight)) if v is not None}
                     for c in self.slos.classes},
@@ -328,7 +348,8 @@ _SECTIONS = {
               "rate_scale": "rate_scale", "target_rps": "target_rps", "max_tokens": "max_tokens",
               "predictor": "predictor"},
     "deployment": {"model": "model", "gpu": "gpu", "tp": "tp", "replicas": "replicas",
-                   "framework": "framework", "gpu_hour_usd": "gpu_hour_usd", "calibration": "calibration"},
+                   "framework": "framework", "gpu_hour_usd": "gpu_hour_usd", "calibration": "calibration",
+                   "model_config": "model_config", "dtype": "dtype", "kv_dtype": "kv_dtype"},
     "objective": {"mode": "objective", "capacity_target": "capacity_target"},
 }
 
@@ -361,7 +382,7 @@ def _from_mapping(data: Mapping[str, Any], base_dir: Path, where) -> dict[str, A
         if bad:
             raise SpecError(f"{where}: [{section}] has unknown key(s) {bad}; valid: {sorted(keys)}")
         values.update({keys[k]: v for k, v in body.items() if v is not None})
-    for key in ("trace", "run_dir", "calibration"):
+    for key in ("trace", "run_dir", "calibration", "model_config"):
         if key in values:
             values[key] = Path(values[key]) if Path(values[key]).is_absolute() else base_dir / values[key]
     slo = data.get("slo")

@@ -14,7 +14,7 @@ from policies.engines import EngineContext
 
 @lru_cache(maxsize=64)
 def engine_context(model: str, gpu: str, tp: int = 1, framework: str = "vllm", replicas: int = 1,
-                   model_config: str | None = None) -> EngineContext:
+                   model_config: str | None = None, dtype: str = "bf16", kv_dtype: str = "bf16") -> EngineContext:
     """The context of ``model`` on ``gpu`` at TP ``tp``.
 
     A model servetune cannot load has context length 0 here; its cost model fails to
@@ -28,14 +28,14 @@ def engine_context(model: str, gpu: str, tp: int = 1, framework: str = "vllm", r
         context_len = load_model(model, model_config).context_len
     except CostModelError:
         context_len = 0
-    cost_model = _lazy_cost_model(model, gpu, tp, framework, model_config)
+    cost_model = _lazy_cost_model(model, gpu, tp, framework, model_config, dtype, kv_dtype)
     reserved = 0.0
     if context_len:
         cm = cost_model()
         reserved = cm.reserved_bytes / cm.gpu_memory_bytes if cm.gpu_memory_bytes else 0.0
     return EngineContext(gpu=gpu, gpu_memory_gib=gpu_spec.memory_bytes / 2**30, context_len=context_len,
                          kv_tokens=lambda utilization: cost_model().kv_capacity_tokens(utilization),
-                         reserved_fraction=reserved, tp=tp, replicas=replicas)
+                         reserved_fraction=reserved, tp=tp, replicas=replicas, dtype=dtype, kv_dtype=kv_dtype)
 
 
 def context_of(cost_model, gpu: str, context_len: int, tp: int = 1, replicas: int = 1) -> EngineContext:
@@ -48,11 +48,13 @@ def context_of(cost_model, gpu: str, context_len: int, tp: int = 1, replicas: in
                          replicas=replicas)
 
 
-def _lazy_cost_model(model: str, gpu: str, tp: int, framework: str, model_config: str | None):
+def _lazy_cost_model(model: str, gpu: str, tp: int, framework: str, model_config: str | None, dtype: str,
+                     kv_dtype: str):
     @lru_cache(maxsize=1)
     def build():
         from costmodels import build as build_cost_model
 
-        return build_cost_model(model, gpu, tp=tp, framework=framework, model_config=model_config)
+        return build_cost_model(model, gpu, tp=tp, framework=framework, model_config=model_config,
+                                gemm_dtype=dtype, kv_dtype=kv_dtype)
 
     return build

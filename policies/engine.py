@@ -2384,7 +2384,9 @@ def _sharing_inputs(trace, cost_model: CostModel) -> SharingInputs:
     min_service_s, job_s = qm.service_estimates(cost_model.tables, trace.prompt_tokens, trace.output_estimate)
     return SharingInputs(
         tenant=trace.tenant.astype(np.int64), klass=trace.slo_class.astype(np.int64),
-        offsets=np.ascontiguousarray(trace.block_offsets, dtype=np.int64), entry=entry, n_full=n_full,
+        # a writable copy: the kernels' types must not depend on whether the trace's columns are
+        # read-only (a loaded Trace) or not (an unpickled one), or each gets its own compile
+        offsets=np.array(trace.block_offsets, dtype=np.int64), entry=entry, n_full=n_full,
         n_entries=int(n_entries), block_tokens=int(trace.block_tokens), lane_of=lane_of,
         lane_tenant=lane_tenant, min_service_s=min_service_s, job_s=job_s,
     )
@@ -2526,7 +2528,8 @@ def simulate_many(trace, cost_model: CostModel, configs: Sequence[PolicyConfig],
 
 
 def warmup() -> None:
-    """Compile (or load from cache) every kernel on a tiny trace, with every mode exercised."""
+    """Compile (or load from cache) every kernel on a tiny trace, with every mode exercised,
+    through the entry points a study calls, so a real run compiles nothing more."""
     trace, cost, configs = warmup_inputs()
     simulate(trace, cost, configs[0])
     simulate_many(trace, cost, configs)
@@ -2534,13 +2537,12 @@ def warmup() -> None:
 
 def warmup_inputs():
     """A tiny trace, a synthetic cost model and configs that exercise every mode, for
-    warm-up (the fleet's too) without importing studies."""
+    warm-up (the fleet's too). The trace has the fields, dtypes and read-only columns of a
+    loaded ``studies.traces.Trace``, so the kernels compile for exactly the types a real
+    run passes (policies does not import studies)."""
     n = 8
-    arrival = np.linspace(0.0, 0.05, n)
-    prompt = np.array([40, 3, 70, 5, 33, 64, 9, 12], dtype=np.int64)
     output = np.array([5, 1, 9, 4, 2, 7, 3, 6], dtype=np.int64)
-    deadline = np.full(n, np.nan)
-    trace = _WarmupTrace(arrival, prompt, output, output.copy(), np.zeros(n, dtype=np.int32), deadline)
+    trace = _WarmupTrace(np.linspace(0.0, 0.05, n), np.array([40, 3, 70, 5, 33, 64, 9, 12], dtype=np.int64), output)
     cost = CostModel.synthetic(kv_capacity_tokens=256, swap_capacity_tokens=256)
     base = PolicyConfig(max_num_batched_tokens=64, max_num_seqs=4, gpu_memory_utilization=1.0)
     configs = [base, base.replace(schedule_mode="prefill_first", admission_mode="new_token_ratio"),
@@ -2549,16 +2551,20 @@ def warmup_inputs():
 
 
 class _WarmupTrace:
-    """The few trace fields the engine reads, for warm-up without importing studies."""
+    """The trace fields the engine reads, typed and frozen as ``studies.traces.Trace`` has them."""
 
-    def __init__(self, arrival, prompt, output, max_tokens, priority, deadline):
-        self.arrival_s, self.prompt_tokens, self.output_tokens = arrival, prompt, output
-        self.max_tokens, self.priority, self.deadline_s = max_tokens, priority, deadline
-        self.n = len(arrival)
-        self.tenant = np.zeros(self.n, dtype=np.int32)
-        self.slo_class = np.zeros(self.n, dtype=np.int32)
-        self.block_offsets = np.arange(self.n + 1, dtype=np.int64)  # one shared 32-token block each
-        self.block_hashes = np.zeros(self.n, dtype=np.int64)
+    def __init__(self, arrival, prompt, output):
+        n = self.n = len(arrival)
+        columns = {"arrival_s": arrival, "prompt_tokens": prompt, "output_tokens": output, "max_tokens": output.copy(),
+                   "output_estimate": output.copy(), "max_tokens_source": np.ones(n, dtype=np.int8),
+                   "tenant": np.zeros(n, dtype=np.int32), "priority": np.zeros(n, dtype=np.int32),
+                   "slo_class": np.zeros(n, dtype=np.int32), "deadline_s": np.full(n, np.nan),
+                   "block_offsets": np.arange(n + 1, dtype=np.int64),  # one shared 32-token block each
+                   "block_hashes": np.zeros(n, dtype=np.int64)}
+        for name, values in columns.items():
+            values = np.ascontiguousarray(values)
+            values.flags.writeable = False
+            setattr(self, name, values)
         self.block_tokens = 32
         self.tenant_names = ("default",)
         self.slo_class_names = ("default",)

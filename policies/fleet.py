@@ -1057,7 +1057,9 @@ def simulate_fleet_many(trace, cost_models, configs: Sequence[PolicyConfig], see
     hosts = np.array([[host for _, host in row] for row in limits], dtype=np.int64)
     routers = [rt.new_router_state(n_rep, statics[0].n_entries, config.hash_virtual_nodes) for config in configs]
     outs = [_buffers(trace.n, n_rep, n_tenants, incarnations) for _ in configs]
-    args = (statics, tables, np.ascontiguousarray(trace.block_hashes, dtype=np.int64), kv_bytes, swap_bw,
+    # a writable copy of the hashes, as engine.statics copies the offsets: one kernel type whether
+    # the trace's columns are read-only (a loaded Trace) or not
+    args = (statics, tables, np.array(trace.block_hashes, dtype=np.int64), kv_bytes, swap_bw,
             fail_t.astype(np.float64), fail_replica.astype(np.int64), fail_up.astype(np.bool_))
     every = engine.default_series_every(trace)
     fast_forward = engine._fast_forward_enabled()

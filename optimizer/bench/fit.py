@@ -4,10 +4,15 @@ Each run is re-simulated on the traffic its client sent (``BenchRun.traffic``), 
 the config file it ran, under a candidate (per-step overhead, prefill scale, decode
 scale) (``costmodels.steptable``: ``step = decode_scale * decode part + prefill_scale *
 prefill part + overhead``). The fit minimises squared log errors, each run and metric
-weighted equally: of per-request TPOT, and of the TTFT distribution (its deciles and
-mean). A request's TTFT jumps by a whole step when a small change moves its arrival to
-the other side of a step boundary, so per-request TTFT is too rough a target; its
-distribution is not. Nelder-Mead, because a replay stays piecewise in the parameters.
+of per-request TPOT, and (weighted less) of mean TTFT per prompt-length quartile. A request's TTFT jumps by a
+whole step when a small change moves its arrival to the other side of a step boundary,
+so per-request TTFT (and, over a few hundred requests, even its deciles) is too rough a
+target; the mean averages the jumps out. Nelder-Mead first, because a replay stays
+piecewise in the parameters.
+
+Overhead and decode scale trade off when a run's decode batches are all small (a
+decode step costs ``decode_scale * T(B) + overhead`` with T nearly flat in B): runs
+that span light and heavy load separate them.
 
 Error is stated twice: in sample (fitted and scored on all runs) and leave one run out
 (fitted without a run, scored on it), which is what a new run should expect; with a
@@ -17,16 +22,24 @@ single run there is no out-of-sample figure, and the entry says so.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-from scipy.optimize import least_squares, minimize
+from scipy.optimize import minimize
 
 from optimizer.bench.results import RequestTimes
 from optimizer.bench.run import BenchRun
 
 PARAMS = ("overhead_s", "prefill_scale", "decode_scale")
+#: mean TTFT is matched per prompt-length quantile: its rise with the prompt is the
+#: prefill scale, its floor the overhead
+TTFT_BINS = 4
+#: TTFT's weight against TPOT's: TTFT carries the prefill scale but also the queueing
+#: that amplifies every error, so it counts less
+TTFT_WEIGHT = 0.3
+#: decode scales (relative to the first fit) the valley profile tries
+PROFILE = np.linspace(0.85, 1.15, 13)
 
 
 @dataclass(frozen=True)
@@ -72,27 +85,19 @@ def run_errors_from(sim: RequestTimes, measured: RequestTimes, traffic) -> dict[
     return out
 
 
-TTFT_QUANTILES = np.arange(10, 100, 10)
-
-
 def run_residuals(run: MeasuredRun, traffic, cost_model) -> np.ndarray:
-    """The fit's residuals on one run (module docstring), scaled so that their sum of
-    squares weighs TPOT and the TTFT distribution equally."""
+    """The fit's residuals on one run (module docstring): per-request TPOT log errors,
+    scaled so they weigh as much as the log error of mean TTFT."""
     sim = RequestTimes.simulated(run.run.simulate(traffic, cost_model), traffic)
     measured = run.measured
-    parts = []
     tpot = run_errors_from(sim, measured, traffic)["tpot"]
     tpot = np.log1p(np.maximum(np.where(np.isfinite(tpot), tpot, 0.0), -0.999))
-    parts.append(tpot / np.sqrt(len(tpot)))
-    both = measured.ok & sim.ok
-    mine, theirs = sim.ttft_ms[both], measured.ttft_ms[both]
-    if len(theirs):
-        ratio = np.r_[np.percentile(mine, TTFT_QUANTILES), mine.mean()] / np.r_[
-            np.percentile(theirs, TTFT_QUANTILES), theirs.mean()]
-        parts.append(np.log(ratio) / np.sqrt(len(ratio)))
+    both = np.flatnonzero(measured.ok & sim.ok)
+    bins = np.array_split(both[np.argsort(traffic.prompt_tokens[both], kind="stable")], TTFT_BINS)
+    ttft = [np.log(sim.ttft_ms[b].mean() / measured.ttft_ms[b].mean()) for b in bins if len(b)]
     unfinished = np.mean(measured.ok & ~sim.ok)  # a request the model never finishes costs as a 2x error
-    parts.append(np.array([np.sqrt(unfinished) * np.log(2.0)]))
-    return np.concatenate(parts)
+    return np.r_[tpot / np.sqrt(max(len(tpot), 1)), TTFT_WEIGHT * np.asarray(ttft) / np.sqrt(max(len(ttft), 1)),
+                 np.sqrt(unfinished) * np.log(2.0)]
 
 
 def run_loss(run: MeasuredRun, traffic, cost_model) -> float:
@@ -100,30 +105,36 @@ def run_loss(run: MeasuredRun, traffic, cost_model) -> float:
 
 
 def fit(runs: list[MeasuredRun], base_cost) -> Fit:
-    """The parameters minimising squared log error over ``runs`` (module docstring)."""
+    """The parameters minimising squared log error over ``runs`` (module docstring).
+
+    Nelder-Mead from three starts; then a profile along the overhead/decode-scale valley
+    (each decode scale of a grid around the best, its overhead re-fitted), which a local
+    search leaves at whichever rough dip it met first; then Nelder-Mead again from the
+    profile's best.
+    """
     traffic = [r.traffic for r in runs]
-    from dataclasses import replace
 
     def loss(x: np.ndarray) -> float:
-        params = _params(x)
-        cost = replace(base_cost, tables=params.tables(base_cost.tables))
+        cost = replace(base_cost, tables=_params(x).tables(base_cost.tables))
         return sum(run_loss(r, t, cost) for r, t in zip(runs, traffic, strict=True))
 
-    def residuals(x: np.ndarray) -> np.ndarray:
-        cost = replace(base_cost, tables=_params(x).tables(base_cost.tables))
-        return np.concatenate([run_residuals(r, t, cost) for r, t in zip(runs, traffic, strict=True)])
+    def local(start: np.ndarray):
+        return minimize(loss, start, method="Nelder-Mead",
+                        options={"xatol": 1e-4, "fatol": 1e-10, "maxiter": 600, "initial_simplex": _simplex(start)})
 
     x0 = np.array([base_cost.tables.overhead_s * 1e3, 0.0, 0.0])
-    best = None
-    for start in (x0, x0 + np.array([2.0, 0.2, -0.2]), x0 + np.array([-1.0, -0.2, 0.2])):
-        found = minimize(loss, start, method="Nelder-Mead",
-                         options={"xatol": 1e-4, "fatol": 1e-10, "maxiter": 600, "initial_simplex": _simplex(start)})
-        if best is None or found.fun < best.fun:
-            best = found
-    # Gauss-Newton down the overhead/decode-scale valley NM crawls along; steps of 0.5%
-    # average the roughness of a replay out of the finite differences
-    refined = least_squares(residuals, best.x, diff_step=5e-3, x_scale=np.array([1.0, 0.1, 0.1]))
-    return _params(refined.x if 2 * refined.cost < best.fun else best.x)
+    best = min((local(start) for start in (x0, x0 + [2.0, 0.2, -0.2], x0 + [-1.0, -0.2, 0.2])), key=lambda r: r.fun)
+    x, value = best.x, best.fun
+    for log_decode in best.x[2] + np.log(PROFILE):
+        def along(overhead_ms: np.ndarray, log_decode=log_decode) -> float:
+            return loss(np.array([overhead_ms[0], best.x[1], log_decode]))
+
+        found = minimize(along, best.x[:1], method="Nelder-Mead",
+                         options={"xatol": 1e-3, "fatol": 1e-10, "initial_simplex": [[best.x[0]], [best.x[0] + 0.5]]})
+        if found.fun < value:
+            x, value = np.array([found.x[0], best.x[1], log_decode]), found.fun
+    polished = local(x)
+    return _params(polished.x if polished.fun < value else x)
 
 
 def _simplex(x: np.ndarray) -> np.ndarray:
@@ -148,8 +159,6 @@ def mape(runs: list[MeasuredRun], cost) -> dict[str, float]:
 def calibrate_from_bench(runs: list[MeasuredRun], base_cost, key: dict) -> dict:
     """A calibration entry (``costmodels.calibration`` format) fitted on ``runs``, with
     its error before, in sample and leave one run out."""
-    from dataclasses import replace
-
     def with_fit(f: Fit):
         return replace(base_cost, tables=f.tables(base_cost.tables))
 

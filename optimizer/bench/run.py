@@ -56,7 +56,8 @@ class BenchRun:
         spec = self.spec
         chosen = spec.calibration if calibration is None else calibration
         return build(spec.model, spec.gpu, tp=int(self.manifest["deployment"]["tp"]), framework=spec.framework,
-                     calibration=chosen)
+                     calibration=chosen, model_config=spec.model_config, gemm_dtype=spec.dtype,
+                     kv_dtype=spec.kv_cache_dtype)
 
     def traffic(self, measured: RequestTimes) -> Trace:
         """The trace the client sent (module docstring); BenchResultError when ``measured``

@@ -100,6 +100,8 @@ def calibrate_command(
         "--run-dir", help="the run folder of each result, in order (default: the result's own folder)")] = None,
     output: Annotated[Path, typer.Option("-o", "--output", help="calibration file (entries of other setups kept)")] =
     Path("calibration.json"),
+    dtype: Annotated[str, typer.Option("--dtype", help="weights the runs served: bf16 or fp8")] = "bf16",
+    kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="their KV cache: auto, bf16 or fp8")] = "auto",
 ) -> None:
     """Fit per-step overhead and prefill/decode scales to measured runs, by replaying them."""
     console = Console()
@@ -112,7 +114,12 @@ def calibrate_command(
         folders = run_dir or [None] * len(from_bench)
         if len(folders) != len(from_bench):
             raise BenchResultError(f"{len(from_bench)} results but {len(folders)} --run-dir; give one per result")
-        base = build(model, gpu, tp=tp, framework=framework, calibration=False)
+        from optimizer.spec import DTYPES, KV_DTYPES
+
+        if dtype not in DTYPES or kv_dtype not in KV_DTYPES:
+            raise ConfigError(f"--dtype takes {list(DTYPES)} and --kv-dtype {list(KV_DTYPES)}")
+        kv = "bf16" if kv_dtype == "auto" else kv_dtype
+        base = build(model, gpu, tp=tp, framework=framework, calibration=False, gemm_dtype=dtype, kv_dtype=kv)
         runs = []
         for result, folder in zip(from_bench, folders, strict=True):
             measured = read_result(result)
@@ -124,7 +131,7 @@ def calibrate_command(
         from costmodels.gpus import load_gpu
 
         entry = calibrate_from_bench(runs, base, {"model": arch, "gpu": load_gpu(gpu).name, "framework": framework,
-                                                  "gemm_dtype": "bf16", "kv_dtype": "bf16", "tp": tp})
+                                                  "gemm_dtype": dtype, "kv_dtype": kv, "tp": tp})
         save_entry(entry, output)
     except USER_ERRORS as exc:
         typer.echo(f"error: {exc}", err=True)

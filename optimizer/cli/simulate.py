@@ -67,6 +67,11 @@ def simulate_command(
         "--predictor", help="output estimate SJF orders by: cap, noisy:SIGMA, or oracle (an upper bound)")] = "cap",
     calibration: Annotated[Path | None, typer.Option(
         "--calibration", help="calibration file from `servetune calibrate` (default: the bundled one)")] = None,
+    model_config: Annotated[Path | None, typer.Option(
+        "--model-config", help="HuggingFace config.json of a model servetune does not ship (--model names it)")] = None,
+    dtype: Annotated[str, typer.Option("--dtype", help="weights: bf16 or fp8")] = "bf16",
+    kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="KV cache: auto (the weights' activations), bf16, fp8")] =
+    "auto",
     output_format: Annotated[str, typer.Option("--format", help="table or json")] = "table",
     timeline: Annotated[Path | None, typer.Option("--timeline", help="write a timeline plot (PNG)")] = None,
 ) -> None:
@@ -77,7 +82,7 @@ def simulate_command(
         fleet_knobs = {k: v for k, v in (("router", router), ("prefill_replicas", prefill_replicas)) if v is not None}
         run = _simulate(trace, trace_format, model, gpu, tp, framework, config, preset_name, overrides or [], slo,
                         slo_file, rate_scale, seed, output_format, replicas, FailurePlan.from_flags(fail, mtbf, repair),
-                        fleet_knobs, max_tokens, predictor, calibration)
+                        fleet_knobs, max_tokens, predictor, calibration, model_config, dtype, kv_dtype)
     except USER_ERRORS as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -101,15 +106,21 @@ def _simulate(trace_path: Path, trace_format: str | None, model: str, gpu: str, 
               config_path: Path | None, preset_name: str | None, overrides: list[str], slo: str | None,
               slo_file: Path | None, rate_scale: float, seed: int, output_format: str, replicas: int = 1,
               failures: FailurePlan | None = None, fleet_knobs: dict | None = None, max_tokens: int | None = None,
-              predictor: str = "cap", calibration: Path | None = None) -> dict:
+              predictor: str = "cap", calibration: Path | None = None, model_config: Path | None = None,
+              dtype: str = "bf16", kv_dtype: str = "auto") -> dict:
     """Validate every input first (cheap ones before the trace), then simulate and score."""
     if output_format not in ("table", "json"):
         raise ConfigError(f"--format must be table or json, got {output_format!r}")
     slos = _slos(slo, slo_file)
     # Imported only now: `servetune --help` and bad flags should not wait for the engine.
+    from optimizer.spec import DTYPES, KV_DTYPES
     from optimizer.targets import engine_context
 
-    ctx = engine_context(model, gpu, tp, framework, replicas)
+    if dtype not in DTYPES or kv_dtype not in KV_DTYPES:
+        raise ConfigError(f"--dtype takes {list(DTYPES)} and --kv-dtype {list(KV_DTYPES)}; got {dtype!r}, {kv_dtype!r}")
+    kv = "bf16" if kv_dtype == "auto" else kv_dtype
+    config_file = None if model_config is None else str(_existing(model_config, "--model-config", ConfigError))
+    ctx = engine_context(model, gpu, tp, framework, replicas, config_file, dtype, kv)
     policy, config_source = _policy(config_path, preset_name, ctx, overrides, fleet_knobs or {})
     check_fleet(policy, replicas)
     if failures is not None and failures.windows is not None:
@@ -124,7 +135,8 @@ def _simulate(trace_path: Path, trace_format: str | None, model: str, gpu: str, 
     requests = load_trace(trace_path, format=trace_format)
     if rate_scale != 1.0:
         requests = scale_rate(requests, rate_scale)
-    cost_model = build(model, gpu, tp=tp, framework=framework, calibration=calibration)  # first: names an unknown model
+    cost_model = build(model, gpu, tp=tp, framework=framework, calibration=calibration, model_config=config_file,
+                       gemm_dtype=dtype, kv_dtype=kv)  # first: names an unknown model
     requests = with_client_caps(requests, max_tokens=max_tokens, context_len=ctx.context_len)
     requests = Predictor.parse(predictor).apply(requests, seed=seed)
     schedule = None if failures is None else failures.schedule(replicas, requests.arrival_s, seed)
@@ -146,6 +158,7 @@ def _simulate(trace_path: Path, trace_format: str | None, model: str, gpu: str, 
         "framework": framework,
         "cost_model": cost_model.name,
         "cost_model_source": cost_model.source,
+        "dtype": {"weights": dtype, "kv": kv},
         "config_source": config_source,
         "config": policy.to_dict(),
         "slo": slos.describe(),

@@ -94,6 +94,10 @@ def tune_command(
         "--predictor", help="output estimate SJF orders by: cap (default), noisy:SIGMA, oracle (an upper bound)")] = None,
     calibration: Annotated[Path | None, typer.Option(
         "--calibration", help="calibration file from `servetune calibrate` (default: the bundled one)")] = None,
+    model_config: Annotated[Path | None, typer.Option(
+        "--model-config", help="HuggingFace config.json of a model servetune does not ship (--model names it)")] = None,
+    dtype: Annotated[str | None, typer.Option("--dtype", help="weights: bf16 (default) or fp8")] = None,
+    kv_dtype: Annotated[str | None, typer.Option("--kv-dtype", help="KV cache: auto (default), bf16 or fp8")] = None,
 ) -> None:
     """Search the scheduler knobs for the most weighted goodput on a trace, per engine."""
     console = Console()
@@ -107,7 +111,7 @@ def tune_command(
                      objective="capacity" if capacity else objective, capacity_target=capacity_target,
                      trials=trials, batch_size=batch_size, seed=seed, sampler=sampler, study_name=study_name,
                      storage=storage, run_dir=run_dir, max_tokens=max_tokens, predictor=predictor,
-                     calibration=calibration,
+                     calibration=calibration, model_config=model_config, dtype=dtype, kv_dtype=kv_dtype,
                      holdout=DEFAULT_HOLDOUT if holdout is None else holdout)
         names = _targets(engine, what_if)
         probe = load_spec(spec_file, **flags)  # the study's name and run folder, shared by its targets
@@ -197,6 +201,7 @@ def _tune(spec, console: Console, *, resume: bool, outputs: bool, quiet: bool) -
                   + f"), cost model {evaluator.cost_model.source}; "
                   f"{spec.trials} trials{f', {done} done' if done else ''}; run folder {spec.run_dir}")
     enqueue_baselines(study, spec, evaluator.baselines())
+    _compile_if_cold(console, fleet=_may_use_fleet(spec))
     stats = _run(study, spec, evaluator, quiet, done)
     _print_summary(console, study, spec, stats)
     if not outputs:
@@ -243,6 +248,47 @@ def warmup_command() -> None:
     engine.warmup()
     fleet.warmup()
     typer.echo(f"kernels ready in {time.perf_counter() - start:.1f} s")
+
+
+#: A cold compile of the kernels a study runs on a 2-core machine: the single-replica engine
+#: only (1.4-5 min measured, 3.3 min in benchmarks/first_run.py) / with the fleet's (6-10 min).
+COLD_COMPILE = {False: "2-5 min", True: "6-10 min"}
+
+
+def _may_use_fleet(spec) -> bool:
+    """Whether a trial may run the fleet kernels: more than one replica, or failures."""
+    replicas = max((max(p.choices) if p.choices else int(p.high) for p in spec.search_space.fleet_params
+                    if p.name == "replicas"), default=spec.fleet.replicas)
+    return replicas > 1 or spec.failures is not None
+
+
+def _cold(kernel) -> bool:
+    """Neither compiled in this process nor in Numba's cache for this source version."""
+    if kernel.signatures:
+        return False
+    try:  # the kernel's cache index (in jitcache's folder): empty when missing or stale
+        return not kernel._cache._cache_file._load_index()
+    except Exception:  # Numba's internals moved: cannot tell, so say nothing
+        return False
+
+
+def _compile_if_cold(console: Console, *, fleet: bool) -> None:
+    """Before a study's first trial: if the kernels it runs are not compiled yet, say so and
+    compile them (the warm-up), so the progress bar starts once they are."""
+    from policies import engine
+    from policies import fleet as fleet_sim
+
+    kernels = [engine.simulate_kernel, engine.simulate_many_kernel]
+    kernels += [fleet_sim.fleet_kernel, fleet_sim.fleet_many_kernel] if fleet else []
+    if not any(_cold(k) for k in kernels):
+        return
+    console.print(f"compiling the simulator kernels (first run of this version on this machine; usually "
+                  f"{COLD_COMPILE[fleet]} on 2 cores; cached afterwards)")
+    start = time.perf_counter()
+    engine.warmup()
+    if fleet:
+        fleet_sim.warmup()
+    console.print(f"kernels compiled in {time.perf_counter() - start:.0f} s")
 
 
 def _counted(study) -> int:
@@ -358,7 +404,8 @@ def _print_file_gains(console: Console, summary: dict) -> None:
 
 
 def _write_overview(run_dir: Path, study: str, summaries: dict) -> None:
-    """runs/<study>/summary.json: each target's file, its replayed gain, held-out gain and verdict."""
+    """runs/<study>/summary.json: each target's file, its replayed gain, held-out gain and
+    verdict; and runs/<study>/bench-<engine>.sh, each running that engine's bench replay."""
     import json
 
     from studies.metrics import json_safe
@@ -378,6 +425,13 @@ def _write_overview(run_dir: Path, study: str, summaries: dict) -> None:
             "held_out": summary.get("generalisation"), "verdict": summary["verdict"]}
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "summary.json").write_text(json.dumps(json_safe(overview), indent=2) + "\n")
+    for name in overview["targets"]:
+        script = run_dir / name / f"bench-{name}.sh"
+        if script.is_file():  # the study folder's entry point to each engine's replay
+            wrapper = run_dir / script.name
+            wrapper.write_text(f"#!/usr/bin/env bash\n# {name}'s bench replay: {name}/{script.name} (results land there)\n"
+                               f'exec bash "$(dirname "${{BASH_SOURCE[0]}}")/{name}/{script.name}" "$@"\n')
+            wrapper.chmod(0o755)
 
 
 def _print_overview(console: Console, summaries: dict) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from policies.config import FLEET_KNOBS, KNOB_BY_NAME, SPECULATIVE_KNOBS, ConfigError, PolicyConfig
 
@@ -47,6 +47,9 @@ class EngineContext:
     reserved_fraction: float = 0.0
     tp: int = 1
     replicas: int = 1
+    #: what the simulation's cost model assumed: weights (``bf16`` or ``fp8``) and KV cache
+    dtype: str = "bf16"
+    kv_dtype: str = "bf16"
 
     def kv_pool_tokens(self, utilization: float) -> int:
         if self.kv_tokens is None:
@@ -207,17 +210,24 @@ class Target:
         """The config file's mapping (hyphenated long flags); refuses what the engine would."""
         resolved = self.resolve(config, ctx)
         self.check(resolved, ctx)
-        args = self.deployment_args(deployment)
+        args = {**self.deployment_args(deployment), **self.dtype_args(ctx)}
         for flag in self.flags:
             flag.write(self.encode(flag, resolved, ctx), args)
         return args
 
     def from_args(self, args: Mapping[str, Any], ctx: EngineContext) -> PolicyConfig:
         """The config a file runs: the inverse of ``to_args``; unknown keys are refused."""
-        known = {k for f in self.flags for k in f.keys()} | set(self.deployment_keys) | set(self.speculative_keys)
+        known = ({k for f in self.flags for k in f.keys()} | set(self.deployment_keys) | set(self.speculative_keys)
+                 | {key for key, _ in self.dtype_keys.values()})
         unknown = sorted(set(args) - known)
         if unknown:
             raise EngineError(f"{self.display} config has key(s) servetune does not simulate: {unknown}")
+        mine = self.dtype_args(ctx)
+        for key, _ in self.dtype_keys.values():
+            if args.get(key) != mine.get(key):
+                raise EngineError(f"{self.display} config sets {key}: {args.get(key)!r}, but the study simulated "
+                                  f"{mine.get(key)!r} (weights {ctx.dtype}, KV {ctx.kv_dtype}); simulate the file "
+                                  "with the matching --dtype / --kv-dtype")
         base = self.defaults(ctx)
         values: dict[str, Any] = {}
         k = self.speculative_tokens(args)
@@ -255,6 +265,16 @@ class Target:
 
     #: YAML keys of the model, the TP degree and the data-parallel replicas (a class attribute)
     deployment_keys = ("model", "tensor-parallel-size", "data-parallel-size")
+
+    #: the flags that select fp8 weights and fp8 KV: (key, value) (overridden per engine)
+    dtype_keys: ClassVar[dict[str, tuple[str, str]]] = {"dtype": ("quantization", "fp8"),
+                                                        "kv_dtype": ("kv-cache-dtype", "fp8")}
+
+    def dtype_args(self, ctx: EngineContext) -> dict[str, Any]:
+        """The flags that make the engine run the weights and KV dtypes the study simulated
+        (none for bf16, each engine's default for a bf16 checkpoint)."""
+        return {key: value for field_name, (key, value) in self.dtype_keys.items()
+                if getattr(ctx, field_name) == "fp8"}
 
     def deployment_args(self, deployment: Deployment) -> dict[str, Any]:
         model, tp, dp = self.deployment_keys

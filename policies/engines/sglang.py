@@ -49,6 +49,8 @@ class SGLang(Target):
     """SGLang's scheduler (srt/managers/scheduler.py)."""
 
     deployment_keys = ("model-path", "tp-size", "dp-size")
+    # srt/server_args.py: --quantization fp8; --kv-cache-dtype takes fp8_e4m3 / fp8_e5m2
+    dtype_keys = {"dtype": ("quantization", "fp8"), "kv_dtype": ("kv-cache-dtype", "fp8_e4m3")}
 
     def defaults(self, ctx: EngineContext) -> PolicyConfig:
         chunk = _tier(ctx)[1]

@@ -54,6 +54,9 @@ class VLLM(Target):
                 "migration": False, "prefill_replicas": 0}
 
     speculative_keys = ("speculative-config",)
+    # fp8 weights quantized online (model_executor/model_loader/weight_utils.py:356-359: plain
+    # "fp8" is deprecated for that); fp8 KV: config/cache.py CacheDType
+    dtype_keys = {"dtype": ("quantization", "fp8_per_tensor"), "kv_dtype": ("kv-cache-dtype", "fp8")}
 
     def speculative_args(self, k: int, drafter) -> dict[str, Any]:
         # vllm/config/speculative.py SpeculativeConfig: method, model, num_speculative_tokens

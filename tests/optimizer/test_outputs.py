@@ -227,6 +227,8 @@ def test_write_run_outputs_fills_the_run_folder(tmp_path):
     assert prov["trace"]["sha256"] == hashlib.sha256((tmp_path / "trace.csv").read_bytes()).hexdigest()
     assert prov["cost_model"]["name"] == "synthetic-60000tok" and prov["seed"] == 3
     assert prov["versions"]["optuna"] == optuna.__version__
+    # which calibration the figures rest on, and its error (a synthetic model has none)
+    assert prov["cost_model"]["calibration"]["stated_error"] == "uncalibrated: no measured error for this setup"
     cap = summary["best"]["capacity"]
     assert cap["rate_scale"] > 0 and cap["gpus_needed"] == math.ceil(1 / cap["rate_scale"] - 1e-9)
 
@@ -236,6 +238,7 @@ def test_write_run_outputs_fills_the_run_folder(tmp_path):
     review = (run / "capacity-review.md").read_text()
     assert f"policy.toml (trial {best.number})" in review and "![Pareto front](plots/pareto.png)" in review
     assert "GPU(s)" in review and "## What limits the best config" in review
+    assert "Cost model: no calibration; its error: uncalibrated" in review
     assert outputs.files["summary.json"] == run / "summary.json"
 
 

@@ -93,3 +93,34 @@ def test_bad_run_folder_trial_or_backend_is_one_line_and_exit_2(run_dir, tmp_pat
     assert result.exit_code == 2
     assert result.stderr.startswith("error: ") and message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_sglang_bench_replay_uses_sglangs_own_client_and_compares(sglang_run_dir):
+    import json
+
+    from optimizer.bench.results import SGLANG_ONLY, RequestTimes
+    from optimizer.bench.run import BenchRun
+    from studies.replay import SGLANG_TOKENS_PER_ID
+
+    assert runner.invoke(app, ["report", str(sglang_run_dir)]).exit_code == 0
+    script = (sglang_run_dir / "bench-sglang.sh").read_text()
+    assert 'CLIENT="${CLIENT:-sglang}"' in script
+    assert "--dataset-name mooncake" in script and "trace-sglang.jsonl" in script and "--output-details" in script
+    bench = BenchRun.open(sglang_run_dir)
+    rows = [json.loads(line) for line in (sglang_run_dir / "trace-sglang.jsonl").read_text().splitlines()]
+    ids = np.array([len(r["hash_ids"]) for r in rows])
+    # SGLang writes ~129 tokens per id: the rebuilt prompts land near the trace's
+    assert np.all(np.abs(ids * SGLANG_TOKENS_PER_ID - bench.trace.prompt_tokens) <= SGLANG_TOKENS_PER_ID)
+    sim = RequestTimes.simulated(bench.simulate(bench.trace, bench.cost_model()), bench.trace)
+    reported = bench.trace.prompt_tokens + 30  # the chat template SGLang adds
+    body = {SGLANG_ONLY: int(sim.output_tokens.sum()), "duration": sim.duration_s,
+            "input_lens": reported.tolist(), "output_lens": sim.output_tokens.tolist(),
+            "ttfts": (sim.ttft_ms / 1e3).tolist(),
+            "itls": [[(e - t) / 1e3 / max(o - 1, 1)] * max(o - 1, 0)
+                     for t, e, o in zip(sim.ttft_ms, sim.e2el_ms, sim.output_tokens, strict=True)],
+            "errors": [""] * sim.n}
+    path = sglang_run_dir / "bench-result.json"
+    path.write_text(json.dumps(body) + "\n")
+    out = runner.invoke(app, ["compare", str(sglang_run_dir), str(path)], terminal_width=200)
+    assert out.exit_code == 0, out.output
+    assert "sglang:bench-result.json vs simulated sglang.yaml" in out.output

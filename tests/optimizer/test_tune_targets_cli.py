@@ -46,6 +46,22 @@ def test_tune_writes_one_deployable_file_per_engine_and_what_ifs_apart(tmp_path)
             assert gain == summary["best"]["report"]["weighted_goodput"] / theirs
         else:  # the default serves nothing within the SLOs: no ratio is stated
             assert gain is None and "unbounded (the default has no goodput)" in result.output
+    # the bench replay, from the study folder: tune -> bench -> compare
+    for name in ("vllm", "sglang"):
+        wrapper = (runs / f"bench-{name}.sh").read_text()
+        assert f'exec bash "$(dirname "${{BASH_SOURCE[0]}}")/{name}/bench-{name}.sh" "$@"' in wrapper
+        assert (runs / name / "trace.jsonl").is_file() and (runs / name / "bench.json").is_file()
+    assert not (runs / "bench-servetune.sh").exists() and not (runs / "servetune" / "trace.jsonl").exists()
+    from optimizer.bench.results import RequestTimes
+    from optimizer.bench.run import BenchRun
+    from tests.optimizer.test_bench import write_vllm_result
+
+    bench = BenchRun.open(runs / "vllm")
+    measured = RequestTimes.simulated(bench.simulate(bench.trace, bench.cost_model()), bench.trace)
+    result_file = write_vllm_result(measured, runs / "vllm" / "bench-result.json")
+    compared = CliRunner().invoke(app, ["compare", str(runs), str(result_file)], terminal_width=200)
+    assert compared.exit_code == 0, compared.output
+    assert "vs simulated vllm.yaml" in compared.output and "+0.0%" in compared.output
     what_if = json.loads((runs / "servetune" / "summary.json").read_text())
     assert what_if["recommendation"]["what_if"] is True and "oracle_upper_bound" in what_if
     assert "what-if gain of policy.toml" in result.output.replace("\n", " ")

@@ -1,0 +1,94 @@
+"""`servetune warmup` compiles exactly the kernel signatures a real run uses (issue 15).
+
+A kernel compiled for other argument types than a study passes (a writable array where
+``load_trace`` gives a read-only one, say) makes the first real replay compile it again:
+minutes on a cold cache. So: warm up, note every jitted function's signatures, run what
+a study runs (a trace read from a file, a real cost model, ``simulate``,
+``simulate_many`` and the fleet on two replicas), and require that nothing gained one.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+from numba.core.dispatcher import Dispatcher
+
+import costmodels
+from costmodels.jitcache import JIT_PACKAGES
+from policies import engine, fleet
+from policies.config import PolicyConfig
+from studies.traces import Trace, load_trace, write_trace
+
+#: The dispatchers simulate, simulate_many and simulate_fleet(_many) call from Python.
+MAIN_KERNELS = {
+    "policies.engine.simulate_kernel": engine.simulate_kernel,
+    "policies.engine.simulate_many_kernel": engine.simulate_many_kernel,
+    "policies.fleet.fleet_kernel": fleet.fleet_kernel,
+    "policies.fleet.fleet_many_kernel": fleet.fleet_many_kernel,
+}
+
+
+def _dispatchers() -> dict[str, Dispatcher]:
+    """Every jitted function of the loaded jitted packages, by module and name."""
+    found = {}
+    for name, module in list(sys.modules.items()):
+        if module is None or name.split(".")[0] not in JIT_PACKAGES:
+            continue
+        for value in vars(module).values():
+            if isinstance(value, Dispatcher):
+                found[f"{value.py_func.__module__}.{value.py_func.__qualname__}"] = value
+    return found
+
+
+def _signatures() -> dict[str, set]:
+    return {name: set(d.signatures) for name, d in _dispatchers().items()}
+
+
+def _file_trace(tmp_path) -> Trace:
+    rng = np.random.default_rng(3)
+    n = 40
+    prompt = rng.integers(16, 1500, n)
+    blocks = np.minimum(rng.integers(0, 3, n), -(-prompt // 512))  # at most one id per 512 prompt tokens
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum(blocks)
+    trace = Trace.from_columns(np.sort(rng.uniform(0.0, 4.0, n)), prompt, rng.integers(1, 80, n),
+                               max_tokens=np.full(n, 128), block_offsets=offsets,
+                               block_hashes=rng.integers(0, 6, int(offsets[-1])))
+    return load_trace(write_trace(trace, tmp_path / "trace.csv"))
+
+
+def test_a_real_run_compiles_nothing_after_warmup(tmp_path):
+    engine.warmup()
+    fleet.warmup()
+    warm = _signatures()
+    for name, kernel in MAIN_KERNELS.items():
+        assert kernel.signatures, f"warm-up left {name} uncompiled"
+
+    trace = _file_trace(tmp_path)
+    assert not trace.arrival_s.flags.writeable  # as every loaded trace
+    cost = costmodels.build("meta-llama/Llama-3.1-8B", "h100")
+    config = PolicyConfig()
+    engine.simulate(trace, cost, config)
+    engine.simulate_many(trace, cost, [config, config.replace(enable_prefix_caching=True, max_num_seqs=32)])
+    routed = config.replace(router="least_kv")
+    fleet.simulate_fleet(trace, cost, routed, replicas=2)
+    fleet.simulate_fleet_many(trace, cost, [routed, routed.replace(migration=True)], replicas=2)
+
+    after = _signatures()
+    gained = {name: sigs - warm.get(name, set()) for name, sigs in after.items()}
+    gained = {name: sigs for name, sigs in gained.items() if sigs}
+    main = {name: sigs for name, sigs in gained.items() if name in MAIN_KERNELS}
+    assert not main, "a real run compiled kernel signatures warm-up did not:\n" + "\n".join(
+        _explain(name, sig, warm[name]) for name, sigs in main.items() for sig in sigs)
+    assert not gained, f"a real run compiled jitted functions warm-up did not: {sorted(gained)}"
+
+
+def _explain(name: str, new: tuple, old: set) -> str:
+    """Which arguments of a new signature differ from each warm one, and how."""
+    lines = [f"{name}: a new signature"]
+    for sig in old:
+        for i, (was, now) in enumerate(zip(sig, new, strict=True)):
+            if was != now:
+                lines.append(f"  argument {i}, warm-up: {str(was)[:300]}\n  argument {i}, real:    {str(now)[:300]}")
+    return "\n".join(lines)
