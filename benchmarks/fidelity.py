@@ -1,37 +1,170 @@
 """Fidelity: the engine against measured closed-loop H100 runs (mean TTFT and TPOT per run).
 
 Replays every row of ``silicon_dense_h100.csv`` (or ``--runs``, any CSV in that format)
-through the engine as a closed loop (``optimizer.closedloop``: ``batch_size`` clients,
-``--waves`` requests each, wave 0 dropped) with the calibrated cost model and the
-framework's scheduler defaults, the same path as ``servetune validate``. Prints MAPE per
-(model, framework) and overall, the worst rows and the fixed-point iteration counts, and
-writes ``fidelity.md``, ``fidelity.csv`` and ``fidelity_scatter.png`` to ``--out``. As the
-baseline measured in the same run it also prints the steady-state formula's MAPE that
-``costmodels.calibration`` fits (``benchmarks/costmodel_fidelity.py``), on the same rows.
+through the engine as the benchmark client that produced it drove the server
+(``optimizer.closedloop.BenchClient``: AIPerf's start-up burst, awaited warm-up, profiled
+request count), with each framework's scheduler: the path of ``servetune validate``.
+The cost model is calibrated by replay (``optimizer.closedloop.calibrate_replay``: overhead,
+prefill and decode scales and the measured server's token budget, fitted so the closed
+loop reproduces the runs). Two figures per (model, framework, TP) group and overall:
 
-    python benchmarks/fidelity.py [--runs FILE.csv] [--waves 4] [--quick]
+- **in sample**: the calibration fitted on every row, these rows included;
+- **leave one group out** (LOGO): for each group, the calibration is fitted on every
+  *other* group's rows and the group is scored with it, so its rows never reach the fit
+  that scores them; the entry it gets is the one ``apply_calibration`` chooses (the same
+  model at other TPs, else the pooled fit of its GPU, framework and dtype), which is what
+  a user of a setup nobody measured gets. This is the figure to quote.
+
+As the baselines measured in the same run, it also scores (in sample and LOGO, overall)
+the previous harness (lockstep clients, ``closedloop.LOCKSTEP``) and the AIPerf harness,
+both with the steady-state formula calibration ``costmodels.calibrate`` fits.
+
+Writes ``fidelity.md``, ``fidelity.json`` (the figures), ``fidelity.csv`` (per-run
+predictions, in sample and LOGO), ``fidelity_scatter.png`` (LOGO) and
+``fidelity_calibration.json`` (the replay calibration of every row, each entry with its
+in-sample and LOGO error) to ``--out``.
+
+    python benchmarks/fidelity.py [--runs FILE.csv] [--quick] [--jobs 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import json
+import multiprocessing
 import sys
+import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+
+import polars as pl
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from costmodels import calibrate, load_runs  # noqa: E402
+from costmodels import calibrate, load_runs, save_calibration  # noqa: E402
 from costmodels.distil import aic_root, shared_dir  # noqa: E402
-from optimizer.cli.validate import format_report, mape_table, predict_runs, scatter_figure  # noqa: E402
+from costmodels.gpus import load_gpu  # noqa: E402
+from optimizer.cli.validate import format_report, predict_runs, scatter_figure  # noqa: E402
+from optimizer.closedloop import LOCKSTEP, TTFT_WEIGHT, BenchClient, calibrate_replay  # noqa: E402
+
+#: A leave-one-out group: one measured setup (the GPU and dtype go with the model here).
+LOGO_KEYS = ["model", "gpu", "framework", "gemm_dtype", "tp"]
+
+
+def logo_splits(runs: pl.DataFrame, keys=LOGO_KEYS):
+    """(key, held-out rows, training rows) per group: the training rows are every other
+    group's, so no row of a group reaches the fit that scores it."""
+    runs = runs.with_row_index("_split")
+    for key, held in runs.group_by(keys, maintain_order=True):
+        train = runs.join(held.select("_split"), on="_split", how="anti")
+        yield key, held.drop("_split"), train.drop("_split")
+
+
+def fallback_key(held: pl.DataFrame, train: pl.DataFrame) -> tuple | None:
+    """The calibration entry ``apply_calibration`` would give the held-out setup when the
+    training rows lack it: the same model on the same GPU, framework and dtype at other TPs,
+    else the pooled entry of that GPU, framework and dtype; None when training has neither."""
+    r = held.row(0, named=True)
+    gpu = load_gpu(r["gpu"]).name
+    same = train.filter((pl.col("framework") == r["framework"]) & (pl.col("gemm_dtype") == r["gemm_dtype"])
+                        & (pl.col("gpu").map_elements(lambda g: load_gpu(g).name, return_dtype=pl.Utf8) == gpu))
+    if same.is_empty():
+        return None
+    model = r["model"] if (same["model"] == r["model"]).any() else "*"
+    return (gpu, r["framework"], model, r["gemm_dtype"])
+
+
+def formula_fitter(train: pl.DataFrame, keys=None) -> list[dict]:
+    return calibrate(train)
+
+
+def replay_fitter(train: pl.DataFrame, keys=None, ttft_weight: float = TTFT_WEIGHT) -> list[dict]:
+    return calibrate_replay(train, keys=keys, ttft_weight=ttft_weight)
+
+
+def _fold(args):
+    """One fit (a LOGO fold, or a slice of the in-sample fit): entries for ``keys``."""
+    fitter, train, keys = args
+    return fitter(train, keys)
+
+
+def predict_with(held: pl.DataFrame, entries: list[dict] | None, bench: BenchClient, tmp: Path, tag: str):
+    if not entries:  # no entry can match: the uncalibrated model, as a user would get it
+        return predict_runs(held, calibration=False, bench=bench)
+    path = tmp / f"{tag}.json"
+    save_calibration(entries, path)
+    return predict_runs(held, calibration=path, bench=bench)
+
+
+def evaluate(runs: pl.DataFrame, fitter, bench: BenchClient, pool=None, log=print):
+    """(in-sample predictions, LOGO predictions, the in-sample entries) for one fitter."""
+    splits = list(logo_splits(runs))
+    fold_keys = [fallback_key(held, train) for _, held, train in splits]
+    tasks = [(fitter, part, None) for _, part in runs.group_by(["gpu", "framework", "gemm_dtype"], maintain_order=True)]
+    n_slices = len(tasks)
+    tasks += [(fitter, train, None if k is None else [k]) for (_, _, train), k in zip(splits, fold_keys, strict=True)]
+    results = list(pool.map(_fold, tasks)) if pool is not None else [_fold(t) for t in tasks]
+    entries = [e for part in results[:n_slices] for e in part]
+    folds = results[n_slices:]
+    with tempfile.TemporaryDirectory() as tmp:
+        insample = predict_with(runs, entries, bench, Path(tmp), "all")
+        parts = []
+        for i, ((_, held, _), k, fold) in enumerate(zip(splits, fold_keys, folds, strict=True)):
+            mine = [e for e in fold if k is not None and (e["gpu"], e["framework"], e["model"], e["gemm_dtype"]) == k]
+            parts.append(predict_with(held, mine, bench, Path(tmp), f"fold{i}"))
+        logo = pl.concat(parts, how="vertical_relaxed").sort("row")
+    return insample, logo, entries
+
+
+def _ape(pred: str, measured: str) -> pl.Expr:
+    return (pl.col(pred) - pl.col(measured)).abs() / pl.col(measured) * 100.0
+
+
+def overall(pred: pl.DataFrame) -> tuple[float, float]:
+    ok = pred.filter(pl.col("error").is_null())
+    return ok.select(_ape("pred_ttft_ms", "ttft_ms").mean()).item(), ok.select(_ape("pred_tpot_ms", "tpot_ms").mean()).item()
+
+
+def group_table(insample: pl.DataFrame, logo: pl.DataFrame) -> pl.DataFrame:
+    """MAPE per (model, framework, TP) group and overall: in sample and LOGO side by side."""
+    keys = ["model", "framework", "gemm_dtype", "tp"]
+
+    def agg(df, tag):
+        ok = df.filter(pl.col("error").is_null())
+        cols = [pl.len().alias("runs"), _ape("pred_ttft_ms", "ttft_ms").mean().alias(f"ttft_{tag}"),
+                _ape("pred_tpot_ms", "tpot_ms").mean().alias(f"tpot_{tag}")]
+        per = ok.group_by(keys, maintain_order=True).agg(cols)
+        allrow = ok.select(cols).with_columns(pl.lit("all").alias("model"), pl.lit("all").alias("framework"),
+                                              pl.lit("all").alias("gemm_dtype"), pl.lit(0, pl.Int64).alias("tp"))
+        return pl.concat([per, allrow.select(per.columns)])
+
+    a, b = agg(insample, "in"), agg(logo, "logo")
+    extra = logo.group_by(keys, maintain_order=True).agg(pl.col("calibration_match").first().alias("logo_match"),
+                                                         pl.col("measured_server").first().alias("logo_server"))
+    return a.join(b.drop("runs"), on=keys, how="left", maintain_order="left").join(extra, on=keys, how="left",
+                                                                                     maintain_order="left")
+
+
+def format_groups(table: pl.DataFrame) -> str:
+    lines = [f"{'model':24} {'framework':12} {'tp':>3} {'runs':>4}  {'TTFT in':>7} {'LOGO':>6}  "
+             f"{'TPOT in':>7} {'LOGO':>6}  LOGO entry (server)"]
+    for r in table.iter_rows(named=True):
+        tp = "all" if r["model"] == "all" else str(r["tp"])
+        how = "" if r["model"] == "all" else f"{r['logo_match']} {r['logo_server']}"
+        lines.append(f"{r['model']:24} {r['framework'] + '/' + r['gemm_dtype']:12} {tp:>3} {r['runs']:4d}  "
+                     f"{r['ttft_in']:6.1f}% {r['ttft_logo']:5.1f}%  {r['tpot_in']:6.1f}% {r['tpot_logo']:5.1f}%  {how}")
+    return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=Path, default=None, help="runs CSV (default: ../shared silicon_dense_h100.csv)")
-    parser.add_argument("--waves", type=int, default=4)
     parser.add_argument("--quick", action="store_true", help="every 4th row")
+    parser.add_argument("--jobs", type=int, default=2, help="worker processes for the fits")
+    parser.add_argument("--ttft-weight", type=float, default=TTFT_WEIGHT, help="TTFT residual weight in the replay fit")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args()
     path = args.runs or aic_root(shared_dir()) / "systems" / "silicon_dense_h100.csv"
@@ -40,27 +173,80 @@ def main() -> None:
     runs = load_runs(path)
     if args.quick:
         runs = runs.gather_every(4)
+    runs = runs.with_row_index("row")  # joins the in-sample and LOGO predictions of a run
+    aiperf = BenchClient()
     t0 = time.perf_counter()
-    pred = predict_runs(runs, waves=args.waves)
-    wall = time.perf_counter() - t0
-    report = format_report(pred, worst=8)
+    ctx = multiprocessing.get_context("spawn")  # polars thread pools do not survive a fork
+    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=ctx) if args.jobs > 1 else _Serial() as pool:
+        base_lock = evaluate(runs, formula_fitter, LOCKSTEP, pool)
+        base_aiperf = evaluate(runs, formula_fitter, aiperf, pool)
+        t1 = time.perf_counter()
+        insample, logo, entries = evaluate(runs, functools.partial(replay_fitter, ttft_weight=args.ttft_weight),
+                                           aiperf, pool)
+    t2 = time.perf_counter()
+    table = group_table(insample, logo)
+    total = table.row(-1, named=True)
+    summary = {
+        "lockstep harness, formula calibration (before)": (overall(base_lock[0]), overall(base_lock[1])),
+        "AIPerf harness, formula calibration": (overall(base_aiperf[0]), overall(base_aiperf[1])),
+        "AIPerf harness, replay calibration (now)": (overall(insample), overall(logo)),
+    }
     command = f"python benchmarks/fidelity.py{' --quick' if args.quick else ''}"
-    formula = ["", "baseline, the calibration's steady-state formula on the same rows (no queueing):",
-               f"{'model':26} {'framework':13} {'TTFT MAPE':>9}  {'TPOT MAPE':>9}"]
-    for e in calibrate(runs):
-        if e["model"] != "*":
-            formula.append(f"{e['model']:26} {e['framework'] + '/' + e['gemm_dtype']:13} "
-                           f"{e['ttft_mape_after']:8.1f}%  {e['tpot_mape_after']:8.1f}%")
-    text = (f"{len(runs)} runs from {path.name}, {args.waves} requests per client, simulated in {wall:.1f} s\n\n"
-            + report + "\n" + "\n".join(formula))
+    lines = [f"{len(runs)} runs from {path.name}; baselines in {t1 - t0:.0f} s, replay calibration (in sample and "
+             f"{len(list(logo_splits(runs)))} leave-one-group-out folds) in {t2 - t1:.0f} s", "",
+             "harness and calibration                              TTFT in   LOGO   TPOT in   LOGO"]
+    for name, ((ti, pi), (tl, pl_)) in summary.items():
+        lines.append(f"{name:52} {ti:6.1f}% {tl:5.1f}%  {pi:6.1f}% {pl_:5.1f}%")
+    lines += ["", "per (model, framework, TP) group, AIPerf harness and replay calibration "
+              "(LOGO: fit without the group, score on it):", format_groups(table), "",
+              f"out of sample (LOGO), the figure to quote: TTFT MAPE {total['ttft_logo']:.1f}%, TPOT MAPE "
+              f"{total['tpot_logo']:.1f}% (in sample {total['ttft_in']:.1f}% / {total['tpot_in']:.1f}%)", "",
+              "fitted entries (in sample):"]
+    for e in entries:
+        lines.append(f"  {e['model']:24} {e['framework']}/{e['gemm_dtype']} tp{e['tp']}: overhead "
+                     f"{e['overhead_s'] * 1e3:.2f} ms, prefill x{e['prefill_scale']:.3f}, decode x{e['decode_scale']:.3f}, "
+                     f"server {json.dumps(e['measured_server'])}")
+    lines += ["", "--- leave one group out, per (model, framework) ---", format_report(logo, worst=8)]
+    text = "\n".join(lines)
     print(text)
+    # each entry's stated error: in sample, and LOGO over the groups it stands in for
+    for e in entries:
+        mine = logo.filter((pl.col("framework") == e["framework"]) & (pl.col("gemm_dtype") == e["gemm_dtype"])
+                           & ((pl.col("model") == e["model"]) if e["model"] != "*" else pl.lit(True)))
+        t, p = overall(mine) if mine.height else (None, None)
+        e["error"]["out_of_sample"] = {"method": "leave one (model, framework, TP) group out", "ttft_mape": t,
+                                       "tpot_mape": p, "runs": mine.height, "command": command}
     args.out.mkdir(parents=True, exist_ok=True)
+    save_calibration(entries, args.out / "fidelity_calibration.json")
     (args.out / "fidelity.md").write_text(f"# Fidelity\n\nCommand: `{command}`\n\n```\n{text}\n```\n")
-    pred.write_csv(args.out / "fidelity.csv")
-    scatter_figure(pred).savefig(args.out / "fidelity_scatter.png", dpi=110)
-    overall = mape_table(pred).row(-1, named=True)
-    print(f"\noverall: TTFT MAPE {overall['ttft_mape']:.1f}%, TPOT MAPE {overall['tpot_mape']:.1f}%; "
-          f"wrote {args.out / 'fidelity.md'}, fidelity.csv, fidelity_scatter.png")
+    (args.out / "fidelity.json").write_text(json.dumps({
+        "command": command, "runs_file": path.name, "runs": len(runs),
+        "summary": {name: {"in_sample": {"ttft_mape": a[0], "tpot_mape": a[1]},
+                           "leave_one_group_out": {"ttft_mape": b[0], "tpot_mape": b[1]}}
+                    for name, (a, b) in summary.items()},
+        "groups": [r for r in table.iter_rows(named=True) if r["model"] != "all"],
+        "targets": {"tpot_logo_mape_max": 7.0, "ttft_logo_mape_max": 25.0,
+                    "met": {"tpot": total["tpot_logo"] <= 7.0, "ttft": total["ttft_logo"] <= 25.0}},
+    }, indent=1) + "\n")
+    out = insample.join(logo.select("row", pl.col("pred_ttft_ms").alias("logo_ttft_ms"),
+                                    pl.col("pred_tpot_ms").alias("logo_tpot_ms"),
+                                    pl.col("calibration_match").alias("logo_match"), pl.col("error").alias("logo_error")),
+                        on="row", how="left").sort("row")
+    out.write_csv(args.out / "fidelity.csv")
+    scatter_figure(logo).savefig(args.out / "fidelity_scatter.png", dpi=110)
+    print(f"\noverall: in sample TTFT {total['ttft_in']:.1f}% / TPOT {total['tpot_in']:.1f}%; leave one group out "
+          f"TTFT {total['ttft_logo']:.1f}% / TPOT {total['tpot_logo']:.1f}%; wrote {args.out / 'fidelity.md'}, "
+          "fidelity.json, fidelity.csv, fidelity_scatter.png, fidelity_calibration.json")
+
+
+class _Serial:
+    """A stand-in pool running tasks in this process (``--jobs 1``)."""
+
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
 
 
 if __name__ == "__main__":

@@ -167,7 +167,7 @@ def _fit_entry(key: dict, sel: list[dict]) -> dict:
     overhead0 = sel[0]["overhead0"]
     overhead, scale = fit(tpot, tpot_s, overhead0)
     return key | {
-        "tp": sorted({r["tp"] for r in sel}), "n_runs": int(len(tpot_s)),
+        "tp": sorted({r["tp"] for r in sel}), "n_runs": int(len(tpot_s)), "fit": "formula",
         "overhead_s": overhead, "scale": scale,
         "tpot_mape_before": mape(predict(tpot, overhead0, 1.0), tpot_s),
         "tpot_mape_after": mape(predict(tpot, overhead, scale), tpot_s),

@@ -1,38 +1,85 @@
-"""Closed-loop benchmarks on the open-loop engine, solved as a fixed point.
+"""Closed-loop benchmarks on the engine, driven the way the benchmark client drives a server.
 
-A closed-loop benchmark (``vllm bench serve --max-concurrency C``, aiconfigurator's
-silicon runs) keeps ``clients`` clients busy: each sends a prompt, waits for the last
-output token and sends the next one at once. The engine replays open-loop traces, where
-arrival times are given in advance; here a client's k-th arrival must equal the finish of
-its (k-1)-th request, which the engine computes. So the loop runs outside the kernel:
+A closed-loop benchmark keeps ``clients`` requests in flight: each client (an AIPerf
+worker slot, a ``vllm bench serve --max-concurrency`` slot) sends a prompt, waits for its
+last token and sends the next one. The rows of aiconfigurator's ``silicon_*.csv`` come
+from its benchmark script, which runs AIPerf in concurrency mode (``aiperf profile
+--concurrency C --request-count ... --warmup-request-count 2C``, ``--random-seed 100``,
+``ignore_eos``); ``BenchClient`` models that run, step by step inside the engine:
 
-1. wave 0 arrives at t = 0 (every client starts together, as the benchmarks do);
-2. simulate the requests whose arrivals are known, set each next arrival to the finish of
-   the request before it, add the next wave, and repeat;
-3. once every wave is in, repeat until no arrival changes: then every arrival equals the
-   previous finish exactly, a true fixed point of the engine's own dynamics.
+1. **start-up burst**: a phase starts with ``C`` requests sent at once (AIPerf's
+   concurrency mode issues every credit it may at the phase start; ``ramp_s`` spreads
+   them instead, as ``--concurrency-ramp-duration`` does);
+2. **how concurrency is held**: a client sends its next request as soon as (``gap_s``
+   after) its previous one finished, while the phase has credits left; a phase's tail
+   runs below ``C`` as clients run out of credits;
+3. **warm-up**: the first ``warmup_per_client * C`` requests are warm-up, not measured;
+   AIPerf awaits every warm-up response before the profiling phase (``await_warmup``),
+   so the profiled phase opens with a second synchronized burst, which is part of the
+   measured mean;
+4. **profiled count**: ``requests_per_client * C`` requests are measured (mean TTFT and
+   TPOT over them, as AIPerf reports them);
+5. **length distribution**: each request's prompt and output lengths are drawn (normal
+   around ISL/OSL with ``isl_stddev``/``osl_stddev``, AIPerf's ``--isl-stddev`` and
+   ``--osl-stddev``, default 0; or uniform within ``range_ratio``, the random-range
+   ratio of ``vllm bench serve``/``sglang.bench_serving``), seeded, so a run is
+   deterministic; drawn lengths make clients drift apart as real ones do;
+6. **the path between client and engine**: ``ingress_s`` (HTTP, tokenization, the
+   frontend: counted in TTFT and delaying the engine) and ``jitter_s`` (a seeded random
+   delay before each send); both 0 by default.
 
-It converges because the engine is causal: a request arriving at ``t`` changes only steps
-that start at or after ``t``, so a finish can depend only on arrivals at least one step
-earlier. If an iterate is right up to time ``T``, the next is right up to ``T`` plus one
-step, and the loop ends after finitely many iterations. In practice it ends soon after
-the last wave joins (``iterations`` reports how many: 4 to 17, median 5, over the 447
-measured H100 runs with 4 waves, as ``servetune validate`` prints).
+The loop runs inside a Numba kernel on the engine's resumable replica
+(``policies.engine``: ``new_replica``, ``deliver``, ``advance``): every request is
+delivered at the moment its client sends it (its arrival is set then, so queue order,
+TTFT and TPOT are measured from the send), the engine runs until the next step in which
+a request can finish (a horizon no finish can precede: fewest tokens left times the
+shortest step the tables allow), and finished requests hand their client the next
+credit. Each finish is checked to fall exactly on the step boundary the loop stopped at.
 
-Latencies are measured over the steady state, waves 1..K-1: wave 0 is a synchronized
-burst that no later wave repeats.
+Facts and defaults (``BenchClient``): AIPerf's burst start and its one-credit-per-finish
+rule are its documented concurrency mode; the warm-up count 2C, the seed 100 and zero
+length stddev are those of aiconfigurator's benchmark scripts (its ``eval`` runner and
+``bench_run.sh``); the profiled count differs between them (10C in the ``eval`` runner,
+50C in ``bench_run.sh``) and the CSV does not record it, so ``requests_per_client``
+defaults to 10 and is a parameter (10 fits the rows better than 50: ``benchmarks/fidelity.py``).
+``LOCKSTEP`` is the previous harness (4 waves, continuous, wave 0 dropped), kept for
+comparison; it reproduces that harness's fixed point exactly.
+
+Calibration by replay (``calibrate_replay``, ``fit_replay``): the cost model's
+``overhead_s``, ``prefill_scale`` and ``decode_scale`` are fitted so that this loop,
+driven as the runs were, reproduces their mean TPOT and TTFT; the measured server's step
+token budget and chunking (which the runs file does not record) are chosen among
+``SERVER_CANDIDATES`` by the same fit and stored in the entry as ``measured_server``,
+which ``servetune validate`` replays them with.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field, replace
 
 import numpy as np
+from numba import njit
 
 from costmodels.costmodel import CostModel
+from costmodels.steptable import step_seconds
+from policies import engine
+from policies import fairness as fm
 from policies.config import PolicyConfig
-from policies.engine import simulate
+from policies.engine import O_FINISH, O_FIRST_TOKEN, O_GENERATED, O_REASON, O_STATE
 from policies.engines import EngineContext, preset
+from policies.kernel_state import (
+    DONE,
+    ERROR,
+    FINISH,
+    GENERATED,
+    RUNNING,
+    S_ARRIVAL,
+    STATE,
+    STATUS,
+    TARGET,
+    WAITING,
+)
 from policies.result import SimResult, State
 from studies.metrics import request_latencies
 from studies.traces import Trace
@@ -45,7 +92,7 @@ TRTLLM_DEFAULT = PolicyConfig(max_num_batched_tokens=8192, max_num_seqs=2048, en
 
 
 class ClosedLoopError(ValueError):
-    """A closed loop that cannot run: bad sizes, requests that never finish, no convergence."""
+    """A closed loop that cannot run: bad sizes, requests that never finish."""
 
 
 def framework_config(framework: str, ctx: EngineContext) -> PolicyConfig:
@@ -57,90 +104,442 @@ def framework_config(framework: str, ctx: EngineContext) -> PolicyConfig:
     raise ClosedLoopError(f"unknown framework {framework!r}; valid: vllm, sglang, trtllm")
 
 
+@dataclass(frozen=True)
+class BenchClient:
+    """How the benchmark client drives the server (defaults: AIPerf in concurrency mode
+    as aiconfigurator's benchmark script runs it; see the module docstring)."""
+
+    requests_per_client: float = 10.0  # profiled requests = round(this * C)
+    warmup_per_client: float = 2.0  # warm-up requests = round(this * C), never measured
+    await_warmup: bool = True  # profiling starts once every warm-up response is in (a second burst)
+    isl_stddev: float = 0.0  # tokens; prompt lengths ~ round(normal(isl, isl_stddev)), at least 1
+    osl_stddev: float = 0.0
+    range_ratio: float = 0.0  # > 0: lengths uniform in [(1 - r) L, (1 + r) L] instead (vllm/sglang bench)
+    ramp_s: float = 0.0  # client k of a phase starts at k * ramp_s / C (0: every client at once)
+    gap_s: float = 0.0  # from a response's last token to the client's next send
+    ingress_s: float = 0.0  # from a send to the engine seeing the request (HTTP, tokenization, frontend); in TTFT
+    jitter_s: float = 0.0  # mean of an exponential delay added to each send (client and network variability)
+    seed: int = 100  # AIPerf --random-seed in aiconfigurator's script
+
+    def __post_init__(self):
+        for name in ("requests_per_client", "warmup_per_client", "isl_stddev", "osl_stddev", "range_ratio",
+                     "ramp_s", "gap_s", "ingress_s", "jitter_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ClosedLoopError(f"BenchClient.{name} must be a finite number >= 0, got {value!r}")
+        if self.range_ratio >= 1:
+            raise ClosedLoopError(f"BenchClient.range_ratio must be < 1, got {self.range_ratio!r}")
+        if self.range_ratio > 0 and (self.isl_stddev > 0 or self.osl_stddev > 0):
+            raise ClosedLoopError("BenchClient: give either range_ratio or isl/osl stddevs, not both")
+
+    def counts(self, clients: int) -> tuple[int, int]:
+        """(warm-up, profiled) request counts for ``clients`` clients."""
+        warm, prof = int(round(self.warmup_per_client * clients)), int(round(self.requests_per_client * clients))
+        if prof < 1:
+            raise ClosedLoopError(f"no profiled request: requests_per_client {self.requests_per_client} x "
+                                  f"{clients} clients rounds to 0")
+        return warm, prof
+
+    def lengths(self, n: int, isl: int, osl: int) -> tuple[np.ndarray, np.ndarray]:
+        """Prompt and output lengths of the n requests in send order (seeded draws)."""
+        rng = np.random.default_rng(self.seed)
+
+        def draw(mean, sd):
+            if self.range_ratio > 0:
+                lo, hi = max(1, int(math.floor(mean * (1 - self.range_ratio)))), int(math.ceil(mean * (1 + self.range_ratio)))
+                return rng.integers(lo, hi + 1, n)
+            if sd > 0:
+                return np.maximum(1, np.rint(rng.normal(mean, sd, n))).astype(np.int64)
+            return np.full(n, int(mean), dtype=np.int64)
+
+        prompt = draw(isl, self.isl_stddev)
+        return prompt, draw(osl, self.osl_stddev)
+
+    def jitters(self, n: int) -> np.ndarray:
+        """The send delay of each credit in issue order (seeded apart from the lengths)."""
+        if self.jitter_s <= 0:
+            return np.zeros(n)
+        return np.random.default_rng([self.seed, 1]).exponential(self.jitter_s, n)
+
+
+#: The harness this module replaced: every client starts together and sends 4 requests
+#: back to back; the first is dropped as start-up (no warm-up phase, no second burst).
+LOCKSTEP = BenchClient(requests_per_client=3, warmup_per_client=1, await_warmup=False, seed=0)
+
+
 @dataclass(frozen=True, eq=False)
 class ClosedLoopResult:
-    """The fixed point: per (client, wave) arrival, first-token and finish times (s)."""
+    """One benchmark run: per request (in send order) its client, phase and times."""
 
-    arrival_s: np.ndarray  # (clients, waves)
+    client: np.ndarray  # i8[n], the client (slot) that sent it
+    profiled: np.ndarray  # bool[n], measured (False: warm-up)
+    sent_s: np.ndarray  # f8[n], send time = arrival at the server
     first_token_s: np.ndarray
     finish_s: np.ndarray
-    ttft_ms: np.ndarray  # (clients, waves)
+    ttft_ms: np.ndarray
     tpot_ms: np.ndarray
-    iterations: int
-    result: SimResult  # the last simulation, rows in trace (arrival) order
-    trace: Trace
+    result: SimResult  # the engine's outputs, rows in send order
+    trace: Trace  # the requests as sent (arrivals = send times, drawn lengths)
+    bench: BenchClient = field(default_factory=BenchClient)
 
     @property
-    def steady_ttft_ms(self) -> float:
-        """Mean TTFT over waves 1..K-1 (wave 0 is the start-up burst)."""
-        return float(self.ttft_ms[:, 1:].mean())
+    def mean_ttft_ms(self) -> float:
+        """Mean TTFT over the profiled requests, as the benchmark reports it."""
+        return float(np.mean(self.ttft_ms[self.profiled]))
 
     @property
-    def steady_tpot_ms(self) -> float:
-        return float(self.tpot_ms[:, 1:].mean())
+    def mean_tpot_ms(self) -> float:
+        """Mean TPOT ((E2E - TTFT) / (tokens - 1)) over the profiled requests with more than one token."""
+        sel = self.profiled & (self.result.tokens_generated > 1)
+        return float(np.mean(self.tpot_ms[sel])) if sel.any() else 0.0
+
+    def in_flight(self, t: float) -> int:
+        """Requests sent by ``t`` that had not finished by then (the concurrency the server sees)."""
+        return int(np.sum((self.sent_s <= t) & (self.finish_s > t)))
 
 
-def closed_loop_trace(arrival_s: np.ndarray, prompt_tokens: int, output_tokens: int) -> tuple[Trace, np.ndarray]:
-    """A trace of the requests with known arrivals (finite entries of ``arrival_s``),
-    sorted by time (ties by client, then wave), and each row's flat (client, wave) index."""
-    flat = np.flatnonzero(np.isfinite(arrival_s.ravel()))
-    times = arrival_s.ravel()[flat]
-    order = flat[np.argsort(times, kind="stable")]
-    n = len(order)
-    trace = Trace(
-        arrival_s=arrival_s.ravel()[order], prompt_tokens=np.full(n, prompt_tokens),
-        output_tokens=np.full(n, output_tokens), max_tokens=np.full(n, output_tokens),
-        tenant=np.zeros(n, np.int32), priority=np.zeros(n, np.int32), slo_class=np.zeros(n, np.int32),
-        deadline_s=np.full(n, np.nan), block_offsets=np.zeros(n + 1, np.int64), block_hashes=np.zeros(0, np.int64),
-        source=f"closed-loop({arrival_s.shape[0]} clients, {prompt_tokens}->{output_tokens} tokens)",
-    )
-    return trace, order
+def run_benchmark(cost_model: CostModel, config: PolicyConfig, clients: int, isl: int, osl: int,
+                  bench: BenchClient | None = None, *, seed: int = 0, exact_steps: bool = False) -> ClosedLoopResult:
+    """Simulate ``clients`` closed-loop clients sending ``isl``-token prompts for ``osl``
+    output tokens, as ``bench`` (default ``BenchClient()``) drives them.
 
-
-def run_closed_loop(cost_model: CostModel, config: PolicyConfig, clients: int, prompt_tokens: int,
-                    output_tokens: int, *, waves: int = 4, seed: int = 0, max_iterations: int | None = None
-                    ) -> ClosedLoopResult:
-    """Simulate ``clients`` closed-loop clients sending ``waves`` requests each.
-
-    Raises ClosedLoopError when a request does not finish (e.g. it never fits the KV
-    pool) or the arrivals still move after ``max_iterations`` (default ``4 * waves + 8``).
+    Raises ClosedLoopError for bad sizes or when a request does not finish (e.g. it never
+    fits the KV pool). ``seed`` is the engine's seed (stochastic policies only); the
+    length draws use ``bench.seed``. ``exact_steps`` runs the engine one step per call
+    instead of up to the finish horizon (slower; the same run bit for bit).
     """
-    for name, value in (("clients", clients), ("prompt_tokens", prompt_tokens),
-                        ("output_tokens", output_tokens)):
+    bench = bench or BenchClient()
+    placeholder, n_warm, client, sent, bufs, tenant_params = _simulate(cost_model, config, clients, isl, osl, bench,
+                                                                        seed, exact_steps)
+    trace = replace(placeholder, arrival_s=sent)
+    result = engine._result(trace, *bufs, tenant_params[:, fm.T_WEIGHT])
+    _check_finished(result.state, result.reject_reason, cost_model, clients, isl, osl)
+    lat = request_latencies(result, trace)
+    profiled = np.arange(trace.n) >= n_warm
+    return ClosedLoopResult(client=client, profiled=profiled, sent_s=sent, first_token_s=result.first_token_s,
+                            finish_s=result.finish_s, ttft_ms=lat["ttft"], tpot_ms=lat["tpot"], result=result,
+                            trace=trace, bench=bench)
+
+
+def benchmark_means(cost_model: CostModel, config: PolicyConfig, clients: int, isl: int, osl: int,
+                    bench: BenchClient | None = None, *, seed: int = 0) -> tuple[float, float]:
+    """(mean TTFT ms, mean TPOT ms) of ``run_benchmark`` over the profiled requests,
+    without building its result (a replay fit calls it thousands of times)."""
+    bench = bench or BenchClient()
+    placeholder, n_warm, _, sent, bufs, _ = _simulate(cost_model, config, clients, isl, osl, bench, seed)
+    out_i, out_f = bufs[0], bufs[1]
+    _check_finished(out_i[O_STATE], out_i[O_REASON], cost_model, clients, isl, osl)
+    prof = slice(n_warm, None)
+    first, finish, n_out = out_f[O_FIRST_TOKEN, prof], out_f[O_FINISH, prof], out_i[O_GENERATED, prof]
+    ttft = (first - sent[prof]) * 1e3
+    many = n_out > 1
+    tpot = (finish[many] - first[many]) / (n_out[many] - 1) * 1e3
+    return float(ttft.mean()), float(tpot.mean()) if len(tpot) else 0.0
+
+
+def _check_finished(state, reason, cost_model, clients, isl, osl):
+    bad = np.flatnonzero(state != State.FINISHED)
+    if len(bad):
+        i = bad[0]
+        raise ClosedLoopError(
+            f"{len(bad)} of {len(state)} requests did not finish under {cost_model.name} "
+            f"(first: state {State(state[i]).name}, reject reason {int(reason[i])}); "
+            f"{clients} clients x ({isl} + {osl}) tokens need more KV than the pool has")
+
+
+def _simulate(cost_model, config, clients, isl, osl, bench, seed, exact_steps=False):
+    """The kernel run: (placeholder trace, warm-up count, client and send time per request,
+    the engine's output buffers, tenant params)."""
+    for name, value in (("clients", clients), ("isl", isl), ("osl", osl)):
         if int(value) != value or value < 1:
             raise ClosedLoopError(f"{name} must be an integer >= 1, got {value!r}")
-    if int(waves) != waves or waves < 2:
-        raise ClosedLoopError(f"waves must be an integer >= 2 (wave 0 is dropped as start-up), got {waves!r}")
-    limit = 4 * waves + 8 if max_iterations is None else max_iterations
-    arrival = np.full((clients, waves), np.nan)
-    arrival[:, 0] = 0.0
-    for iteration in range(1, limit + 1):
-        trace, order = closed_loop_trace(arrival, prompt_tokens, output_tokens)
-        result = simulate(trace, cost_model, config, seed=seed)
-        unfinished = np.flatnonzero(result.state != State.FINISHED)
-        if len(unfinished):
-            i = unfinished[0]
-            raise ClosedLoopError(
-                f"{len(unfinished)} of {trace.n} requests did not finish under {cost_model.name} "
-                f"(first: state {State(result.state[i]).name}, reject reason {int(result.reject_reason[i])}); "
-                f"{clients} clients x ({prompt_tokens} + {output_tokens}) tokens need more KV than the pool has")
-        finish = _grid(arrival.shape, order, result.finish_s)
-        known = np.isfinite(arrival)
-        nxt = arrival.copy()
-        nxt[:, 1:] = np.where(known[:, :-1], finish[:, :-1], np.nan)
-        if np.array_equal(nxt, arrival, equal_nan=True):
-            lat = request_latencies(result, trace)
-            return ClosedLoopResult(
-                arrival_s=arrival, first_token_s=_grid(arrival.shape, order, result.first_token_s),
-                finish_s=finish, ttft_ms=_grid(arrival.shape, order, lat["ttft"]),
-                tpot_ms=_grid(arrival.shape, order, lat["tpot"]), iterations=iteration, result=result, trace=trace)
-        arrival = nxt
-    raise ClosedLoopError(f"arrivals still changed after {limit} iterations ({clients} clients, {waves} waves); "
-                          "raise max_iterations")
+    clients, isl, osl = int(clients), int(isl), int(osl)
+    n_warm, n_prof = bench.counts(clients)
+    n = n_warm + n_prof
+    prompt, output = bench.lengths(n, isl, osl)
+    placeholder = Trace(
+        arrival_s=np.zeros(n), prompt_tokens=prompt, output_tokens=output, max_tokens=output.copy(),
+        tenant=np.zeros(n, np.int32), priority=np.zeros(n, np.int32), slo_class=np.zeros(n, np.int32),
+        deadline_s=np.full(n, np.nan), block_offsets=np.zeros(n + 1, np.int64), block_hashes=np.zeros(0, np.int64),
+        source=f"closed-loop({clients} clients, {isl}->{osl} tokens)")
+    cap, host = engine.validate(placeholder, cost_model, config)
+    tenant_params, class_params = engine._side_params(placeholder, config, None)
+    st = engine.statics(placeholder, cost_model, [config])
+    tables = cost_model.tables
+    # the shortest step the tables allow (one decode, or one prompt token): no step is shorter
+    floor = min(step_seconds(tables, 1, 1, 1, 1.0, 0.0)[0], step_seconds(tables, 1, 1, 0, 0.0, 1.0)[0])
+    bufs = [b[0] for b in engine._buffers(1, n, len(tenant_params))]
+    client = np.full(n, -1, dtype=np.int64)
+    sent = np.zeros(n)
+    status = np.zeros(3, dtype=np.int64)
+    _drive(st, tables, config.to_vector(), cap, host, cost_model.kv_bytes_per_token, cost_model.swap_bytes_per_s,
+           seed, 0.05, engine._fast_forward_enabled(), tenant_params, class_params, clients, n_warm, n,
+           bench.await_warmup, bench.ramp_s, bench.gap_s, bench.ingress_s, bench.jitters(n),
+           0.0 if exact_steps or floor <= 0 else 0.999 * floor, client, sent, status, *bufs)
+    if status[0] == _STALLED:
+        raise ClosedLoopError(f"{clients} clients x ({isl} + {osl}) tokens: the engine made no progress "
+                              f"(engine error {status[2]}) under {cost_model.name}")
+    if status[0] != 0:
+        raise RuntimeError(f"closed loop: internal error {status[0]} at request {status[1]}; please report this run")
+    return placeholder, n_warm, client, sent, bufs, tenant_params
 
 
-def _grid(shape: tuple[int, int], order: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Per-row values back on the (client, wave) grid; NaN where a request was not simulated."""
-    out = np.full(shape[0] * shape[1], np.nan)
-    out[order] = values
-    return out.reshape(shape)
+# status codes of _drive (status[0])
+_OK, _LATE_FINISH, _STALLED = 0, 1, 2
+
+
+@njit(cache=True, nogil=True)
+def _drive(st, tables, cfg, cap, host, kv_bytes, swap_bw, seed, series_every, fast_forward, tenant_params,
+           class_params, clients, n_warm, n_total, await_warm, ramp_s, gap_s, ingress_s, jitter, dt_floor, client,
+           sent, status, out_i, out_f, out_counts, out_fcounts, series, out_cached, out_service, out_prefix):
+    """The closed loop (``run_benchmark``): request r is the r-th sent, at ``sent[r]`` by
+    ``client[r]``; it reaches the engine ``ingress_s`` later, which is its arrival there
+    (``st.sf[S_ARRIVAL, r]``, written then). ``jitter[i]`` delays the i-th credit's send;
+    ``dt_floor`` is a lower bound of any step's seconds (0: one engine step per call).
+    ``status``: (code, request, engine error). Fills the engine's output buffers."""
+    rep = engine.new_replica(st, cfg, cap, host, kv_bytes, swap_bw, seed, series_every, fast_forward,
+                             tenant_params, class_params, 0.0)
+    arrival = st.sf[S_ARRIVAL]
+    ri, rf = rep.ri, rep.rf
+    waiting_on = np.full(clients, -1, dtype=np.int64)  # the request each client awaits
+    pending = np.full(clients, np.inf)  # when each client's next request reaches the engine (inf: none)
+    n_sent = 0
+    issued = 0  # credits handed out (sent or pending)
+    done = 0
+    phase_end = n_warm if (await_warm and n_warm > 0) else n_total
+    for k in range(min(clients, phase_end)):
+        pending[k] = k * ramp_s / clients + ingress_s + jitter[issued]
+        issued += 1
+    guard = 0
+    while done < n_total:
+        guard += 1
+        if guard > 100 * n_total + 10_000_000:
+            status[0] = _STALLED
+            return
+        t = engine.clock(rep)
+        if engine.outstanding(rep) == 0:
+            t_next = np.inf
+            for k in range(clients):
+                t_next = min(t_next, pending[k])
+            if t_next == np.inf:
+                status[0] = _STALLED
+                return
+            t = max(t, t_next)
+        while True:  # send what is due by t, in time order (ties: client order)
+            k_min, t_min = -1, np.inf
+            for k in range(clients):
+                if pending[k] < t_min:
+                    k_min, t_min = k, pending[k]
+            if k_min < 0 or t_min > t:
+                break
+            arrival[n_sent] = t_min
+            sent[n_sent] = t_min - ingress_s  # the jitter delays the send itself
+            client[n_sent] = k_min
+            engine.deliver(rep, n_sent, t_min)
+            waiting_on[k_min] = n_sent
+            pending[k_min] = np.inf
+            n_sent += 1
+        # how far the engine may run with no request finishing and no send due
+        fewest = np.iinfo(np.int64).max
+        for k in range(clients):
+            r = waiting_on[k]
+            if r >= 0:
+                s = ri[STATUS, r]
+                if s == RUNNING or s == WAITING:
+                    fewest = min(fewest, ri[TARGET, r] - ri[GENERATED, r])
+                elif s != DONE:
+                    fewest = 1  # in the inbox: admitted at the next boundary
+        limit = t + (fewest - 1) * dt_floor if fewest < np.iinfo(np.int64).max else np.inf
+        for k in range(clients):
+            limit = min(limit, pending[k])
+        if limit > t:
+            engine.advance(rep, st, tables, cfg, limit)
+        else:
+            engine.advance_through(rep, st, tables, cfg, t)
+        if rep.g[ERROR] != 0:
+            status[0] = _STALLED
+            status[2] = rep.g[ERROR]
+            return
+        now = engine.clock(rep)
+        for k in range(clients):
+            r = waiting_on[k]
+            if r < 0 or ri[STATUS, r] != DONE:
+                continue
+            waiting_on[k] = -1
+            done += 1
+            f = rf[FINISH, r]
+            if ri[STATE, r] == 0 and f != now:  # a finish the loop stepped past: its client sent late
+                status[0] = _LATE_FINISH
+                status[1] = r
+                return
+            if issued < phase_end:
+                pending[k] = max(f, now) + gap_s + ingress_s + jitter[issued]
+                issued += 1
+        if done == phase_end and phase_end < n_total:  # warm-up over: the profiling phase bursts
+            phase_end = n_total
+            now = engine.clock(rep)
+            for k in range(min(clients, n_total - issued)):
+                pending[k] = now + gap_s + k * ramp_s / clients + ingress_s + jitter[issued]
+                issued += 1
+    engine.write_outputs(rep, out_i, out_f, out_counts, out_fcounts, series, out_cached, out_service, out_prefix)
+
+
+# ======================================================================================
+# calibration by replay: fit the cost model's terms so the closed loop reproduces the runs
+# ======================================================================================
+#: The scheduler settings a replay fit chooses between for a measured server whose own
+#: settings the runs file does not record, per framework: overrides of ``framework_config``
+#: (the first is the framework's serving defaults). aiconfigurator's rows come from servers
+#: launched from its generated configs (vLLM through its engine arguments, TRT-LLM with
+#: ``max_num_tokens`` and ``enable_chunked_prefill`` set per config), so the step token
+#: budget and chunking of a measured run are unknowns of the fit, like its scales.
+SERVER_CANDIDATES: dict[str, tuple[dict, ...]] = {
+    "vllm": ({}, {"max_num_batched_tokens": 4096}, {"max_num_batched_tokens": 2048}),
+    "sglang": ({},),
+    "trtllm": ({}, {"enable_chunked_prefill": True}, {"enable_chunked_prefill": True, "max_num_batched_tokens": 4096}),
+}
+#: Weight of a run's TTFT residual against its TPOT residual in a replay fit (both as log
+#: ratios): TTFT carries the run-to-run scatter of the queueing a closed loop sees, so it
+#: steers the prefill scale without letting a few queue-bound runs pull the decode scale.
+TTFT_WEIGHT = 0.3
+
+
+def server_config(framework: str, ctx: EngineContext, overrides: dict | None = None) -> PolicyConfig:
+    """``framework_config`` with a fitted measured-server override (``SERVER_CANDIDATES``)."""
+    config = framework_config(framework, ctx)
+    return config.replace(**overrides) if overrides else config
+
+
+def _mape(pred: np.ndarray, measured: np.ndarray) -> float:
+    ok = np.isfinite(pred)
+    return float(np.mean(np.abs(pred[ok] / measured[ok] - 1.0)) * 100.0) if ok.any() else math.nan
+
+
+class ReplayRows:
+    """Measured runs (``costmodels.load_runs`` rows) ready to replay under trial cost-model
+    terms: each row's uncalibrated cost model, engine context and measurements."""
+
+    def __init__(self, runs, bench: BenchClient | None = None, builder=None):
+        from costmodels import build
+        from optimizer.targets import context_of
+
+        builder = builder or build
+        self.bench = bench or BenchClient()
+        self.rows = list(runs.iter_rows(named=True))
+        self.ttft_ms = np.array([r["ttft_ms"] for r in self.rows], dtype=float)
+        self.tpot_ms = np.array([r["tpot_ms"] for r in self.rows], dtype=float)
+        self._cost, self._ctx = [], []
+        built: dict[tuple, CostModel] = {}
+        for r in self.rows:
+            key = (r["model"], r["gpu"], r["framework"], r["gemm_dtype"], r["tp"])
+            if key not in built:
+                built[key] = builder(r["model"], r["gpu"], tp=r["tp"], framework=r["framework"],
+                                     gemm_dtype=r["gemm_dtype"], kv_dtype=r["gemm_dtype"], calibration=False)
+            self._cost.append(built[key])
+            self._ctx.append(context_of(built[key], r["gpu"], context_len=0, tp=r["tp"]))
+
+    def predict(self, overhead_s: float, prefill_scale: float, decode_scale: float, server: dict | None = None,
+                scale: float = 1.0) -> np.ndarray:
+        """(n, 2) mean TTFT and TPOT (ms) of every row under these terms; NaN where a run
+        cannot be simulated (it never fits the KV pool)."""
+        out = np.full((len(self.rows), 2), np.nan)
+        swapped: dict[int, CostModel] = {}
+        for i, (r, cost, ctx) in enumerate(zip(self.rows, self._cost, self._ctx, strict=True)):
+            if id(cost) not in swapped:
+                swapped[id(cost)] = replace(cost, tables=cost.tables._replace(
+                    overhead_s=overhead_s, scale=scale, prefill_scale=prefill_scale, decode_scale=decode_scale))
+            try:
+                out[i] = benchmark_means(swapped[id(cost)], server_config(r["framework"], ctx, server),
+                                         r["batch_size"], r["isl"], r["osl"], self.bench)
+            except ClosedLoopError:
+                pass
+        return out
+
+
+def fit_replay(runs, *, bench: BenchClient | None = None, start: tuple[float, float] | None = None,
+               ttft_weight: float = TTFT_WEIGHT, candidates: tuple[dict, ...] | None = None, builder=None,
+               max_nfev: int = 40) -> dict:
+    """Fit ``overhead_s``, ``prefill_scale`` and ``decode_scale`` (``scale`` 1) to ``runs``
+    (one framework's rows) by replaying every run as the benchmark client drove it
+    (``ReplayRows``) and least-squares on the log ratios of simulated to measured TPOT and,
+    weighted by ``ttft_weight``, TTFT (soft-L1, so runs the model cannot reach, such as a
+    KV-bound queue, do not pull the rest). Each measured-server candidate
+    (``SERVER_CANDIDATES`` of the framework) is fitted; the best is kept as
+    ``measured_server``. ``start``: (overhead_s, scale) from the steady-state formula fit.
+
+    Returns the fitted terms and their in-sample MAPE (``*_mape_after``; ``*_before`` for
+    the uncalibrated model under the framework defaults)."""
+    from scipy.optimize import least_squares
+
+    frameworks = set(runs["framework"].to_list())
+    if len(frameworks) != 1:
+        raise ClosedLoopError(f"fit_replay fits one framework's runs, got {sorted(frameworks)}")
+    framework = frameworks.pop()
+    rows = ReplayRows(runs, bench, builder)
+    candidates = candidates if candidates is not None else SERVER_CANDIDATES.get(framework, ({},))
+    overhead0, scale0 = start or (rows._cost[0].tables.overhead_s, 1.0)
+    x0 = np.clip([scale0 * overhead0 * 1e3, scale0, scale0], [0.0, 0.21, 0.21], [49.0, 9.9, 4.9])
+    lo, hi = np.array([0.0, 0.2, 0.2]), np.array([50.0, 10.0, 5.0])  # overhead in ms, scales
+
+    def residuals(x, server):
+        pred = rows.predict(x[0] * 1e-3, x[1], x[2], server)
+        res = np.concatenate([np.log(pred[:, 1] / rows.tpot_ms), ttft_weight * np.log(pred[:, 0] / rows.ttft_ms)])
+        return np.where(np.isfinite(res), res, 3.0)
+
+    best = None
+    for server in candidates:
+        fit = least_squares(residuals, x0, args=(server,), bounds=(lo, hi), loss="soft_l1", f_scale=0.2,
+                            diff_step=0.03, x_scale=[1.0, 0.1, 0.1], max_nfev=max_nfev)
+        if best is None or fit.cost < best[0].cost:
+            best = (fit, server)
+    fit, server = best
+    before = rows.predict(rows._cost[0].tables.overhead_s, 1.0, 1.0, None)
+    after = rows.predict(fit.x[0] * 1e-3, fit.x[1], fit.x[2], server)
+    return {
+        "overhead_s": float(fit.x[0] * 1e-3), "scale": 1.0, "prefill_scale": float(fit.x[1]),
+        "decode_scale": float(fit.x[2]), "measured_server": dict(server), "fit": "replay",
+        "tpot_mape_before": _mape(before[:, 1], rows.tpot_ms), "ttft_mape_before": _mape(before[:, 0], rows.ttft_ms),
+        "tpot_mape_after": _mape(after[:, 1], rows.tpot_ms), "ttft_mape_after": _mape(after[:, 0], rows.ttft_ms),
+    }
+
+
+def calibrate_replay(runs, *, bench: BenchClient | None = None, ttft_weight: float = TTFT_WEIGHT, builder=None,
+                     keys: list[tuple] | None = None, max_nfev: int = 40) -> list[dict]:
+    """Calibration entries (``costmodels.calibration`` format, for ``build(calibration=...)``)
+    fitted by replay (``fit_replay``): one per (GPU, framework, model, GEMM dtype) across
+    its TPs, then one pooled per (GPU, framework, GEMM dtype) (``model`` "*") for models
+    without their own, the fallback chain ``apply_calibration`` walks: setup, model, pooled.
+    The steady-state formula fit (``costmodels.calibrate``) gives the starting point.
+    ``keys`` limits the fit to those (gpu, framework, model, gemm_dtype) entries (model
+    "*" for a pooled one): a leave-one-out fold needs only the entry its held-out setup
+    falls back to. A pooled fit over the same runs as a model's entry reuses its result."""
+    import polars as pl
+
+    from costmodels import calibrate
+    from costmodels.gpus import load_gpu
+
+    runs = runs.with_row_index("_r").with_columns(
+        pl.col("gpu").map_elements(lambda g: load_gpu(g).name, return_dtype=pl.Utf8).alias("_gpu"))
+    formula = {(e["gpu"], e["framework"], e["model"], e["gemm_dtype"]): e for e in calibrate(runs.drop("_gpu", "_r"),
+                                                                                            builder)}
+    entries, done = [], {}
+    for pooled in (False, True):
+        cols = ["_gpu", "framework", "gemm_dtype"] if pooled else ["_gpu", "framework", "model", "gemm_dtype"]
+        for key, group in runs.group_by(cols, maintain_order=True):
+            gpu, fw, dtype = key[0], key[1], key[-1]
+            model = "*" if pooled else key[2]
+            if keys is not None and (gpu, fw, model, dtype) not in keys:
+                continue
+            rows_id = tuple(sorted(group["_r"].to_list()))
+            f = formula.get((gpu, fw, model, dtype))
+            start = (f["overhead_s"], f["scale"]) if f else None
+            if rows_id in done:
+                fitted = dict(done[rows_id])
+            else:
+                fitted = done[rows_id] = fit_replay(group.drop("_gpu", "_r"), bench=bench, start=start,
+                                                    ttft_weight=ttft_weight, builder=builder, max_nfev=max_nfev)
+            entries.append({"gpu": gpu, "framework": fw, "model": model, "gemm_dtype": dtype, "kv_dtype": dtype,
+                            "tp": sorted(set(group["tp"].to_list())), "n_runs": len(group), **fitted,
+                            "error": {"in_sample_tpot_mape": fitted["tpot_mape_after"],
+                                      "in_sample_ttft_mape": fitted["ttft_mape_after"], "out_of_sample": None}})
+    return entries

@@ -3,13 +3,16 @@
 Each row of a runs CSV (aiconfigurator's ``silicon_*.csv`` format, or the canonical
 columns of ``costmodels.calibration.COLUMNS``) is one benchmark: ``batch_size`` clients,
 ``isl``-token prompts, ``osl`` output tokens, on ``tp_size`` GPUs. Every row is replayed
-through the engine as a closed loop (``optimizer.closedloop``) with the calibrated cost
-model of its (model, GPU, framework, dtype, TP) and that framework's scheduler defaults,
-and the steady-state mean TTFT and TPOT are compared with the measured ones.
+through the engine as the benchmark client ran it (``optimizer.closedloop.BenchClient``:
+AIPerf's start-up burst, warm-up, profiled request count and length draws) with the
+calibrated cost model of its (model, GPU, framework, dtype, TP) and that framework's
+scheduler defaults, and the mean TTFT and TPOT over the profiled requests are compared
+with the measured ones.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Annotated
@@ -18,7 +21,7 @@ import numpy as np
 import polars as pl
 import typer
 
-from optimizer.closedloop import ClosedLoopError, framework_config, run_closed_loop
+from optimizer.closedloop import BenchClient, ClosedLoopError, run_benchmark, server_config
 from optimizer.targets import context_of
 
 GROUP = ["model", "framework", "gemm_dtype"]
@@ -29,9 +32,13 @@ def register(app: typer.Typer) -> None:
 
 
 def predict_runs(runs: pl.DataFrame, *, model_config: str | Path | None = None, calibration=None,
-                 waves: int = 4, on_row=None) -> pl.DataFrame:
+                 bench: BenchClient | None = None, on_row=None) -> pl.DataFrame:
     """``runs`` (from ``load_runs``) with predicted ``pred_ttft_ms``/``pred_tpot_ms``, the
-    fixed point's ``iterations`` and ``error`` (why a row could not be simulated, else null)."""
+    ``calibration_match`` of the row's cost model (setup, model, pooled, none or off), the
+    ``measured_server`` scheduler overrides it was replayed with (JSON; from the matched
+    calibration entry when a replay fit chose them, else the framework's defaults) and
+    ``error`` (why a row could not be simulated, else null). ``bench``: how the client
+    drives the server (default ``BenchClient()``, AIPerf as aiconfigurator runs it)."""
     from costmodels import build
     from costmodels.architecture import ALIASES
 
@@ -40,7 +47,10 @@ def predict_runs(runs: pl.DataFrame, *, model_config: str | Path | None = None, 
         hint = "pass --model-config CONFIG.json for it" if len(unknown) == 1 else "validate one such model per file"
         raise ClosedLoopError(f"runs name models that are not built in: {unknown}; {hint}")
     costs: dict[tuple, object] = {}
-    out: dict[str, list] = {"pred_ttft_ms": [], "pred_tpot_ms": [], "iterations": [], "error": []}
+    bench = bench or BenchClient()
+    out: dict[str, list] = {"pred_ttft_ms": [], "pred_tpot_ms": [], "calibration_match": [], "measured_server": [],
+                            "error": []}
+    servers: dict[tuple, dict] = {}
     for i, row in enumerate(runs.iter_rows(named=True)):
         key = (row["model"], row["gpu"], row["framework"], row["gemm_dtype"], row["tp"])
         if key not in costs:
@@ -48,18 +58,42 @@ def predict_runs(runs: pl.DataFrame, *, model_config: str | Path | None = None, 
                                gemm_dtype=row["gemm_dtype"], kv_dtype=row["gemm_dtype"],
                                model_config=model_config if row["model"] in unknown else None,
                                calibration=calibration)
+        match = (costs[key].calibration or {}).get("match", "none")
+        if key not in servers:
+            servers[key] = measured_server(costs[key], row, calibration)
         try:
             ctx = context_of(costs[key], row["gpu"], context_len=0, tp=row["tp"])  # a closed loop never nears it
-            loop = run_closed_loop(costs[key], framework_config(row["framework"], ctx), row["batch_size"],
-                                   row["isl"], row["osl"], waves=waves)
-            values = (loop.steady_ttft_ms, loop.steady_tpot_ms, loop.iterations, None)
+            loop = run_benchmark(costs[key], server_config(row["framework"], ctx, servers[key]), row["batch_size"],
+                                 row["isl"], row["osl"], bench)
+            values = (loop.mean_ttft_ms, loop.mean_tpot_ms, match, json.dumps(servers[key]), None)
         except ClosedLoopError as exc:
-            values = (math.nan, math.nan, 0, f"row {i + 2}: {exc}")
+            values = (math.nan, math.nan, match, json.dumps(servers[key]), f"row {i + 2}: {exc}")
         for name, value in zip(out, values, strict=True):
             out[name].append(value)
         if on_row is not None:
             on_row(i)
-    return runs.with_columns(pl.Series(k, v, dtype=pl.Utf8 if k == "error" else None) for k, v in out.items())
+    text = ("error", "calibration_match", "measured_server")
+    return runs.with_columns(pl.Series(k, v, dtype=pl.Utf8 if k in text else None) for k, v in out.items())
+
+
+def measured_server(cost, row: dict, calibration) -> dict:
+    """The scheduler overrides a replay fit chose for the runs of ``cost``'s calibration
+    entry (its ``measured_server``; ``optimizer.closedloop.SERVER_CANDIDATES``), {} when the
+    entry has none (a formula fit) or no entry applied."""
+    from costmodels.calibration import BUNDLED, load_calibration
+    from costmodels.gpus import load_gpu
+
+    used = cost.calibration or {}
+    if used.get("match") not in ("setup", "model", "pooled") or calibration is False:
+        return {}
+    path = BUNDLED if calibration is None else Path(calibration)
+    gpu = load_gpu(row["gpu"]).name
+    for e in load_calibration(path):
+        if (e["gpu"], e["framework"], e["gemm_dtype"], e["model"], e.get("tp"), e["overhead_s"], e["scale"]) == (
+                gpu, row["framework"], row["gemm_dtype"], used["model"], used.get("tp"), used["overhead_s"],
+                used["scale"]):
+            return dict(e.get("measured_server") or {})
+    return {}
 
 
 def _ape(pred: str, measured: str) -> pl.Expr:
@@ -121,9 +155,11 @@ def format_report(pred: pl.DataFrame, worst: int = 5) -> str:
     if failed:
         lines.append(f"\n{len(failed)} run(s) not simulated (left out of the MAPE):")
         lines += [f"  {e}" for e in failed]
-    iters = pred.filter(pl.col("error").is_null())["iterations"]
-    if len(iters):
-        lines.append(f"\nfixed point reached in {iters.min()}-{iters.max()} iterations (median {iters.median():g})")
+    if "measured_server" in pred.columns:
+        used = pred.group_by("framework", "calibration_match", "measured_server", maintain_order=True).len()
+        lines.append("\ncalibration entry and measured-server scheduler overrides replayed:")
+        lines += [f"  {r['framework']:6} {r['calibration_match']:7} {r['measured_server']}  ({r['len']} runs)"
+                  for r in used.iter_rows(named=True)]
     return "\n".join(lines)
 
 
@@ -132,7 +168,12 @@ def validate_command(
     model_config: Annotated[Path | None, typer.Option("--model-config",
                                                       help="config.json of a model that is not built in")] = None,
     calibration: Annotated[Path | None, typer.Option("--calibration", help="calibration JSON (default: bundled)")] = None,
-    waves: Annotated[int, typer.Option("--waves", help="requests per client; wave 0 is dropped")] = 4,
+    requests_per_client: Annotated[float, typer.Option(
+        "--requests-per-client", help="profiled requests per client (AIPerf --request-count / C)")] = 10.0,
+    warmup_per_client: Annotated[float, typer.Option(
+        "--warmup-per-client", help="warm-up requests per client, awaited before profiling")] = 2.0,
+    isl_stddev: Annotated[float, typer.Option("--isl-stddev", help="prompt length stddev (tokens)")] = 0.0,
+    osl_stddev: Annotated[float, typer.Option("--osl-stddev", help="output length stddev (tokens)")] = 0.0,
     plot: Annotated[Path | None, typer.Option("--plot", help="write the predicted-vs-measured scatter (PNG)")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="write per-run predictions (CSV)")] = None,
     worst: Annotated[int, typer.Option("--worst", help="worst rows to list per metric")] = 5,
@@ -142,7 +183,9 @@ def validate_command(
 
     try:
         runs = load_runs(runs_csv, builtin_only=model_config is None)
-        pred = predict_runs(runs, model_config=model_config, calibration=calibration, waves=waves)
+        bench = BenchClient(requests_per_client=requests_per_client, warmup_per_client=warmup_per_client,
+                            isl_stddev=isl_stddev, osl_stddev=osl_stddev)
+        pred = predict_runs(runs, model_config=model_config, calibration=calibration, bench=bench)
     except (CostModelError, ClosedLoopError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

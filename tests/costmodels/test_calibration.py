@@ -43,9 +43,19 @@ def test_calibration_file_round_trip_and_build_applies_it(entries, tmp_path):
 
 
 def test_bundled_calibration_matches_a_fresh_fit(entries):
+    # the bundled file is what build applies; a formula fit in it must match a fresh one (a
+    # replay fit, ``optimizer.closedloop.calibrate_replay``, is checked by benchmarks/fidelity.py)
+    from costmodels.calibration import BUNDLED
+
     cost = build("meta-llama/Llama-3.1-8B", "h100", framework="trtllm")
-    entry = next(e for e in entries if e["model"] == "meta-llama/Llama-3.1-8B")
-    assert cost.tables.scale == pytest.approx(entry["scale"], rel=1e-6)
+    bundled = next(e for e in load_calibration(BUNDLED)
+                   if e["model"] == "meta-llama/Llama-3.1-8B" and e["framework"] == "trtllm")
+    assert cost.tables.scale == pytest.approx(bundled["scale"], rel=1e-12)
+    assert cost.tables.prefill_scale == pytest.approx(bundled.get("prefill_scale", 1.0), rel=1e-12)
+    assert cost.tables.decode_scale == pytest.approx(bundled.get("decode_scale", 1.0), rel=1e-12)
+    if bundled.get("fit", "formula") == "formula":
+        entry = next(e for e in entries if e["model"] == "meta-llama/Llama-3.1-8B")
+        assert cost.tables.scale == pytest.approx(entry["scale"], rel=1e-6)
     assert "calibrated:default" in cost.source
     assert "uncalibrated" in build("meta-llama/Llama-3.1-8B", "h100", framework="sglang").source
 

@@ -1,0 +1,85 @@
+"""Calibration by replay: the closed loop fitted to runs it must reproduce."""
+
+import json
+
+import numpy as np
+import polars as pl
+import pytest
+
+from costmodels import build
+from optimizer.cli.validate import predict_runs
+from optimizer.closedloop import (
+    BenchClient,
+    ClosedLoopError,
+    benchmark_means,
+    calibrate_replay,
+    fit_replay,
+    server_config,
+)
+from optimizer.targets import context_of
+
+MODEL, GPU = "meta-llama/Llama-3.1-8B", "h100_sxm"
+BENCH = BenchClient(requests_per_client=4)
+TRUTH = {"overhead_s": 3e-3, "prefill_scale": 1.3, "decode_scale": 0.85}
+
+
+def _measured(framework, server, tps=(1,)):
+    """Runs "measured" on a server whose step costs TRUTH and runs ``server`` overrides."""
+    rows = []
+    for tp in tps:
+        cost = build(MODEL, GPU, tp=tp, framework=framework, calibration=False)
+        true = cost.__class__(**{**cost.__dict__, "tables": cost.tables._replace(scale=1.0, **TRUTH)})
+        config = server_config(framework, context_of(true, GPU, context_len=0, tp=tp), server)
+        for clients, isl, osl in [(8, 1024, 128), (8, 4096, 512), (32, 1024, 512), (32, 4096, 128), (16, 2048, 256)]:
+            ttft, tpot = benchmark_means(true, config, clients, isl, osl, BENCH)
+            rows.append((MODEL, GPU, framework, "bf16", tp, clients, isl, osl, ttft, tpot))
+    return pl.DataFrame(rows, schema=["model", "gpu", "framework", "gemm_dtype", "tp", "batch_size", "isl", "osl",
+                                      "ttft_ms", "tpot_ms"], orient="row")
+
+
+def test_replay_fit_recovers_known_terms_and_the_servers_token_budget():
+    runs = _measured("vllm", {"max_num_batched_tokens": 4096})
+    fit = fit_replay(runs, bench=BENCH)
+    assert fit["measured_server"] == {"max_num_batched_tokens": 4096}
+    assert fit["prefill_scale"] == pytest.approx(TRUTH["prefill_scale"], rel=0.05)
+    assert fit["decode_scale"] == pytest.approx(TRUTH["decode_scale"], rel=0.05)
+    assert fit["overhead_s"] == pytest.approx(TRUTH["overhead_s"], abs=5e-4)
+    assert fit["tpot_mape_after"] < 1.0 and fit["ttft_mape_after"] < 2.0
+    assert fit["tpot_mape_after"] < fit["tpot_mape_before"]
+
+
+def test_calibrate_replay_writes_entries_build_and_validate_apply(tmp_path):
+    runs = _measured("trtllm", {"enable_chunked_prefill": True}, tps=(1, 2))
+    entries = calibrate_replay(runs, bench=BENCH)
+    assert [e["model"] for e in entries] == [MODEL, "*"]  # the model's entry, then the pooled fallback
+    mine = entries[0]
+    assert mine["tp"] == [1, 2] and mine["kv_dtype"] == "bf16" and mine["fit"] == "replay"
+    assert mine["measured_server"] == {"enable_chunked_prefill": True}
+    assert mine["error"]["in_sample_tpot_mape"] == mine["tpot_mape_after"] < 2.0
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps({"format": "servetune-calibration/1", "entries": entries}))
+    cost = build(MODEL, GPU, tp=2, framework="trtllm", calibration=path)
+    assert cost.tables.prefill_scale == pytest.approx(mine["prefill_scale"])
+    assert cost.tables.decode_scale == pytest.approx(mine["decode_scale"])
+    pred = predict_runs(runs, calibration=path, bench=BENCH)
+    assert set(pred["measured_server"].to_list()) == {json.dumps({"enable_chunked_prefill": True})}
+    assert set(pred["calibration_match"].to_list()) == {"setup"}
+    ape = (pred["pred_tpot_ms"] / pred["tpot_ms"] - 1).abs().mean() * 100
+    assert ape < 2.0
+    # a setup the file has no TP for falls back to the model's entry, with its server
+    other = predict_runs(runs.with_columns(pl.lit(4).alias("tp")).head(1), calibration=path, bench=BENCH)
+    assert other["calibration_match"][0] == "model"
+    assert other["measured_server"][0] == json.dumps({"enable_chunked_prefill": True})
+
+
+def test_fit_replay_takes_one_framework():
+    runs = pl.concat([_measured("vllm", {}).head(1), _measured("trtllm", {}).head(1)])
+    with pytest.raises(ClosedLoopError, match="one framework"):
+        fit_replay(runs)
+
+
+def test_uncalibrated_and_formula_entries_replay_with_the_framework_defaults(tmp_path):
+    runs = _measured("vllm", {}).head(2)
+    pred = predict_runs(runs, calibration=False, bench=BENCH)
+    assert pred["calibration_match"].to_list() == ["off", "off"] and pred["measured_server"][0] == "{}"
+    assert np.isfinite(pred["pred_ttft_ms"].to_numpy()).all()
