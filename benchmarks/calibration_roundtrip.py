@@ -35,7 +35,7 @@ import optuna  # noqa: E402
 
 from costmodels import build  # noqa: E402
 from optimizer.bench.fit import MeasuredRun, calibrate_from_bench, fit, mape  # noqa: E402
-from optimizer.bench.results import RequestTimes, read_result  # noqa: E402
+from optimizer.bench.results import RequestTimes, read_result, write_vllm_result  # noqa: E402
 from optimizer.bench.run import BenchRun  # noqa: E402
 from optimizer.evaluate import Evaluator  # noqa: E402
 from optimizer.outputs import file_replay, write_bench_replay  # noqa: E402
@@ -79,15 +79,7 @@ def run_folder(directory: Path, trace: Trace) -> Path:
 def measured_run(name: str, directory: Path, trace: Trace, server) -> MeasuredRun:
     run = BenchRun.open(run_folder(directory, trace))
     sim = RequestTimes.simulated(run.simulate(run.trace, server), run.trace)
-    import json
-
-    gaps = [[(e - t) / 1e3 / max(o - 1, 1)] * max(o - 1, 0)
-            for t, e, o in zip(sim.ttft_ms, sim.e2el_ms, sim.output_tokens, strict=True)]
-    body = {"duration": sim.duration_s, "input_lens": sim.prompt_tokens.tolist(),
-            "output_lens": sim.output_tokens.tolist(), "ttfts": (sim.ttft_ms / 1e3).tolist(), "itls": gaps,
-            "latencies": (sim.e2el_ms / 1e3).tolist(), "start_times": sim.sent_s.tolist(), "errors": [""] * sim.n}
-    path = directory / "bench-result.json"
-    path.write_text(json.dumps(body))
+    path = write_vllm_result(sim, directory / "bench-result.json")
     return MeasuredRun(name, run, read_result(path))
 
 

@@ -31,7 +31,6 @@ from scipy.optimize import minimize
 from optimizer.bench.results import RequestTimes
 from optimizer.bench.run import BenchRun
 
-PARAMS = ("overhead_s", "prefill_scale", "decode_scale")
 #: mean TTFT is matched per prompt-length quantile: its rise with the prompt is the
 #: prefill scale, its floor the overhead
 TTFT_BINS = 4

@@ -84,6 +84,21 @@ class RequestTimes:
                    end - float(trace.arrival_s[0]))
 
 
+def write_vllm_result(times: RequestTimes, path: str | Path) -> Path:
+    """``times`` as ``vllm bench serve --save-detailed`` writes a run (seconds; each
+    request's gaps spread evenly over its decode): the inverse of its reader, for round
+    trips of a simulated "measurement"."""
+    gaps = [[(e - t) / 1e3 / max(o - 1, 1)] * max(o - 1, 0)
+            for t, e, o in zip(times.ttft_ms, times.e2el_ms, times.output_tokens, strict=True)]
+    body = {"duration": times.duration_s, "input_lens": times.prompt_tokens.tolist(),
+            "output_lens": times.output_tokens.tolist(), "ttfts": (times.ttft_ms / 1e3).tolist(), "itls": gaps,
+            "latencies": (times.e2el_ms / 1e3).tolist(), "start_times": times.sent_s.tolist(),
+            "errors": ["" if ok else "failed" for ok in times.ok]}
+    path = Path(path)
+    path.write_text(json.dumps(body))
+    return path
+
+
 def read_result(path: str | Path, *, run: int | None = None) -> RequestTimes:
     """The per-request times of a result file, its client told by its content.
 

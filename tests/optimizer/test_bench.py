@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from costmodels import build
 from optimizer.bench.compare import compare
 from optimizer.bench.fit import MeasuredRun, calibrate_from_bench, save_entry
-from optimizer.bench.results import BenchResultError, RequestTimes, read_result
+from optimizer.bench.results import BenchResultError, RequestTimes, read_result, write_vllm_result
 from optimizer.bench.run import BenchRun
 from optimizer.cli import app
 from optimizer.evaluate import Evaluator
@@ -55,18 +55,6 @@ def make_run(tmp_path: Path, trace: Trace, slo_file: str | None = None) -> Path:
     (spec.run_dir / replay.name).write_text(replay.text)
     write_bench_replay(spec.run_dir, spec, evaluator, replay, spec.fleet, {})
     return spec.run_dir
-
-
-def write_vllm_result(times: RequestTimes, path: Path) -> Path:
-    """``times`` in vllm bench serve's detailed layout (seconds; gaps spread evenly)."""
-    gaps = [[(e - t) / 1e3 / max(o - 1, 1)] * max(o - 1, 0) for t, e, o in
-            zip(times.ttft_ms, times.e2el_ms, times.output_tokens, strict=True)]
-    body = {"duration": times.duration_s, "input_lens": times.prompt_tokens.tolist(),
-            "output_lens": times.output_tokens.tolist(), "ttfts": (times.ttft_ms / 1e3).tolist(), "itls": gaps,
-            "latencies": (times.e2el_ms / 1e3).tolist(), "start_times": (times.sent_s + 500.0).tolist(),
-            "errors": ["" if ok else "HTTP 500" for ok in times.ok]}
-    path.write_text(json.dumps(body))
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -52,9 +52,8 @@ def test_tune_writes_one_deployable_file_per_engine_and_what_ifs_apart(tmp_path)
         assert f'exec bash "$(dirname "${{BASH_SOURCE[0]}}")/{name}/bench-{name}.sh" "$@"' in wrapper
         assert (runs / name / "trace.jsonl").is_file() and (runs / name / "bench.json").is_file()
     assert not (runs / "bench-servetune.sh").exists() and not (runs / "servetune" / "trace.jsonl").exists()
-    from optimizer.bench.results import RequestTimes
+    from optimizer.bench.results import RequestTimes, write_vllm_result
     from optimizer.bench.run import BenchRun
-    from tests.optimizer.test_bench import write_vllm_result
 
     bench = BenchRun.open(runs / "vllm")
     measured = RequestTimes.simulated(bench.simulate(bench.trace, bench.cost_model()), bench.trace)
