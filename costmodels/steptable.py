@@ -327,7 +327,8 @@ def step_seconds(t, n_tokens, n_logit_seqs, n_decode, kv_decode_tokens, prefill_
         return 0.0, False
     d = t.data
     total, out = _curve(d, LINEAR, n_tokens)
-    if n_decode >= n_tokens:
+    split = t.prefill_scale != t.decode_scale  # equal scales need no second lookup
+    if n_decode >= n_tokens or not split:
         decode_part = total
     elif n_decode > 0:
         decode_part = _curve(d, LINEAR, n_decode)[0]
