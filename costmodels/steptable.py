@@ -329,12 +329,13 @@ def step_seconds(t, n_tokens, n_logit_seqs, n_decode, kv_decode_tokens, prefill_
     total, out = _curve(d, LINEAR, n_tokens)
     split = t.prefill_scale != t.decode_scale  # equal scales need no second lookup
     if n_decode >= n_tokens or not split:
-        decode_part = total
+        decode_part, prefill_part = total, 0.0
     elif n_decode > 0:
         decode_part = _curve(d, LINEAR, n_decode)[0]
+        prefill_part = total - decode_part
     else:
-        decode_part = 0.0
-    prefill_part = total - decode_part  # additions below in the order decode_run_step uses
+        decode_part, prefill_part = 0.0, total
+    # additions below in the order decode_run_step uses
     if n_logit_seqs > 0:
         part, past = _curve(d, HEAD, n_logit_seqs)
         decode_part += part
