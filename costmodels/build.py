@@ -1,9 +1,13 @@
 """``build``: a CostModel for a model on a GPU at a TP degree, from tables, roofline or a CSV.
 
 Memory follows vLLM's sizing: the KV pool is ``gpu_memory_utilization x total`` minus the
-weights, the activation peak of a profiling forward pass, CUDA-graph memory and
-NCCL/runtime buffers. The reserves used here (documented on each constant) match what
-vLLM logs for dense models at its default 8192-token profiling batch.
+weights, the activation peak of a profiling forward pass at ``max_num_batched_tokens``
+(vllm/v1/worker/gpu_model_runner.py:524 and :6132), CUDA-graph memory (estimated and
+subtracted by default since vLLM 0.21: gpu_worker.py:707-756) and NCCL/runtime buffers.
+The CostModel keeps the activation peak per token, so the pool follows the budget a
+config sets; with the constants below it reproduces the pools vLLM logged for
+CodeLlama-34B on one 80 GB GPU at budgets 64 and 4096 within 2%
+(tests/costmodels/test_memory.py).
 """
 
 from __future__ import annotations
@@ -16,8 +20,7 @@ from costmodels.costmodel import CostModel, CostModelError
 from costmodels.gpus import GPUSpec, load_gpu
 from costmodels.optables import FRAMEWORKS, ProfiledOps, RooflineOps
 
-PROFILE_TOKENS = 8192  # vLLM's profiling forward pass runs at max_num_batched_tokens
-PROFILE_LOGIT_SEQS = 256  # ... and samples for max_num_seqs sequences (fp32 logits)
+PROFILE_LOGIT_SEQS = 256  # the profiling pass samples for max_num_seqs sequences (fp32 logits)
 CUDA_GRAPH_BYTES = 0.5 * 2**30  # captured decode graphs, as vLLM reports for dense models
 RUNTIME_BYTES = 0.5 * 2**30  # CUDA context and allocator slack outside PyTorch
 SWAP_BYTES = 4 * 2**30  # vLLM's default swap_space per GPU
@@ -27,20 +30,22 @@ PCIE_EFFICIENCY = 0.8  # achievable share of PCIe bandwidth for pinned host copi
 DEFAULT_OVERHEAD_S = {"vllm": 2.0e-3, "sglang": 1.5e-3, "trtllm": 1.0e-3}
 
 
-def activation_peak_bytes(arch: ModelArch, tp: int, tokens: int = PROFILE_TOKENS) -> float:
-    """Peak activation bytes of one forward pass at ``tokens`` tokens, per GPU.
+def activation_bytes_per_token(arch: ModelArch, tp: int) -> float:
+    """Peak activation bytes per token of a forward pass, per GPU.
 
-    The largest live set is the MLP: hidden in/out, the gate+up output and the activated
-    half, plus QKV; then fp32 logits for the sampled sequences.
+    The largest live set is in the MLP: the gate+up output and its activated half (split
+    by TP) beside four hidden-sized tensors (residual, input, norm output, down output).
+    vLLM's logged pools for CodeLlama-34B fall by 197 KB per extra profiled token; this
+    gives 197.6 KB.
     """
-    inter, qkv = arch.intermediate_size // tp, (arch.q_size + 2 * arch.kv_size) // tp
-    mlp_live = tokens * (2 * arch.hidden_size + 3 * inter + qkv) * ACT_BYTES
+    return float((4 * arch.hidden_size + 3 * (arch.intermediate_size // tp)) * ACT_BYTES)
+
+
+def fixed_reserve_bytes(arch: ModelArch, gpu: GPUSpec, tp: int) -> float:
+    """Memory per GPU kept out of the KV pool whatever the token budget: sampler logits,
+    CUDA graphs, CUDA context and NCCL buffers."""
     logits = PROFILE_LOGIT_SEQS * arch.vocab_size / tp * 4
-    return float(mlp_live + logits)
-
-
-def memory_reserve_bytes(arch: ModelArch, gpu: GPUSpec, tp: int) -> float:
-    return activation_peak_bytes(arch, tp) + CUDA_GRAPH_BYTES + RUNTIME_BYTES + gpu.nccl_reserve(tp)
+    return logits + CUDA_GRAPH_BYTES + RUNTIME_BYTES + gpu.nccl_reserve(tp)
 
 
 def build(
@@ -73,7 +78,7 @@ def build(
         raise CostModelError(f"gemm_dtype and kv_dtype must be bf16 or fp8, got {gemm_dtype}/{kv_dtype}")
     weight_dtype = "fp8" if gemm_dtype == "fp8" else arch.dtype
     weights = arch.weight_bytes(tp, weight_dtype)
-    reserve = memory_reserve_bytes(arch, spec, tp)
+    reserve = fixed_reserve_bytes(arch, spec, tp)
     if weights + reserve >= spec.memory_bytes:
         raise CostModelError(
             f"{arch.name} needs {weights / 2**30:.1f} GiB of weights + {reserve / 2**30:.1f} GiB reserve per GPU at "
@@ -101,6 +106,7 @@ def build(
         name=name, tables=tables,
         kv_bytes_per_token=arch.kv_bytes_per_token(tp, kv_dtype),
         gpu_memory_bytes=float(spec.memory_bytes), weight_bytes=weights, reserved_bytes=reserve,
+        activation_bytes_per_token=activation_bytes_per_token(arch, tp),
         swap_bytes_per_s=spec.pcie_bytes_per_s * PCIE_EFFICIENCY, swap_capacity_bytes=float(SWAP_BYTES),
         tp=tp, source=source,
     )

@@ -39,7 +39,7 @@ class CostModel:
     kv_bytes_per_token: int  # per GPU, all layers, K and V
     gpu_memory_bytes: float  # per GPU
     weight_bytes: float  # per GPU
-    reserved_bytes: float  # activation workspace + CUDA-graph reserve, per GPU
+    reserved_bytes: float  # CUDA graphs, sampler logits, CUDA context, NCCL, per GPU
     swap_bytes_per_s: float  # host <-> GPU KV copy bandwidth, per GPU
     swap_capacity_bytes: float  # host memory for swapped KV, per GPU
     tp: int = 1
@@ -47,6 +47,9 @@ class CostModel:
     #: the calibration entry applied (``costmodels.calibration.apply_calibration``): file,
     #: match level, fitted values, stated error; None for a model no calibration touched
     calibration: dict | None = field(default=None, compare=False)
+    #: peak activation bytes per token of the engine's profiling forward pass, per GPU:
+    #: vLLM profiles at ``max_num_batched_tokens`` and keeps that peak out of the KV pool
+    activation_bytes_per_token: float = 0.0
 
     def __post_init__(self) -> None:
         validate_tables(self.tables)
@@ -55,26 +58,34 @@ class CostModel:
         if self.swap_bytes_per_s <= 0:
             raise CostModelError(f"swap_bytes_per_s must be positive, got {self.swap_bytes_per_s}")
 
-    def kv_budget_bytes(self, gpu_memory_utilization: float) -> float:
-        """KV bytes per GPU left after weights and reserves, as vLLM sizes its pool."""
+    def reserve_bytes(self, profile_tokens: int) -> float:
+        """Memory per GPU kept out of the KV pool when the profiling pass runs ``profile_tokens``."""
+        return self.reserved_bytes + self.activation_bytes_per_token * max(0, profile_tokens)
+
+    def kv_budget_bytes(self, gpu_memory_utilization: float, profile_tokens: int = 0) -> float:
+        """KV bytes per GPU left after weights and reserves, as vLLM sizes its pool
+        (vllm/v1/worker/gpu_worker.py determine_available_memory: ``requested_memory`` less
+        weights, the profiled activation peak at ``profile_tokens`` and CUDA-graph memory)."""
         if not 0.0 < gpu_memory_utilization <= 1.0:
             raise CostModelError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
-        budget = gpu_memory_utilization * self.gpu_memory_bytes - self.weight_bytes - self.reserved_bytes
+        reserve = self.reserve_bytes(profile_tokens)
+        budget = gpu_memory_utilization * self.gpu_memory_bytes - self.weight_bytes - reserve
         if budget <= 0:
             raise CostModelError(
                 f"{self.name}: gpu_memory_utilization={gpu_memory_utilization} leaves no KV memory "
                 f"({gpu_memory_utilization * self.gpu_memory_bytes / 2**30:.1f} GiB < weights "
-                f"{self.weight_bytes / 2**30:.1f} GiB + reserve {self.reserved_bytes / 2**30:.1f} GiB)"
+                f"{self.weight_bytes / 2**30:.1f} GiB + reserve {reserve / 2**30:.1f} GiB at a "
+                f"{profile_tokens}-token profiling pass)"
             )
         return budget
 
-    def kv_capacity_tokens(self, gpu_memory_utilization: float) -> int:
-        return int(self.kv_budget_bytes(gpu_memory_utilization) // self.kv_bytes_per_token)
+    def kv_capacity_tokens(self, gpu_memory_utilization: float, profile_tokens: int = 0) -> int:
+        return int(self.kv_budget_bytes(gpu_memory_utilization, profile_tokens) // self.kv_bytes_per_token)
 
-    def kv_capacity_blocks(self, gpu_memory_utilization: float, block_size: int) -> int:
+    def kv_capacity_blocks(self, gpu_memory_utilization: float, block_size: int, profile_tokens: int = 0) -> int:
         if block_size <= 0:
             raise CostModelError(f"block_size must be positive, got {block_size}")
-        return self.kv_capacity_tokens(gpu_memory_utilization) // block_size
+        return self.kv_capacity_tokens(gpu_memory_utilization, profile_tokens) // block_size
 
     def kv_blocks_for_bytes(self, kv_bytes: float, block_size: int) -> int:
         """KV blocks that fit an explicit per-GPU KV byte budget."""

@@ -509,7 +509,8 @@ def infeasibility(config: PolicyConfig, cost_model, request_tokens: np.ndarray, 
     from costmodels.costmodel import CostModelError
 
     try:
-        blocks = cost_model.kv_capacity_blocks(config.gpu_memory_utilization, config.block_size)
+        blocks = cost_model.kv_capacity_blocks(config.gpu_memory_utilization, config.block_size,
+                                               config.max_num_batched_tokens)
     except CostModelError as exc:
         return str(exc)
     capacity = blocks * config.block_size

@@ -29,23 +29,28 @@ def engine_context(model: str, gpu: str, tp: int = 1, framework: str = "vllm", r
     except CostModelError:
         context_len = 0
     cost_model = _lazy_cost_model(model, gpu, tp, framework, model_config, dtype, kv_dtype)
-    reserved = 0.0
-    if context_len:
-        cm = cost_model()
-        reserved = cm.reserved_bytes / cm.gpu_memory_bytes if cm.gpu_memory_bytes else 0.0
+    shares = _reserve_shares(cost_model()) if context_len else {}
     return EngineContext(gpu=gpu, gpu_memory_gib=gpu_spec.memory_bytes / 2**30, context_len=context_len,
-                         kv_tokens=lambda utilization: cost_model().kv_capacity_tokens(utilization),
-                         reserved_fraction=reserved, tp=tp, replicas=replicas, dtype=dtype, kv_dtype=kv_dtype)
+                         kv_tokens=lambda utilization, tokens: cost_model().kv_capacity_tokens(utilization, tokens),
+                         tp=tp, replicas=replicas, dtype=dtype, kv_dtype=kv_dtype, **shares)
 
 
 def context_of(cost_model, gpu: str, context_len: int, tp: int = 1, replicas: int = 1) -> EngineContext:
     """The context of an explicit cost model (tests, or a model given by its config file)."""
     from costmodels.gpus import load_gpu
 
-    reserved = cost_model.reserved_bytes / cost_model.gpu_memory_bytes if cost_model.gpu_memory_bytes else 0.0
     return EngineContext(gpu=gpu, gpu_memory_gib=load_gpu(gpu).memory_bytes / 2**30, context_len=context_len,
-                         kv_tokens=cost_model.kv_capacity_tokens, reserved_fraction=reserved, tp=tp,
-                         replicas=replicas)
+                         kv_tokens=cost_model.kv_capacity_tokens, tp=tp, replicas=replicas,
+                         **_reserve_shares(cost_model))
+
+
+def _reserve_shares(cost_model) -> dict[str, float]:
+    """The cost model's reserves as shares of GPU memory (EngineContext's fields)."""
+    total = cost_model.gpu_memory_bytes
+    if not total:
+        return {}
+    return {"reserved_fraction": cost_model.reserved_bytes / total,
+            "activation_fraction_per_token": cost_model.activation_bytes_per_token / total}
 
 
 def _lazy_cost_model(model: str, gpu: str, tp: int, framework: str, model_config: str | None, dtype: str,

@@ -2305,13 +2305,15 @@ def validate(trace, cost_model: CostModel, config: PolicyConfig) -> tuple[int, i
         raise ValueError("the trace has no requests; nothing to simulate")
     bs = config.block_size
     try:
-        cap = cost_model.kv_capacity_blocks(config.gpu_memory_utilization, bs)
+        # the pool is sized after a profiling pass at the step budget (vLLM's rule)
+        cap = cost_model.kv_capacity_blocks(config.gpu_memory_utilization, bs, config.max_num_batched_tokens)
     except CostModelError as exc:
         raise ConfigError(f"gpu_memory_utilization={config.gpu_memory_utilization}: {exc}") from None
     if cap < 1:
+        tokens = cost_model.kv_capacity_tokens(config.gpu_memory_utilization, config.max_num_batched_tokens)
         raise ConfigError(
             f"KV capacity of {cost_model.name} at gpu_memory_utilization={config.gpu_memory_utilization} "
-            f"is {cost_model.kv_capacity_tokens(config.gpu_memory_utilization)} tokens, less than one "
+            f"is {tokens} tokens, less than one "
             f"block of block_size={bs}"
         )
     if config.max_num_batched_tokens < bs:

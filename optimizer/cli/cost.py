@@ -44,6 +44,8 @@ SpsCsv = typer.Option(None, "--sps-csv", help="use a measured SPS(B) CSV as the 
 Context = typer.Option(1024, "--context", help="KV tokens per sequence for decode step times")
 Utilization = typer.Option(0.9, "--gpu-memory-utilization")
 BlockSize = typer.Option(16, "--block-size")
+BatchedTokens = typer.Option(8192, "--max-num-batched-tokens",
+                             help="step budget: vLLM sizes the KV pool after a profiling pass of this many tokens")
 Plot = typer.Option(None, "--plot", help="write the SPS(B) curve as a PNG")
 Format = typer.Option("text", "--format", help="text | json")
 SpsOutput = typer.Option(..., "-o", "--output", help="CSV to write")
@@ -51,13 +53,13 @@ Runs = typer.Argument(..., help="measured runs CSV (aiconfigurator silicon forma
 CalibrationOutput = typer.Option(Path("calibration.json"), "-o", "--output")
 
 
-def summary(cost, utilization: float, block_size: int, context: int) -> dict:
+def summary(cost, utilization: float, block_size: int, context: int, batched_tokens: int) -> dict:
     """Capacity and step times of ``cost`` as plain data (the JSON output)."""
     from costmodels import CostModelError, sps_curve, step_seconds
 
     try:
-        tokens = cost.kv_capacity_tokens(utilization)
-        blocks = cost.kv_capacity_blocks(utilization, block_size)
+        tokens = cost.kv_capacity_tokens(utilization, batched_tokens)
+        blocks = cost.kv_capacity_blocks(utilization, block_size, batched_tokens)
     except CostModelError as exc:
         _fail(str(exc))
     decode = {}
@@ -71,7 +73,8 @@ def summary(cost, utilization: float, block_size: int, context: int) -> dict:
     return {
         "name": cost.name, "source": cost.source, "tp": cost.tp,
         "gpu_memory_gib": cost.gpu_memory_bytes / 2**30, "weights_gib_per_gpu": cost.weight_bytes / 2**30,
-        "reserved_gib_per_gpu": cost.reserved_bytes / 2**30, "kv_bytes_per_token": cost.kv_bytes_per_token,
+        "reserved_gib_per_gpu": cost.reserve_bytes(batched_tokens) / 2**30, "max_num_batched_tokens": batched_tokens,
+        "kv_bytes_per_token": cost.kv_bytes_per_token,
         "gpu_memory_utilization": utilization, "kv_capacity_tokens": tokens,
         "block_size": block_size, "kv_capacity_blocks": blocks,
         "swap_gib_per_s": cost.swap_bytes_per_s / 2**30, "swap_capacity_blocks": cost.swap_capacity_blocks(block_size),
@@ -84,7 +87,8 @@ def _print(info: dict) -> None:
     console.print(f"[bold]{info['name']}[/bold]  ({info['source']})")
     console.print(f"weights {info['weights_gib_per_gpu']:.2f} GiB/GPU, reserve {info['reserved_gib_per_gpu']:.2f} "
                   f"GiB/GPU of {info['gpu_memory_gib']:.0f} GiB; KV {info['kv_bytes_per_token']:,} B/token/GPU")
-    console.print(f"KV capacity at gpu_memory_utilization={info['gpu_memory_utilization']}: "
+    console.print(f"KV capacity at gpu_memory_utilization={info['gpu_memory_utilization']} and "
+                  f"max_num_batched_tokens={info['max_num_batched_tokens']}: "
                   f"{info['kv_capacity_tokens']:,} tokens = {info['kv_capacity_blocks']:,} blocks of "
                   f"{info['block_size']}; swap {info['swap_capacity_blocks']:,} blocks at "
                   f"{info['swap_gib_per_s']:.1f} GiB/s")
@@ -122,14 +126,14 @@ def show(
     model: str = Model, gpu: str = Gpu, tp: int = Tp, framework: str = Framework,
     gemm_dtype: str = GemmDtype, kv_dtype: str = KvDtype, model_config: Path = ModelConfig,
     calibration: Path = Calibration, sps_csv: Path = SpsCsv, context: int = Context,
-    gpu_memory_utilization: float = Utilization, block_size: int = BlockSize, plot: Path = Plot,
-    fmt: str = Format,
+    gpu_memory_utilization: float = Utilization, block_size: int = BlockSize,
+    max_num_batched_tokens: int = BatchedTokens, plot: Path = Plot, fmt: str = Format,
 ) -> None:
     """KV capacity, weight memory and step times at a few batch shapes."""
     if fmt not in ("text", "json"):
         _fail(f"--format must be text or json, got {fmt!r}")
     cost = _build(model, gpu, tp, framework, gemm_dtype, kv_dtype, model_config, calibration, sps_csv)
-    info = summary(cost, gpu_memory_utilization, block_size, context)
+    info = summary(cost, gpu_memory_utilization, block_size, context, max_num_batched_tokens)
     if plot is not None:
         _plot(info["sps"], plot, f"{cost.name}, {context} KV tokens/seq")
     if fmt == "json":

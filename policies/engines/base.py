@@ -34,27 +34,34 @@ class EngineError(ConfigError):
 class EngineContext:
     """What an engine's defaults and rules depend on: the GPU, the model and the KV pool.
 
-    ``kv_tokens(utilization)`` is the KV pool in tokens at a GPU-memory fraction (the
-    cost model's sizing); ``reserved_fraction`` the share of GPU memory for activations
-    and CUDA graphs, which vLLM's utilisation includes and SGLang's static fraction does
-    not. ``context_len`` is the model's ``max_position_embeddings`` (0: unknown).
+    ``kv_tokens(utilization, profile_tokens)`` is the KV pool in tokens at a GPU-memory
+    fraction after a profiling pass of ``profile_tokens`` (the cost model's sizing; the
+    simulator profiles at the config's ``max_num_batched_tokens``). ``reserve_share(tokens)``
+    is the share of GPU memory kept out of it besides the weights: ``reserved_fraction``
+    (CUDA graphs, logits, runtime) plus ``activation_fraction_per_token`` per profiled
+    token, which vLLM's utilisation includes and SGLang's static fraction does not.
+    ``context_len`` is the model's ``max_position_embeddings`` (0: unknown).
     """
 
     gpu: str
     gpu_memory_gib: float
     context_len: int = 0
-    kv_tokens: Callable[[float], int] | None = None
+    kv_tokens: Callable[[float, int], int] | None = None
     reserved_fraction: float = 0.0
+    activation_fraction_per_token: float = 0.0
     tp: int = 1
     replicas: int = 1
     #: what the simulation's cost model assumed: weights (``bf16`` or ``fp8``) and KV cache
     dtype: str = "bf16"
     kv_dtype: str = "bf16"
 
-    def kv_pool_tokens(self, utilization: float) -> int:
+    def kv_pool_tokens(self, utilization: float, profile_tokens: int) -> int:
         if self.kv_tokens is None:
             raise EngineError("this engine context has no KV sizing (kv_tokens); build it from a cost model")
-        return int(self.kv_tokens(utilization))
+        return int(self.kv_tokens(utilization, profile_tokens))
+
+    def reserve_share(self, profile_tokens: int) -> float:
+        return self.reserved_fraction + self.activation_fraction_per_token * profile_tokens
 
 
 @dataclass(frozen=True)
@@ -236,7 +243,7 @@ class Target:
         for flag in self.flags:
             raw = flag.read(args, _DEFAULT)
             if raw is not _DEFAULT:
-                values[flag.knob] = self.decode(flag, raw, ctx)
+                values[flag.knob] = self.decode(flag, raw, ctx, args)
         try:
             config = self.resolve(base.replace(**values), ctx)
         except ConfigError as exc:
@@ -260,7 +267,9 @@ class Target:
     def encode(self, flag: Flag, config: PolicyConfig, ctx: EngineContext) -> Any:
         return getattr(config, flag.knob)
 
-    def decode(self, flag: Flag, value: Any, ctx: EngineContext) -> Any:
+    def decode(self, flag: Flag, value: Any, ctx: EngineContext, args: Mapping[str, Any]) -> Any:
+        """``value`` of ``flag`` as its knob; ``args`` is the whole file, for values read
+        relative to another flag."""
         return value
 
     #: YAML keys of the model, the TP degree and the data-parallel replicas (a class attribute)

@@ -54,10 +54,10 @@ class SGLang(Target):
 
     def defaults(self, ctx: EngineContext) -> PolicyConfig:
         chunk = _tier(ctx)[1]
-        utilization = mem_fraction_static(ctx, chunk) + ctx.reserved_fraction
+        utilization = mem_fraction_static(ctx, chunk) + ctx.reserve_share(chunk)
         return PolicyConfig(
             max_num_batched_tokens=chunk,
-            max_num_seqs=max_running_requests(ctx, utilization),
+            max_num_seqs=max_running_requests(ctx, utilization, chunk),
             enable_chunked_prefill=True, long_prefill_token_threshold=0,
             gpu_memory_utilization=round(min(utilization, 1.0), 6), block_size=PAGE_SIZE,
             scheduling_policy="fcfs", schedule_mode="prefill_first", max_prefill_tokens=MAX_PREFILL_TOKENS,
@@ -68,7 +68,7 @@ class SGLang(Target):
 
     def implied(self, config: PolicyConfig, ctx: EngineContext) -> dict[str, Any]:
         implied = {**super().implied(config, ctx), "migration": False, "prefill_replicas": 0}
-        pool = _pool_tokens(ctx, config.gpu_memory_utilization)
+        pool = _pool_tokens(ctx, config.gpu_memory_utilization, config.max_num_batched_tokens)
         if pool:
             # mem_cache/kv_cache_configurator.py:3127-3129: a requested cap is cut to the KV pool / 2
             implied["max_num_seqs"] = min(config.max_num_seqs, max(1, pool // 2))
@@ -102,8 +102,10 @@ class SGLang(Target):
         if config.preemption_victim == "lowest_priority" and config.scheduling_policy != "priority":
             broken.append("--retraction-policy priority requires --enable-priority-scheduling "
                           "[srt/arg_groups/validation_hook.py:303-304]")
-        if ctx.kv_tokens is not None and not _pool_tokens(ctx, config.gpu_memory_utilization):
-            broken.append(f"mem-fraction-static {config.gpu_memory_utilization - ctx.reserved_fraction:.3f} leaves "
+        if ctx.kv_tokens is not None and not _pool_tokens(ctx, config.gpu_memory_utilization,
+                                                          config.max_num_batched_tokens):
+            static = config.gpu_memory_utilization - ctx.reserve_share(config.max_num_batched_tokens)
+            broken.append(f"mem-fraction-static {static:.3f} leaves "
                           "no GPU memory for the KV cache [mem_cache/kv_cache_configurator.py: Loaded weights leave "
                           "no GPU memory for the KV cache]")
         if not config.enable_chunked_prefill:
@@ -115,17 +117,20 @@ class SGLang(Target):
 
     def encode(self, flag: Flag, config: PolicyConfig, ctx: EngineContext) -> Any:
         if flag.knob == "gpu_memory_utilization":
-            static = round(config.gpu_memory_utilization - ctx.reserved_fraction, 6)
+            reserve = ctx.reserve_share(config.max_num_batched_tokens)
+            static = round(config.gpu_memory_utilization - reserve, 6)
             if static <= 0:
                 raise EngineError(f"gpu_memory_utilization={config.gpu_memory_utilization} leaves no weights or KV "
-                                  f"memory after the {ctx.reserved_fraction:.3f} activation reserve")
+                                  f"memory after the {reserve:.3f} activation reserve")
             return static
         return super().encode(flag, config, ctx)
 
-    def decode(self, flag: Flag, value: Any, ctx: EngineContext) -> Any:
+    def decode(self, flag: Flag, value: Any, ctx: EngineContext, args: Mapping[str, Any]) -> Any:
         if flag.knob == "gpu_memory_utilization":
-            return round(float(value) + ctx.reserved_fraction, 6)
-        return super().decode(flag, value, ctx)
+            # the simulated pool subtracts the activation reserve at the step budget; SGLang's doesn't
+            chunk = max(int(args.get("chunked-prefill-size", _tier(ctx)[1])), 0)
+            return round(float(value) + ctx.reserve_share(chunk), 6)
+        return super().decode(flag, value, ctx, args)
 
     # Priority scheduling is `enable-priority-scheduling` over the fcfs order (higher values
     # first, as in servetune's traces: schedule_policy.py:206, 526-536). Its preemption of a
@@ -157,12 +162,12 @@ class SGLang(Target):
         return super().from_args(args, ctx)
 
 
-def _pool_tokens(ctx: EngineContext, utilization: float) -> int:
+def _pool_tokens(ctx: EngineContext, utilization: float, chunk: int) -> int:
     """The KV pool in tokens, 0 when the memory fraction leaves none (or nothing sizes it)."""
     if ctx.kv_tokens is None:
         return 0
     try:
-        return max(0, ctx.kv_pool_tokens(utilization))
+        return max(0, ctx.kv_pool_tokens(utilization, chunk))
     except CostModelError:
         return 0
 
@@ -190,14 +195,14 @@ def mem_fraction_static(ctx: EngineContext, chunk: int) -> float:
     return round((mib - reserved) / mib, 3)
 
 
-def max_running_requests(ctx: EngineContext, utilization: float) -> int:
+def max_running_requests(ctx: EngineContext, utilization: float, chunk: int) -> int:
     """The request cap SGLang derives from its KV pool when the flag is unset
     (mem_cache/kv_cache_configurator.py:3119-3132):
     ``min(clamp(tokens / context_len * 512, 2048, 4096), tokens // 2)``.
     """
     if ctx.context_len <= 0:  # a synthetic model: no context to size by, the clamp's floor
         return 2048
-    tokens = _pool_tokens(ctx, utilization)
+    tokens = _pool_tokens(ctx, utilization, chunk)
     if not tokens:
         return 2048
     pool = min(max(int(tokens / ctx.context_len * 512), 2048), 4096)

@@ -94,7 +94,7 @@ class VLLM(Target):
                           "[vllm/config/model.py: User-specified max_model_len is greater than the derived]")
         if ctx.kv_tokens is not None:
             try:
-                pool = ctx.kv_pool_tokens(config.gpu_memory_utilization)
+                pool = ctx.kv_pool_tokens(config.gpu_memory_utilization, tokens)
             except CostModelError as exc:
                 broken.append(f"gpu-memory-utilization {config.gpu_memory_utilization}: {exc}")
                 pool = None
