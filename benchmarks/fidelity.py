@@ -11,9 +11,10 @@ loop reproduces the runs). Two figures per (model, framework, TP) group and over
 - **in sample**: the calibration fitted on every row, these rows included;
 - **leave one group out** (LOGO): for each group, the calibration is fitted on every
   *other* group's rows and the group is scored with it, so its rows never reach the fit
-  that scores them; the entry it gets is the one ``apply_calibration`` chooses (the same
-  model at other TPs, else the pooled fit of its GPU, framework and dtype), which is what
-  a user of a setup nobody measured gets. This is the figure to quote.
+  that scores them; the entry it gets is the one ``apply_calibration`` chooses
+  (``costmodels.calibration.match_entry``: the same model at other TPs, else its family,
+  else the pooled fit of its GPU, framework and dtype), which is what a user of a setup
+  nobody measured gets. This is the figure to quote.
 
 As the baselines measured in the same run, it also scores (in sample and LOGO, overall)
 the previous harness (lockstep clients, ``closedloop.LOCKSTEP``) and the AIPerf harness,
@@ -22,9 +23,10 @@ both with the steady-state formula calibration ``costmodels.calibrate`` fits.
 Writes ``fidelity.md``, ``fidelity.json`` (the figures), ``fidelity.csv`` (per-run
 predictions, in sample and LOGO), ``fidelity_scatter.png`` (LOGO) and
 ``fidelity_calibration.json`` (the replay calibration of every row, each entry with its
-in-sample and LOGO error) to ``--out``.
+in-sample and LOGO error) to ``--out``; ``--install`` also writes that file as the
+bundled calibration ``costmodels/data/calibration.json``, which is how it was made.
 
-    python benchmarks/fidelity.py [--runs FILE.csv] [--quick] [--jobs 2]
+    python benchmarks/fidelity.py [--runs FILE.csv] [--quick] [--jobs 2] [--install]
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from costmodels import calibrate, load_runs, save_calibration  # noqa: E402
+from costmodels.architecture import load_model  # noqa: E402
+from costmodels.calibration import BUNDLED, match_entry  # noqa: E402
 from costmodels.distil import aic_root, shared_dir  # noqa: E402
 from costmodels.gpus import load_gpu  # noqa: E402
 from optimizer.cli.validate import format_report, predict_runs, scatter_figure  # noqa: E402
@@ -64,17 +68,22 @@ def logo_splits(runs: pl.DataFrame, keys=LOGO_KEYS):
 
 
 def fallback_key(held: pl.DataFrame, train: pl.DataFrame) -> tuple | None:
-    """The calibration entry ``apply_calibration`` would give the held-out setup when the
-    training rows lack it: the same model on the same GPU, framework and dtype at other TPs,
-    else the pooled entry of that GPU, framework and dtype; None when training has neither."""
+    """The (gpu, framework, model, dtype) of the calibration entry ``apply_calibration``
+    would give the held-out setup from entries fitted on the training rows (one per model
+    across its TPs and one pooled per GPU, framework and dtype, as ``calibrate_replay``
+    fits them), walking the same chain (``costmodels.calibration.match_entry``); None
+    when no training entry matches."""
     r = held.row(0, named=True)
-    gpu = load_gpu(r["gpu"]).name
-    same = train.filter((pl.col("framework") == r["framework"]) & (pl.col("gemm_dtype") == r["gemm_dtype"])
-                        & (pl.col("gpu").map_elements(lambda g: load_gpu(g).name, return_dtype=pl.Utf8) == gpu))
-    if same.is_empty():
-        return None
-    model = r["model"] if (same["model"] == r["model"]).any() else "*"
-    return (gpu, r["framework"], model, r["gemm_dtype"])
+    train = train.with_columns(pl.col("gpu").map_elements(lambda g: load_gpu(g).name, return_dtype=pl.Utf8))
+    candidates = []
+    for cols in (["gpu", "framework", "model", "gemm_dtype"], ["gpu", "framework", "gemm_dtype"]):
+        for key, group in train.group_by(cols, maintain_order=True):
+            e = dict(zip(cols, key, strict=True))
+            candidates.append({"model": "*", **e, "kv_dtype": e["gemm_dtype"], "tp": sorted(set(group["tp"]))})
+    entry, _ = match_entry(candidates, model=r["model"], family=load_model(r["model"]).family,
+                           gpu=load_gpu(r["gpu"]).name, framework=r["framework"], gemm_dtype=r["gemm_dtype"],
+                           tp=r["tp"], kv_dtype=r["gemm_dtype"])
+    return None if entry is None else (entry["gpu"], entry["framework"], entry["model"], entry["gemm_dtype"])
 
 
 def formula_fitter(train: pl.DataFrame, keys=None) -> list[dict]:
@@ -166,6 +175,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2, help="worker processes for the fits")
     parser.add_argument("--ttft-weight", type=float, default=TTFT_WEIGHT, help="TTFT residual weight in the replay fit")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--install", action="store_true",
+                        help="also write the fitted entries, with their stated errors, as the bundled calibration "
+                             "(costmodels/data/calibration.json)")
     args = parser.parse_args()
     path = args.runs or aic_root(shared_dir()) / "systems" / "silicon_dense_h100.csv"
     if not path.is_file():
@@ -218,6 +230,8 @@ def main() -> None:
                                        "tpot_mape": p, "runs": mine.height, "command": command}
     args.out.mkdir(parents=True, exist_ok=True)
     save_calibration(entries, args.out / "fidelity_calibration.json")
+    if args.install:
+        save_calibration(entries, BUNDLED)
     (args.out / "fidelity.md").write_text(f"# Fidelity\n\nCommand: `{command}`\n\n```\n{text}\n```\n")
     (args.out / "fidelity.json").write_text(json.dumps({
         "command": command, "runs_file": path.name, "runs": len(runs),

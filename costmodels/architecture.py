@@ -66,6 +66,7 @@ class ModelArch:
     dtype: str = "bf16"
     gated_mlp: bool = True
     context_len: int = 0  # max_position_embeddings: the engines' default longest sequence (0: unknown)
+    family: str = ""  # HF model_type (llama, qwen3, ...): a calibration fallback between models
 
     def __post_init__(self) -> None:
         for field in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
@@ -145,6 +146,7 @@ class ModelArch:
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             dtype=normalize_dtype(str(config.get("torch_dtype") or config.get("dtype") or "bf16")),
             context_len=int(config.get("max_position_embeddings") or 0),
+            family=str(config.get("model_type") or ""),
         )
 
 

@@ -113,7 +113,8 @@ def build(
     if sps_csv is None:
         from costmodels.calibration import apply_calibration
 
-        cost = apply_calibration(cost, arch.name, spec.name, framework, gemm_dtype, calibration, kv_dtype)
+        cost = apply_calibration(cost, arch.name, spec.name, framework, gemm_dtype, calibration, kv_dtype,
+                                 family=arch.family)
     elif calibration not in (None, False):
         raise CostModelError("calibration applies to table-based models; a measured sps_csv is used as is")
     return cost

@@ -26,7 +26,7 @@ import numpy as np
 import polars as pl
 from scipy.optimize import least_squares
 
-from costmodels.architecture import ALIASES
+from costmodels.architecture import ALIASES, load_model
 from costmodels.costmodel import CostModel, CostModelError, read_json_file
 from costmodels.steptable import StepTables, step_seconds
 
@@ -40,22 +40,61 @@ COLUMNS = {
     "framework": ("backend", "framework"),
     "tp": ("tp_size", "tp"),
     "gemm_dtype": ("gemm_quant_mode", "gemm_dtype"),
+    "kv_dtype": ("kv_cache_dtype", "kv_dtype"),
     "batch_size": ("batch_size", "concurrency"),
     "isl": ("isl",),
     "osl": ("osl",),
     "ttft_ms": ("silicon_ttft_ms", "ttft_ms"),
     "tpot_ms": ("silicon_tpot_ms", "tpot_ms"),
 }
-OPTIONAL = {"gemm_dtype"}
+#: columns a runs file may lack: a missing GEMM dtype is bf16; a missing KV dtype stays
+#: null (not recorded: a caller assumes the GEMM dtype and should say so)
+OPTIONAL = {"gemm_dtype", "kv_dtype"}
+TEXT = ("model", "gpu", "framework")
+COUNTS = ("tp", "batch_size", "isl", "osl")  # whole numbers
+NUMBERS = (*COUNTS, "ttft_ms", "tpot_ms")
 
 
-def load_runs(path: str | Path, *, builtin_only: bool = True) -> pl.DataFrame:
+def load_runs(path: str | Path, *, builtin_only: bool = True, bad_rows: str = "raise") -> pl.DataFrame:
     """Measured runs with canonical columns; CostModelError naming file, row and column on bad data.
 
     Built-in model names become canonical; others are an error unless ``builtin_only`` is
     False (validation against a model given by its config.json), when they stay as written.
+    A bad value (missing, not a positive number, a fractional count) is an error under
+    ``bad_rows="raise"`` (calibration: a fit must not silently lose runs); under ``"mark"``
+    (validation scores every other row) its row gets an ``error`` column, "row N: column
+    'osl': -5 is not a positive number", N the file line (the header is line 1), and nulls
+    in the bad columns. A file that is bad as a whole (unreadable, no rows, a missing
+    column, a numeric column without one number) raises either way.
     """
+    if bad_rows not in ("raise", "mark"):
+        raise ValueError(f"bad_rows must be 'raise' or 'mark', got {bad_rows!r}")
     path = Path(path)
+    raw = _read_runs(path)
+    runs = raw.select(**_canonical_columns(path, raw)).with_columns(
+        pl.col("gemm_dtype").cast(pl.Utf8).fill_null("bf16").replace({"float16": "bf16", "bfloat16": "bf16"}),
+        pl.col("kv_dtype").cast(pl.Utf8).str.to_lowercase(), pl.col("model").cast(pl.Utf8),
+        pl.col("gpu").cast(pl.Utf8), pl.col("framework").cast(pl.Utf8).str.to_lowercase())
+    problems = [[] for _ in range(runs.height)]
+    for name in TEXT:
+        _check_text(runs[name], problems)
+    cleaned = [_check_numbers(path, runs[name], problems) for name in NUMBERS]
+    first = next((i for i, p in enumerate(problems) if p), None)
+    if first is not None and bad_rows == "raise":
+        raise CostModelError(f"{path}: row {first + 2}, {problems[first][0]}")
+    runs = runs.with_columns(cleaned)
+    unknown = sorted({m for m in runs["model"].drop_nulls().to_list() if m.lower() not in ALIASES})
+    if unknown and builtin_only:
+        raise CostModelError(f"{path}: unknown models {unknown}; calibrate built-in models only")
+    runs = runs.with_columns(pl.col("model").str.to_lowercase().replace_strict(ALIASES, default=pl.col("model")),
+                             *(pl.col(c).cast(pl.Int64) for c in COUNTS))
+    if bad_rows == "mark":
+        errors = [f"row {i + 2}: {'; '.join(p)}" if p else None for i, p in enumerate(problems)]
+        runs = runs.with_columns(pl.Series("error", errors, dtype=pl.Utf8))
+    return runs
+
+
+def _read_runs(path: Path) -> pl.DataFrame:
     if not path.is_file():
         raise CostModelError(f"runs file {path} does not exist")
     try:
@@ -64,30 +103,44 @@ def load_runs(path: str | Path, *, builtin_only: bool = True) -> pl.DataFrame:
         raise CostModelError(f"{path}: cannot read as CSV ({exc})") from exc
     if raw.is_empty():
         raise CostModelError(f"{path}: no runs")
+    return raw
+
+
+def _canonical_columns(path: Path, raw: pl.DataFrame) -> dict[str, pl.Expr]:
+    """Canonical name -> the file's column under its first accepted spelling (null if optional and absent)."""
     cols = {}
     for name, spellings in COLUMNS.items():
         found = next((s for s in spellings if s in raw.columns), None)
         if found is None and name not in OPTIONAL:
             raise CostModelError(f"{path}: missing column {name!r} (accepted: {', '.join(spellings)})")
         cols[name] = pl.col(found) if found else pl.lit(None, dtype=pl.Utf8)
-    runs = raw.select(**{k: v for k, v in cols.items()}).with_columns(
-        pl.col("gemm_dtype").cast(pl.Utf8).fill_null("bf16").replace({"float16": "bf16", "bfloat16": "bf16"}),
-        pl.col("model").cast(pl.Utf8), pl.col("gpu").cast(pl.Utf8), pl.col("framework").cast(pl.Utf8).str.to_lowercase())
-    for name in ("tp", "batch_size", "isl", "osl", "ttft_ms", "tpot_ms"):
-        try:
-            values = runs[name].cast(pl.Float64, strict=True).to_numpy()
-        except pl.exceptions.PolarsError as exc:
-            raise CostModelError(f"{path}: column {name!r} is not numeric ({exc})") from exc
-        bad = np.flatnonzero(~np.isfinite(values) | (values <= 0))
-        if len(bad):
-            raise CostModelError(f"{path}: row {bad[0] + 2}, column {name!r}: {values[bad[0]]!r} "
-                                 "is not a positive number")
-    unknown = sorted({m for m in runs["model"].to_list() if m.lower() not in ALIASES})
-    if unknown and builtin_only:
-        raise CostModelError(f"{path}: unknown models {unknown}; calibrate built-in models only")
-    return runs.with_columns(pl.col("model").str.to_lowercase().replace_strict(ALIASES, default=pl.col("model")),
-                             pl.col("tp").cast(pl.Int64), pl.col("batch_size").cast(pl.Int64),
-                             pl.col("isl").cast(pl.Int64), pl.col("osl").cast(pl.Int64))
+    return cols
+
+
+def _check_text(column: pl.Series, problems: list[list[str]]) -> None:
+    """Append "missing value" to the problems of each row without a value in ``column``."""
+    for i in np.flatnonzero(column.is_null().to_numpy()).tolist():
+        problems[i].append(f"column {column.name!r}: missing value")
+
+
+def _check_numbers(path: Path, column: pl.Series, problems: list[list[str]]) -> pl.Series:
+    """``column`` as floats, null where a row's value is bad (each such row's reason appended
+    to its problems): missing, not a positive number (text included), or, for a count, not
+    whole. A column without a single number is a malformed file: CostModelError."""
+    name = column.name
+    values = column.cast(pl.Float64, strict=False)  # text that is no number becomes null
+    if values.is_null().all():
+        raise CostModelError(f"{path}: column {name!r} is not numeric (first value {column[0]!r})")
+    v = values.fill_null(np.nan).to_numpy()
+    with np.errstate(invalid="ignore"):
+        positive = np.isfinite(v) & (v > 0)
+        ok = positive & (v == np.round(v)) if name in COUNTS else positive
+    for i in np.flatnonzero(~ok).tolist():
+        raw = column[i]
+        why = ("missing value" if raw is None else f"{raw!r} is not a positive number" if not positive[i]
+               else f"{raw!r} is not a whole number")
+        problems[i].append(f"column {name!r}: {why}")
+    return pl.Series(name, np.where(ok, v, np.nan)).fill_nan(None)
 
 
 def _raw(t: StepTables) -> StepTables:
@@ -149,12 +202,14 @@ def calibrate(runs: pl.DataFrame, builder=None) -> list[dict]:
             raise CostModelError(f"runs for {model} on {gpu} tp={tp} {fw}/{dtype}: {exc}") from exc
         b, s, o = (group[c].to_numpy().astype(np.float64) for c in ("batch_size", "isl", "osl"))
         rows.append(dict(model=model, gpu=load_gpu(gpu).name, framework=fw, gemm_dtype=dtype, tp=int(tp),
+                         step_source=step_source(cost),
                          tpot=tpot_parts(cost.tables, b, s, o), ttft=ttft_parts(cost.tables, b, s, o),
                          tpot_ms=group["tpot_ms"].to_numpy(), ttft_ms=group["ttft_ms"].to_numpy(),
                          overhead0=cost.tables.overhead_s))
     entries = []
     for pooled in (False, True):
-        keys = ("gpu", "framework", "gemm_dtype") if pooled else ("gpu", "framework", "model", "gemm_dtype")
+        keys = ("gpu", "framework", "gemm_dtype", "step_source") if pooled else (
+            "gpu", "framework", "model", "gemm_dtype", "step_source")
         for key in dict.fromkeys(tuple(r[k] for k in keys) for r in rows):
             sel = [r for r in rows if tuple(r[k] for k in keys) == key]
             entries.append(_fit_entry(dict(zip(keys, key, strict=True)) | ({"model": "*"} if pooled else {}), sel))
@@ -196,27 +251,59 @@ def load_calibration(path: str | Path) -> list[dict]:
 
 
 #: How an entry was chosen for a cost model, most specific first (the fallback chain).
-MATCHES = ("setup", "model", "pooled")
+MATCHES = ("setup", "model", "family", "pooled", "other_gpu")
 
 
-def _match(entries: list[dict], model: str, gpu: str, framework: str, gemm_dtype: str, tp: int,
-           kv_dtype: str) -> tuple[dict | None, str]:
-    """The entry for a setup and how it matched: the same model at this TP and KV dtype
-    (``setup``), the same model at any TP (``model``), the pooled fit of the GPU and
-    framework (``pooled``); (None, "none") without one."""
-    same = [e for e in entries if e["gpu"] == gpu and e["framework"] == framework and e["gemm_dtype"] == gemm_dtype]
-    mine = [e for e in same if e["model"] == model]
+def step_source(cost: CostModel) -> str:
+    """What a cost model's step time comes from (``profiled``, ``roofline``, ``measured``):
+    an entry's overhead and scales correct that source, and only it."""
+    return cost.source.split(":", 1)[0]
+
+
+def entry_family(entry: dict) -> str:
+    """The model family (HF ``model_type``) an entry was fitted on; "" for a pooled entry
+    or a model servetune does not know."""
+    if entry.get("family") or entry["model"] == "*":
+        return entry.get("family", "")
+    try:
+        return load_model(entry["model"]).family
+    except CostModelError:
+        return ""
+
+
+def match_entry(entries: list[dict], *, model: str, family: str, gpu: str, framework: str, gemm_dtype: str,
+                tp: int, kv_dtype: str, source: str = "profiled") -> tuple[dict | None, str]:
+    """The entry for a setup and how it matched (``MATCHES``), within the framework and GEMM
+    dtype: the same model on this GPU at this TP and KV dtype (``setup``), at any TP
+    (``model``), another model of its family (``family``), the pooled fit of the GPU
+    (``pooled``); failing all, the same chain fitted on another GPU (``other_gpu``: the
+    overhead and scales of one GPU's tables applied to another's); (None, "none"). Only
+    entries fitted on the same ``source`` of step times count (entries without the field
+    were fitted on profiled tables)."""
+    kind = [e for e in entries if e["framework"] == framework and e["gemm_dtype"] == gemm_dtype
+            and e.get("step_source", "profiled") == source]
+    here = [e for e in kind if e["gpu"] == gpu]
+    mine = [e for e in here if e["model"] == model]
     for e in mine:
         if tp in e.get("tp", []) and e.get("kv_dtype", e["gemm_dtype"]) == kv_dtype:
             return e, "setup"
-    if mine:
-        return mine[0], "model"
-    pooled = next((e for e in same if e["model"] == "*"), None)
-    return (pooled, "pooled") if pooled is not None else (None, "none")
+    tiers = (lambda e: e["model"] == model,
+             lambda e: bool(family) and e["model"] not in ("*", model) and entry_family(e) == family,
+             lambda e: e["model"] == "*")
+    for how, test in zip(("model", "family", "pooled"), tiers, strict=True):
+        found = next((e for e in here if test(e)), None)
+        if found is not None:
+            return found, how
+    for test in tiers:
+        found = next((e for e in kind if test(e)), None)
+        if found is not None:
+            return found, "other_gpu"
+    return None, "none"
 
 
 def apply_calibration(cost: CostModel, model: str, gpu: str, framework: str, gemm_dtype: str,
-                      calibration: str | Path | bool | None, kv_dtype: str | None = None) -> CostModel:
+                      calibration: str | Path | bool | None, kv_dtype: str | None = None,
+                      family: str = "") -> CostModel:
     """``cost`` with a calibrated overhead and scales, and ``cost.calibration`` saying
     which entry (file, match level, its fitted values and stated error) it used.
 
@@ -229,7 +316,8 @@ def apply_calibration(cost: CostModel, model: str, gpu: str, framework: str, gem
     if calibration is None and not path.is_file():
         return replace(cost, source=cost.source + "; uncalibrated", calibration={"file": None, "match": "none"})
     kv_dtype = kv_dtype or gemm_dtype
-    entry, how = _match(load_calibration(path), model, gpu, framework, gemm_dtype, cost.tp, kv_dtype)
+    entry, how = match_entry(load_calibration(path), model=model, family=family, gpu=gpu, framework=framework,
+                             gemm_dtype=gemm_dtype, tp=cost.tp, kv_dtype=kv_dtype, source=step_source(cost))
     if entry is None:
         if calibration is not None:
             raise CostModelError(f"calibration file {path} has no entry for {model} on {gpu} with "
@@ -240,10 +328,17 @@ def apply_calibration(cost: CostModel, model: str, gpu: str, framework: str, gem
     label = "default" if calibration is None else path.name
     split = "" if scales == {"prefill_scale": 1.0, "decode_scale": 1.0} else (
         f", prefill x{scales['prefill_scale']:.3f}, decode x{scales['decode_scale']:.3f}")
-    used = {"file": label, "match": how, "model": entry["model"], "tp": entry.get("tp"),
+    used = {"file": label, "match": how, "model": entry["model"], "gpu": entry["gpu"], "tp": entry.get("tp"),
             "overhead_s": entry["overhead_s"], "scale": entry["scale"], **scales,
             "error": entry.get("error") or {"in_sample_tpot_mape": entry.get("tpot_mape_after"),
                                             "in_sample_ttft_mape": entry.get("ttft_mape_after"),
                                             "out_of_sample": None}}
-    return replace(cost, tables=tables, calibration=used, source=cost.source + f"; calibrated:{label} {how} "
+    return replace(cost, tables=tables, calibration=used, source=cost.source + f"; calibrated:{label} {how}{_fitted_on(entry, how)} "
                    f"(overhead {entry['overhead_s'] * 1e3:.2f} ms, scale {entry['scale']:.3f}{split})")
+
+
+def _fitted_on(entry: dict, how: str) -> str:
+    """Where a fallback entry was fitted, for the source label."""
+    if how in ("family", "other_gpu") and entry["model"] != "*":
+        return f" ({entry['model']} on {entry['gpu']})" if how == "other_gpu" else f" ({entry['model']})"
+    return f" (pooled on {entry['gpu']})" if how == "other_gpu" else ""

@@ -35,6 +35,10 @@ TTFT and TPOT are measured from the send), the engine runs until the next step i
 a request can finish (a horizon no finish can precede: fewest tokens left times the
 shortest step the tables allow), and finished requests hand their client the next
 credit. Each finish is checked to fall exactly on the step boundary the loop stopped at.
+No request is cut short or refused in silence: a run with a request past a sequence limit
+(``max_model_len``, the step budget without chunked prefill, or trtllm-serve's
+``max_seq_len``, which it keeps apart from the step budget: ``server_max_seq_len``) or
+the KV pool is an error naming the limit and its numbers.
 
 Facts and defaults (``BenchClient``): AIPerf's burst start and its one-credit-per-finish
 rule are its documented concurrency mode; the warm-up count 2C, the seed 100 and zero
@@ -61,7 +65,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from numba import njit
 
-from costmodels.costmodel import CostModel
+from costmodels.calibration import entry_family, step_source
+from costmodels.costmodel import CostModel, CostModelError
 from costmodels.steptable import step_seconds
 from policies import engine
 from policies import fairness as fm
@@ -73,6 +78,7 @@ from policies.kernel_state import (
     ERROR,
     FINISH,
     GENERATED,
+    MAX_LEN,
     RUNNING,
     S_ARRIVAL,
     STATE,
@@ -80,13 +86,14 @@ from policies.kernel_state import (
     TARGET,
     WAITING,
 )
-from policies.result import SimResult, State
+from policies.result import Reject, SimResult, State
 from studies.metrics import request_latencies
 from studies.traces import Trace
 
 #: TensorRT-LLM's ``trtllm-serve`` scheduler defaults (1.0): 8192 tokens per step, up to
 #: 2048 sequences, and the GUARANTEED_NO_EVICT capacity policy, which admits a request
-#: only when KV for its prompt and all of its output tokens is reserved.
+#: only when KV for its prompt and all of its output tokens is reserved. Its longest
+#: sequence (``max_seq_len``) is kept apart from the step budget: ``server_max_seq_len``.
 TRTLLM_DEFAULT = PolicyConfig(max_num_batched_tokens=8192, max_num_seqs=2048, enable_chunked_prefill=False,
                               gpu_memory_utilization=0.9, admission_mode="reservation")
 
@@ -102,6 +109,27 @@ def framework_config(framework: str, ctx: EngineContext) -> PolicyConfig:
     if framework == "trtllm":
         return TRTLLM_DEFAULT
     raise ClosedLoopError(f"unknown framework {framework!r}; valid: vllm, sglang, trtllm")
+
+
+def server_max_seq_len(framework: str, model: str, model_config=None) -> int | None:
+    """The longest prompt + output a ``framework`` server of ``model`` accepts when the
+    server keeps that limit apart from its step budget, for ``run_benchmark``'s
+    ``max_seq_len``; None where the engine's own rule holds.
+
+    trtllm-serve does: ``max_seq_len`` defaults to the model's ``max_position_embeddings``
+    while ``max_num_tokens`` bounds one step, so without chunked prefill a prompt must fit
+    one step but prompt + output may run past it (the engine's rule, vLLM's, would cap the
+    sequence at the step budget: 8192-token prompts refused, 1024 -> 8192 runs cut at
+    7168 outputs). vLLM and SGLang run chunked, where only ``max_model_len`` limits it.
+    0: the model's context is unknown (as long as the KV pool holds)."""
+    if framework != "trtllm":
+        return None
+    from costmodels.architecture import load_model
+
+    try:
+        return load_model(model, model_config).context_len
+    except CostModelError:  # its cost model cannot be built either, and says why
+        return 0
 
 
 @dataclass(frozen=True)
@@ -199,21 +227,25 @@ class ClosedLoopResult:
 
 
 def run_benchmark(cost_model: CostModel, config: PolicyConfig, clients: int, isl: int, osl: int,
-                  bench: BenchClient | None = None, *, seed: int = 0, exact_steps: bool = False) -> ClosedLoopResult:
+                  bench: BenchClient | None = None, *, seed: int = 0, exact_steps: bool = False,
+                  max_seq_len: int | None = None) -> ClosedLoopResult:
     """Simulate ``clients`` closed-loop clients sending ``isl``-token prompts for ``osl``
     output tokens, as ``bench`` (default ``BenchClient()``) drives them.
 
-    Raises ClosedLoopError for bad sizes or when a request does not finish (e.g. it never
-    fits the KV pool). ``seed`` is the engine's seed (stochastic policies only); the
+    Raises ClosedLoopError for bad sizes, when a request exceeds a sequence limit (naming
+    it) or does not finish (e.g. it never fits the KV pool): every request runs in full or
+    the run is an error. ``seed`` is the engine's seed (stochastic policies only); the
     length draws use ``bench.seed``. ``exact_steps`` runs the engine one step per call
     instead of up to the finish horizon (slower; the same run bit for bit).
+    ``max_seq_len``: the server's longest sequence when it is kept apart from the step
+    budget (``server_max_seq_len``); None: the engine's rule (``config.max_model_len``,
+    capped at the step budget without chunked prefill).
     """
     bench = bench or BenchClient()
     placeholder, n_warm, client, sent, bufs, tenant_params = _simulate(cost_model, config, clients, isl, osl, bench,
-                                                                        seed, exact_steps)
+                                                                        seed, exact_steps, max_seq_len)
     trace = replace(placeholder, arrival_s=sent)
     result = engine._result(trace, *bufs, tenant_params[:, fm.T_WEIGHT])
-    _check_finished(result.state, result.reject_reason, cost_model, clients, isl, osl)
     lat = request_latencies(result, trace)
     profiled = np.arange(trace.n) >= n_warm
     return ClosedLoopResult(client=client, profiled=profiled, sent_s=sent, first_token_s=result.first_token_s,
@@ -222,13 +254,14 @@ def run_benchmark(cost_model: CostModel, config: PolicyConfig, clients: int, isl
 
 
 def benchmark_means(cost_model: CostModel, config: PolicyConfig, clients: int, isl: int, osl: int,
-                    bench: BenchClient | None = None, *, seed: int = 0) -> tuple[float, float]:
+                    bench: BenchClient | None = None, *, seed: int = 0,
+                    max_seq_len: int | None = None) -> tuple[float, float]:
     """(mean TTFT ms, mean TPOT ms) of ``run_benchmark`` over the profiled requests,
     without building its result (a replay fit calls it thousands of times)."""
     bench = bench or BenchClient()
-    placeholder, n_warm, _, sent, bufs, _ = _simulate(cost_model, config, clients, isl, osl, bench, seed)
+    placeholder, n_warm, _, sent, bufs, _ = _simulate(cost_model, config, clients, isl, osl, bench, seed,
+                                                      max_seq_len=max_seq_len)
     out_i, out_f = bufs[0], bufs[1]
-    _check_finished(out_i[O_STATE], out_i[O_REASON], cost_model, clients, isl, osl)
     prof = slice(n_warm, None)
     first, finish, n_out = out_f[O_FIRST_TOKEN, prof], out_f[O_FINISH, prof], out_i[O_GENERATED, prof]
     ttft = (first - sent[prof]) * 1e3
@@ -237,19 +270,61 @@ def benchmark_means(cost_model: CostModel, config: PolicyConfig, clients: int, i
     return float(ttft.mean()), float(tpot.mean()) if len(tpot) else 0.0
 
 
-def _check_finished(state, reason, cost_model, clients, isl, osl):
+def _sequence_limit(config: PolicyConfig, max_seq_len: int | None) -> tuple[int, str] | None:
+    """The longest prompt + output the server accepts short of the KV pool, and what sets
+    it; None when only the KV pool does. ``max_seq_len`` None: the engine's rule
+    (``policies.engine.new_replica``: ``max_model_len``, capped at the step budget without
+    chunked prefill); else that (``server_max_seq_len``; 0: none)."""
+    if max_seq_len is not None:
+        return (max_seq_len, f"max_seq_len={max_seq_len} (the model's context length)") if max_seq_len else None
+    limits = [(config.max_model_len, f"max_model_len={config.max_model_len}")] if config.max_model_len else []
+    if not config.enable_chunked_prefill:
+        limits.append((config.max_num_batched_tokens, f"the step budget max_num_batched_tokens="
+                       f"{config.max_num_batched_tokens}, which caps a sequence without chunked prefill"))
+    return min(limits) if limits else None
+
+
+def _check_lengths(prompt: np.ndarray, output: np.ndarray, config: PolicyConfig, max_seq_len: int | None) -> None:
+    """Refuse, naming the limit and its numbers, a run with a request the server would
+    refuse or cut short: past the longest sequence, or (a server that keeps the sequence
+    apart from the step budget) an unchunked prompt larger than one step."""
+    limit = _sequence_limit(config, max_seq_len)
+    i = int(np.argmax(prompt + output))
+    if limit is not None and prompt[i] + output[i] > limit[0]:
+        raise ClosedLoopError(f"a request of {prompt[i]} + {output[i]} tokens exceeds {limit[1]}")
+    budget = config.max_num_batched_tokens
+    if max_seq_len is not None and not config.enable_chunked_prefill and prompt.max() > budget:
+        raise ClosedLoopError(f"a {prompt.max()}-token prompt exceeds the step budget max_num_batched_tokens="
+                              f"{budget}, which must hold a whole prompt without chunked prefill")
+
+
+def _check_finished(out_i, prompt, output, cost_model, config, cap):
+    """Raise unless every request finished with all of its output tokens. ``_check_lengths``
+    refused what a sequence limit would cut, so a request refused or cut short here met the
+    KV pool, whose size the error gives."""
+    state, reason, generated = out_i[O_STATE], out_i[O_REASON], out_i[O_GENERATED]
+    bs = config.block_size
+    pool = (f"the KV pool holds {cap * bs} tokens ({cap} blocks of {bs} at gpu_memory_utilization="
+            f"{config.gpu_memory_utilization})")
     bad = np.flatnonzero(state != State.FINISHED)
     if len(bad):
         i = bad[0]
         raise ClosedLoopError(
             f"{len(bad)} of {len(state)} requests did not finish under {cost_model.name} "
-            f"(first: state {State(state[i]).name}, reject reason {int(reason[i])}); "
-            f"{clients} clients x ({isl} + {osl}) tokens need more KV than the pool has")
+            f"(first: state {State(state[i]).name}, reject reason {Reject(reason[i]).name}, {prompt[i]} + "
+            f"{output[i]} tokens); {pool}")
+    short = np.flatnonzero(generated < output)
+    if len(short):
+        i = short[0]
+        raise ClosedLoopError(f"{len(short)} of {len(state)} requests were cut short under {cost_model.name} "
+                              f"(first: {generated[i]} of {output[i]} output tokens after a {prompt[i]}-token "
+                              f"prompt); {pool}, prompt and output included")
 
 
-def _simulate(cost_model, config, clients, isl, osl, bench, seed, exact_steps=False):
-    """The kernel run: (placeholder trace, warm-up count, client and send time per request,
-    the engine's output buffers, tenant params)."""
+def _simulate(cost_model, config, clients, isl, osl, bench, seed, exact_steps=False, max_seq_len=None):
+    """The kernel run, checked (``_check_lengths``, ``_check_finished``): (placeholder
+    trace, warm-up count, client and send time per request, the engine's output buffers,
+    tenant params)."""
     for name, value in (("clients", clients), ("isl", isl), ("osl", osl)):
         if int(value) != value or value < 1:
             raise ClosedLoopError(f"{name} must be an integer >= 1, got {value!r}")
@@ -263,6 +338,9 @@ def _simulate(cost_model, config, clients, isl, osl, bench, seed, exact_steps=Fa
         deadline_s=np.full(n, np.nan), block_offsets=np.zeros(n + 1, np.int64), block_hashes=np.zeros(0, np.int64),
         source=f"closed-loop({clients} clients, {isl}->{osl} tokens)")
     cap, host = engine.validate(placeholder, cost_model, config)
+    _check_lengths(prompt, output, config, max_seq_len)
+    # -1: the replica keeps the engine's own limit
+    max_len = -1 if max_seq_len is None else max_seq_len or cap * config.block_size
     tenant_params, class_params = engine._side_params(placeholder, config, None)
     st = engine.statics(placeholder, cost_model, [config])
     tables = cost_model.tables
@@ -275,12 +353,13 @@ def _simulate(cost_model, config, clients, isl, osl, bench, seed, exact_steps=Fa
     _drive(st, tables, config.to_vector(), cap, host, cost_model.kv_bytes_per_token, cost_model.swap_bytes_per_s,
            seed, 0.05, engine._fast_forward_enabled(), tenant_params, class_params, clients, n_warm, n,
            bench.await_warmup, bench.ramp_s, bench.gap_s, bench.ingress_s, bench.jitters(n),
-           0.0 if exact_steps or floor <= 0 else 0.999 * floor, client, sent, status, *bufs)
+           0.0 if exact_steps or floor <= 0 else 0.999 * floor, max_len, client, sent, status, *bufs)
     if status[0] == _STALLED:
         raise ClosedLoopError(f"{clients} clients x ({isl} + {osl}) tokens: the engine made no progress "
                               f"(engine error {status[2]}) under {cost_model.name}")
     if status[0] != 0:
         raise RuntimeError(f"closed loop: internal error {status[0]} at request {status[1]}; please report this run")
+    _check_finished(bufs[0], prompt, output, cost_model, config, cap)
     return placeholder, n_warm, client, sent, bufs, tenant_params
 
 
@@ -290,15 +369,18 @@ _OK, _LATE_FINISH, _STALLED = 0, 1, 2
 
 @njit(cache=True, nogil=True)
 def _drive(st, tables, cfg, cap, host, kv_bytes, swap_bw, seed, series_every, fast_forward, tenant_params,
-           class_params, clients, n_warm, n_total, await_warm, ramp_s, gap_s, ingress_s, jitter, dt_floor, client,
-           sent, status, out_i, out_f, out_counts, out_fcounts, series, out_cached, out_service, out_prefix):
+           class_params, clients, n_warm, n_total, await_warm, ramp_s, gap_s, ingress_s, jitter, dt_floor, max_len,
+           client, sent, status, out_i, out_f, out_counts, out_fcounts, series, out_cached, out_service, out_prefix):
     """The closed loop (``run_benchmark``): request r is the r-th sent, at ``sent[r]`` by
     ``client[r]``; it reaches the engine ``ingress_s`` later, which is its arrival there
     (``st.sf[S_ARRIVAL, r]``, written then). ``jitter[i]`` delays the i-th credit's send;
     ``dt_floor`` is a lower bound of any step's seconds (0: one engine step per call).
+    ``max_len``: the longest prompt + output a request may reach (-1: the engine's limit).
     ``status``: (code, request, engine error). Fills the engine's output buffers."""
     rep = engine.new_replica(st, cfg, cap, host, kv_bytes, swap_bw, seed, series_every, fast_forward,
                              tenant_params, class_params, 0.0)
+    if max_len >= 0:  # a server whose longest sequence is not its step budget (trtllm-serve)
+        rep.g[MAX_LEN] = max_len
     arrival = st.sf[S_ARRIVAL]
     ri, rf = rep.ri, rep.rf
     waiting_on = np.full(clients, -1, dtype=np.int64)  # the request each client awaits
@@ -404,6 +486,19 @@ SERVER_CANDIDATES: dict[str, tuple[dict, ...]] = {
 TTFT_WEIGHT = 0.3
 
 
+def warmup() -> None:
+    """Compile (or load from the cache) the closed-loop kernel for the types
+    ``servetune validate`` and the replay calibration pass it: a tiny run of each
+    framework's scheduler shape (``servetune warmup`` calls it)."""
+    cost = CostModel.synthetic(kv_capacity_tokens=4096)
+    bench = BenchClient(requests_per_client=1, warmup_per_client=1)
+    for config, max_seq_len in ((preset("vllm-default", _WARMUP_CTX), None), (TRTLLM_DEFAULT, 4096)):
+        benchmark_means(cost, config.replace(max_model_len=0), 2, 16, 4, bench, max_seq_len=max_seq_len)
+
+
+_WARMUP_CTX = EngineContext("h100", 80.0)
+
+
 def server_config(framework: str, ctx: EngineContext, overrides: dict | None = None) -> PolicyConfig:
     """``framework_config`` with a fitted measured-server override (``SERVER_CANDIDATES``)."""
     config = framework_config(framework, ctx)
@@ -417,7 +512,8 @@ def _mape(pred: np.ndarray, measured: np.ndarray) -> float:
 
 class ReplayRows:
     """Measured runs (``costmodels.load_runs`` rows) ready to replay under trial cost-model
-    terms: each row's uncalibrated cost model, engine context and measurements."""
+    terms: each row's uncalibrated cost model, engine context, longest sequence
+    (``server_max_seq_len``) and measurements."""
 
     def __init__(self, runs, bench: BenchClient | None = None, builder=None):
         from costmodels import build
@@ -429,6 +525,7 @@ class ReplayRows:
         self.ttft_ms = np.array([r["ttft_ms"] for r in self.rows], dtype=float)
         self.tpot_ms = np.array([r["tpot_ms"] for r in self.rows], dtype=float)
         self._cost, self._ctx = [], []
+        self._seq = [server_max_seq_len(r["framework"], r["model"]) for r in self.rows]
         built: dict[tuple, CostModel] = {}
         for r in self.rows:
             key = (r["model"], r["gpu"], r["framework"], r["gemm_dtype"], r["tp"])
@@ -444,13 +541,13 @@ class ReplayRows:
         cannot be simulated (it never fits the KV pool)."""
         out = np.full((len(self.rows), 2), np.nan)
         swapped: dict[int, CostModel] = {}
-        for i, (r, cost, ctx) in enumerate(zip(self.rows, self._cost, self._ctx, strict=True)):
+        for i, (r, cost, ctx, seq) in enumerate(zip(self.rows, self._cost, self._ctx, self._seq, strict=True)):
             if id(cost) not in swapped:
                 swapped[id(cost)] = replace(cost, tables=cost.tables._replace(
                     overhead_s=overhead_s, scale=scale, prefill_scale=prefill_scale, decode_scale=decode_scale))
             try:
                 out[i] = benchmark_means(swapped[id(cost)], server_config(r["framework"], ctx, server),
-                                         r["batch_size"], r["isl"], r["osl"], self.bench)
+                                         r["batch_size"], r["isl"], r["osl"], self.bench, max_seq_len=seq)
             except ClosedLoopError:
                 pass
         return out
@@ -498,6 +595,7 @@ def fit_replay(runs, *, bench: BenchClient | None = None, start: tuple[float, fl
     return {
         "overhead_s": float(fit.x[0] * 1e-3), "scale": 1.0, "prefill_scale": float(fit.x[1]),
         "decode_scale": float(fit.x[2]), "measured_server": dict(server), "fit": "replay",
+        "step_source": step_source(rows._cost[0]),
         "tpot_mape_before": _mape(before[:, 1], rows.tpot_ms), "ttft_mape_before": _mape(before[:, 0], rows.ttft_ms),
         "tpot_mape_after": _mape(after[:, 1], rows.tpot_ms), "ttft_mape_after": _mape(after[:, 0], rows.ttft_ms),
     }
@@ -508,7 +606,8 @@ def calibrate_replay(runs, *, bench: BenchClient | None = None, ttft_weight: flo
     """Calibration entries (``costmodels.calibration`` format, for ``build(calibration=...)``)
     fitted by replay (``fit_replay``): one per (GPU, framework, model, GEMM dtype) across
     its TPs, then one pooled per (GPU, framework, GEMM dtype) (``model`` "*") for models
-    without their own, the fallback chain ``apply_calibration`` walks: setup, model, pooled.
+    without their own, the fallback chain ``apply_calibration`` walks
+    (``costmodels.calibration.match_entry``: setup, model, family, pooled, other GPU).
     The steady-state formula fit (``costmodels.calibrate``) gives the starting point.
     ``keys`` limits the fit to those (gpu, framework, model, gemm_dtype) entries (model
     "*" for a pooled one): a leave-one-out fold needs only the entry its held-out setup
@@ -538,7 +637,9 @@ def calibrate_replay(runs, *, bench: BenchClient | None = None, ttft_weight: flo
             else:
                 fitted = done[rows_id] = fit_replay(group.drop("_gpu", "_r"), bench=bench, start=start,
                                                     ttft_weight=ttft_weight, builder=builder, max_nfev=max_nfev)
-            entries.append({"gpu": gpu, "framework": fw, "model": model, "gemm_dtype": dtype, "kv_dtype": dtype,
+            family = "" if pooled else entry_family({"model": model})
+            entries.append({"gpu": gpu, "framework": fw, "model": model, "family": family, "gemm_dtype": dtype,
+                            "kv_dtype": dtype,
                             "tp": sorted(set(group["tp"].to_list())), "n_runs": len(group), **fitted,
                             "error": {"in_sample_tpot_mape": fitted["tpot_mape_after"],
                                       "in_sample_ttft_mape": fitted["ttft_mape_after"], "out_of_sample": None}})

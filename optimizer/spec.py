@@ -36,10 +36,13 @@ from optimizer.drafter import DRAFTER_LABELS, Drafter, drafter_from_mapping, loa
 from optimizer.failplan import FailurePlan
 from optimizer.space import Fleet, SearchSpace, build_space, tp_degrees
 from optimizer.targets import engine_context
-from policies.engines import TARGETS, EngineContext
+from policies.engines import ENGINES, TARGETS, EngineContext
 from policies.engines import target as engine_target
+from studies.lengths import Predictor
+from studies.names import unknown_names
 from studies.slo import SLOSet, parse_slo, slo_from_mapping
 from studies.tomlfile import read_toml
+from studies.traces import MAX_TOKENS, TraceError
 
 
 class SpecError(ValueError):
@@ -154,23 +157,29 @@ class StudySpec:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise SpecError(f"{name} must be an integer >= 1, got {value!r}")
-        if not isinstance(self.seed, int) or self.seed < 0:
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise SpecError(f"seed must be an integer >= 0, got {self.seed!r}")
         if self.rate_scale is not None and self.target_rps is not None:
             raise SpecError("give trace rate_scale or target_rps, not both")
         for name in ("rate_scale", "target_rps", "gpu_hour_usd"):
             value = getattr(self, name)
-            if value is not None and not (math.isfinite(value) and value > 0):
+            if value is not None and not (_is_number(value) and math.isfinite(value) and value > 0):
                 raise SpecError(f"{name} must be a number > 0, got {value!r}")
-        if not 0 < self.capacity_target <= 1:
+        if not (_is_number(self.capacity_target) and 0 < self.capacity_target <= 1):
             raise SpecError(f"capacity_target is an SLO-attainment fraction in (0, 1], got {self.capacity_target!r}")
         if self.engine not in TARGETS:
             raise SpecError(f"engine {self.engine!r} is unknown; valid: {list(TARGETS)}")
         if self.max_tokens is not None and (isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int)
-                                            or self.max_tokens < 1):
-            raise SpecError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if not (isinstance(self.holdout, int | float) and 0.0 <= self.holdout < 1.0):
+                                            or not 1 <= self.max_tokens <= MAX_TOKENS):
+            raise SpecError(f"max_tokens must be an integer in [1, {MAX_TOKENS}], got {self.max_tokens!r}")
+        if not (_is_number(self.holdout) and 0.0 <= self.holdout < 1.0):
             raise SpecError(f"holdout is a share of the trace window in [0, 1), got {self.holdout!r}")
+        if not isinstance(self.trace_options, Mapping):
+            raise SpecError(f"trace options must be a table of reader options, got {self.trace_options!r}")
+        try:
+            Predictor.parse(self.predictor)
+        except TraceError as exc:
+            raise SpecError(str(exc)) from None
         drafter = _drafter(self.speculative)
         set_(self, "speculative", drafter)
         if self.context is None:
@@ -188,6 +197,7 @@ class StudySpec:
             tp_degrees=lambda: tp_degrees(self.model, self.gpu, self.framework, self.model_config, self.dtype),
             drafter_tokens=None if drafter is None else drafter.max_draft_tokens,
             target=target, context=self.context))
+        _check_block_sizes(self.search_space, self.engine, self.context)
         if drafter is None and ("speculative_mode" in self.search_space.names
                                 or self.search_space.base.speculative_mode != "off"):
             raise SpecError("speculative_mode needs a drafter whose acceptance the simulation can use: declare "
@@ -200,7 +210,7 @@ class StudySpec:
             elif self.target_rps is not None:
                 name += f"-{self.target_rps:g}rps"
             set_(self, "study_name", name)
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", self.study_name):
+        if not isinstance(self.study_name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", self.study_name):
             raise SpecError(f"study name {self.study_name!r} may use letters, digits, '.', '_' and '-' only")
         set_(self, "run_dir", Path(self.run_dir) if self.run_dir is not None else Path("runs") / self.study_name)
 
@@ -273,6 +283,47 @@ class StudySpec:
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def block_size_refusals(block_size: int, budget: int, context: EngineContext,
+                        engines: tuple[str, ...] = ENGINES) -> str | None:
+    """Why none of ``engines`` starts with KV blocks of ``block_size`` tokens (vLLM takes a
+    fixed set; SGLang's page size must divide the chunked-prefill budget), each engine's
+    rule named; None when one of them does. Each engine judges it at its defaults with the
+    config's token budget ``budget``, so only the rules the block size breaks count."""
+    refusals = {}
+    for name in engines:
+        engine = engine_target(name)
+        base = engine.defaults(context).replace(max_num_batched_tokens=budget)
+        others = set(engine.violations(base, context))
+        broken = [v for v in engine.violations(base.replace(block_size=block_size), context) if v not in others]
+        if not broken:
+            return None
+        refusals[engine.display] = "; ".join(broken)
+    reasons = " | ".join(f"{who}: {why}" for who, why in refusals.items())
+    return f"block_size={block_size}: refused by {' and '.join(refusals)} ({reasons})"
+
+
+def _check_block_sizes(space: SearchSpace, engine: str, context: EngineContext) -> None:
+    """Refuse a fixed block size, or a choice of one, that the target engine (any engine,
+    for servetune's own policies) does not start with: every trial with it would be refused
+    or describe no deployment. A searched range is left to the trials, which are pruned."""
+    param = next((p for p in space.params if p.name == "block_size"), None)
+    if param is None:
+        sizes = (space.base.block_size,)
+    elif param.kind == "categorical":
+        sizes = param.choices
+    else:
+        return
+    engines = (engine,) if engine in ENGINES else ENGINES
+    for size in sizes:
+        refused = block_size_refusals(int(size), space.base.max_num_batched_tokens, context, engines)
+        if refused:
+            raise SpecError(f"[space.block_size]: {refused}")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     try:
@@ -325,7 +376,7 @@ def load_spec(path: str | Path | None = None, **flags: Any) -> StudySpec:
     known = {f.name for f in fields(StudySpec) if f.init}
     unknown = sorted(set(given) - known)
     if unknown:
-        raise SpecError(f"unknown spec field(s) {unknown}; known: {sorted(known)}")
+        raise SpecError(unknown_names("spec field", unknown, sorted(known), "known"))
     values.update(given)
     where = f"{path}: " if path is not None else ""
     missing = [name for name in ("trace", "model", "gpu", "slos") if name not in values]
@@ -372,7 +423,7 @@ def _from_mapping(data: Mapping[str, Any], base_dir: Path, where) -> dict[str, A
     allowed = {*_SECTIONS, "slo", "constraints", "space", "speculative", "failures"}
     unknown = sorted(set(data) - allowed)
     if unknown:
-        raise SpecError(f"{where}: unknown section(s) {unknown}; valid: {sorted(allowed)}")
+        raise SpecError(f"{where}: {unknown_names('section', unknown, sorted(allowed))}")
     values: dict[str, Any] = {}
     for section, keys in _SECTIONS.items():
         body = data.get(section, {})
@@ -380,10 +431,12 @@ def _from_mapping(data: Mapping[str, Any], base_dir: Path, where) -> dict[str, A
             raise SpecError(f"{where}: [{section}] must be a table")
         bad = sorted(set(body) - set(keys))
         if bad:
-            raise SpecError(f"{where}: [{section}] has unknown key(s) {bad}; valid: {sorted(keys)}")
+            raise SpecError(f"{where}: [{section}] has {unknown_names('key', bad, sorted(keys))}")
         values.update({keys[k]: v for k, v in body.items() if v is not None})
     for key in ("trace", "run_dir", "calibration", "model_config"):
         if key in values:
+            if not isinstance(values[key], str | Path):
+                raise SpecError(f"{where}: {key} must be a path (a string), got {values[key]!r}")
             values[key] = Path(values[key]) if Path(values[key]).is_absolute() else base_dir / values[key]
     slo = data.get("slo")
     if isinstance(slo, str):
@@ -444,5 +497,5 @@ def _constraints(value: Any) -> Constraints:
     valid = {f.name for f in fields(Constraints)}
     bad = sorted(set(value) - valid)
     if bad:
-        raise SpecError(f"[constraints] has unknown key(s) {bad}; valid: {sorted(valid)}")
+        raise SpecError(f"[constraints] has {unknown_names('key', bad, sorted(valid))}")
     return Constraints(**value)

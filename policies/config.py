@@ -355,18 +355,20 @@ def _coerce(knob: Knob, value: Any) -> Any:
         if value not in knob.choices:
             raise ConfigError(f"{name} must be one of {list(knob.choices)}, got {value!r}")
         return str(value)
+    if isinstance(value, bool):  # float(True) is 1.0: a flag where a number belongs is a typo
+        raise ConfigError(f"{name} must be a number, got {value!r}")
     try:
         number = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int past a float's range
         raise ConfigError(f"{name} must be a number, got {value!r}") from None
     if math.isnan(number):
         raise ConfigError(f"{name} must be a number, got NaN")
+    if not knob.low <= number <= knob.high:  # before int(): infinity has no integer
+        raise ConfigError(f"{name} must be in [{knob.low:g}, {knob.high:g}], got {value!r}")
     if knob.kind is int:
         if number != int(number):
             raise ConfigError(f"{name} must be an integer, got {value!r}")
         number = int(number)
-    if not knob.low <= number <= knob.high:
-        raise ConfigError(f"{name} must be in [{knob.low:g}, {knob.high:g}], got {value!r}")
     return number
 
 

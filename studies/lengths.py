@@ -20,18 +20,29 @@ Typical use, before a trace is simulated::
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
-from studies.traces import CAP_DEFAULT, CAP_GIVEN, ESTIMATE_IS_CAP, Trace, TraceError
+from studies.traces import (
+    CAP_DEFAULT,
+    CAP_GIVEN,
+    ESTIMATE_IS_CAP,
+    MAX_TOKENS,
+    Trace,
+    TraceError,
+    TraceWarning,
+)
 
 PREDICTOR_MODES = ("cap", "noisy", "oracle")
 
 
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise TraceError(f"{name}={value!r}; expected an integer >= 1")
+def _token_count(name: str, value) -> int:
+    """A context length or cap: an integer in [1, MAX_TOKENS]."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= MAX_TOKENS:
+        hint = " (0: the model's context is unknown; could its config be loaded?)" if value == 0 else ""
+        raise TraceError(f"{name}={value!r}; expected an integer >= 1 and at most {MAX_TOKENS}{hint}")
     return int(value)
 
 
@@ -48,9 +59,9 @@ def with_client_caps(trace: Trace, *, context_len: int, max_tokens: int | None =
     trace's own caps too (a study that imposes one cap on every client). The caps set are
     marked ``CAP_DEFAULT``; an estimate that is the cap follows them.
     """
-    context_len = _positive_int("context_len", context_len)
+    context_len = _token_count("context_len", context_len)
     if max_tokens is not None:
-        max_tokens = _positive_int("max_tokens", max_tokens)
+        max_tokens = _token_count("max_tokens", max_tokens)
     elif override:
         raise TraceError("override=True needs a constant max_tokens to replace the trace's caps with")
     fill = ~trace.max_tokens_given if not override else np.ones(trace.n, dtype=bool)
@@ -63,8 +74,28 @@ def with_client_caps(trace: Trace, *, context_len: int, max_tokens: int | None =
     meta = {**trace.meta, "client_caps": {
         "context_len": context_len, "max_tokens": max_tokens, "override": bool(override),
         "defaulted": int(fill.sum()), "kept": int(trace.n - fill.sum()),
+        "beyond_context": _warn_beyond_context(trace, caps, context_len),
     }}
     return trace.replace(max_tokens=caps, max_tokens_source=source, meta=meta)
+
+
+def _warn_beyond_context(trace: Trace, caps: np.ndarray, context_len: int) -> int:
+    """Say how many requests the model's context cannot hold as the trace recorded them
+    (prompt + output beyond it), and how their caps stand; returns that count."""
+    prompt_over = trace.prompt_tokens >= context_len
+    past = ~prompt_over & (trace.prompt_tokens + np.minimum(trace.output_tokens, caps) > context_len)
+    fitted = ~prompt_over & ~past & (trace.prompt_tokens + trace.output_tokens > context_len)
+    beyond = prompt_over | past | fitted
+    count = int(np.count_nonzero(beyond))
+    if count:
+        kinds = ((prompt_over, "a prompt of the context or more"), (fitted, "their output cut by their cap to fit"),
+                 (past, "a cap past it"))
+        parts = "; ".join(f"{int(mask.sum())} with {what}" for mask, what in kinds if mask.any())
+        warnings.warn(
+            f"{trace.source or 'trace'}: {count} request(s) need more than the model's context of "
+            f"{context_len:,} tokens (prompt + recorded output; first: request {int(np.argmax(beyond))}): {parts}",
+            TraceWarning, stacklevel=3)
+    return count
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,11 @@ meets every bound of its class.
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+
+from studies.names import unknown_names
+from studies.tomlfile import read_toml
 
 SLO_KEYS = ("ttft", "tpot", "e2el")
 
@@ -30,10 +32,12 @@ class SLOClass:
     def __post_init__(self) -> None:
         for key in SLO_KEYS:
             value = getattr(self, f"{key}_ms")
-            if value is not None and not (math.isfinite(value) and value >= 0):
-                raise SLOError(f"SLO class {self.name!r}: {key} must be a number >= 0 ms, got {value!r}")
-        if not (math.isfinite(self.weight) and self.weight >= 0):
-            raise SLOError(f"SLO class {self.name!r}: weight must be >= 0, got {self.weight!r}")
+            # 0 ms is a bound no request meets: a typo or a unit slip, never a target
+            if value is not None and not (_is_number(value) and math.isfinite(value) and value > 0):
+                raise SLOError(f"SLO class {self.name!r}: {key} must be a finite number of ms > 0 "
+                               f"(leave it out for no bound), got {value!r}")
+        if not (_is_number(self.weight) and math.isfinite(self.weight) and self.weight >= 0):
+            raise SLOError(f"SLO class {self.name!r}: weight must be >= 0 (a finite number), got {self.weight!r}")
 
     @property
     def bounds_ms(self) -> tuple[float, float, float]:
@@ -43,6 +47,10 @@ class SLOClass:
     def describe(self) -> str:
         parts = [f"{k}:{getattr(self, f'{k}_ms'):g}" for k in SLO_KEYS if getattr(self, f"{k}_ms") is not None]
         return ",".join(parts) or "none"
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -95,26 +103,31 @@ def parse_slo(text: str, name: str = "default", weight: float = 1.0) -> SLOSet:
             raise SLOError(f"SLO part {part!r}: {value!r} is not a number of milliseconds") from None
     if not bounds:
         raise SLOError(f"SLO string {text!r} has no bounds; example: ttft:2000,tpot:100")
-    return SLOSet((SLOClass(name, *(bounds.get(k) for k in SLO_KEYS), weight=weight),))
+    try:
+        return SLOSet((SLOClass(name, *(bounds.get(k) for k in SLO_KEYS), weight=weight),))
+    except SLOError as exc:
+        raise SLOError(f"SLO string {text!r}: {exc}") from None
 
 
 def slo_from_mapping(data: dict) -> SLOSet:
     """Build from ``{name: {ttft = ms, tpot = ms, e2el = ms, weight = w}}`` (TOML tables)."""
+    if not isinstance(data, dict):
+        raise SLOError(f"SLO classes must be tables such as [slo.default] with ttft = 2000, got {data!r}")
     classes = []
     for cname, body in data.items():
         if not isinstance(body, dict):
             raise SLOError(f"SLO class {cname!r} must be a table of bounds, got {body!r}")
         unknown = set(body) - {*SLO_KEYS, "weight"}
         if unknown:
-            raise SLOError(f"SLO class {cname!r}: unknown key(s) {sorted(unknown)}; valid: {[*SLO_KEYS, 'weight']}")
+            raise SLOError(f"SLO class {cname!r}: {unknown_names('key', unknown, [*SLO_KEYS, 'weight'])}")
         classes.append(SLOClass(cname, *(body.get(k) for k in SLO_KEYS), weight=body.get("weight", 1.0)))
     return SLOSet(tuple(classes))
 
 
 def load_slo_toml(path: str | Path) -> SLOSet:
     """Read ``[slo.NAME]`` tables (or top-level NAME tables) from a TOML file."""
+    data = read_toml(path, SLOError)
     try:
-        data = tomllib.loads(Path(path).read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise SLOError(f"{path}: not valid TOML ({exc})") from None
-    return slo_from_mapping(data.get("slo", data))
+        return slo_from_mapping(data.get("slo", data))
+    except SLOError as exc:
+        raise SLOError(f"{path}: {exc}") from None

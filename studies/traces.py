@@ -31,7 +31,8 @@ class TraceError(ValueError):
 
 
 class TraceWarning(UserWarning):
-    """A trace file was usable only after a fix-up, such as sorting its rows by time."""
+    """A trace file was usable only after a fix-up (rows sorted by time, blank rows skipped,
+    columns ignored, outputs cut at the context): the message says what, how many and where."""
 
 
 #: ``max_tokens_source`` codes. ``CAP_NONE``: the source gave no cap, and ``max_tokens``
@@ -44,6 +45,10 @@ CAP_NONE, CAP_GIVEN, CAP_DEFAULT = 0, 1, 2
 #: ``max_tokens`` of a request that sent no cap: larger than any sequence an engine holds.
 NO_CAP = 1 << 40
 CAP_SOURCES = {CAP_NONE: "none", CAP_GIVEN: "given", CAP_DEFAULT: "default"}
+#: Most tokens a prompt, an output or a cap may hold: the longest ``max_model_len`` an engine
+#: config takes (``policies.config`` bounds that knob at 2**24). A larger count in a file is a
+#: data error (no model holds such a sequence), never a request to replay.
+MAX_TOKENS = 1 << 24
 
 #: ``output_estimator`` of a trace whose estimate is its cap (it follows ``max_tokens``).
 ESTIMATE_IS_CAP = "cap"
@@ -125,14 +130,17 @@ class Trace:
             raise TraceError("block_offsets must be non-decreasing and end at len(block_hashes)")
         if self.block_tokens <= 0:
             raise TraceError(f"block_tokens must be positive, got {self.block_tokens}")
+        uncapped = self.max_tokens_source == CAP_NONE  # max_tokens is the NO_CAP placeholder
         checks = (
             ("arrival_s", ~np.isfinite(self.arrival_s) | (self.arrival_s < 0), "a finite time >= 0"),
-            ("prompt_tokens", self.prompt_tokens < 1, "an integer >= 1"),
-            ("output_tokens", self.output_tokens < 0, "an integer >= 0"),
-            ("max_tokens", self.max_tokens < 1, "an integer >= 1"),
+            ("prompt_tokens", _outside(self.prompt_tokens, 1), f"an integer in [1, {MAX_TOKENS}]"),
+            ("output_tokens", _outside(self.output_tokens, 0), f"an integer in [0, {MAX_TOKENS}]"),
+            ("max_tokens", _outside(self.max_tokens, 1) & ~(uncapped & (self.max_tokens == NO_CAP)),
+             f"an integer in [1, {MAX_TOKENS}] (or NO_CAP with source 'none')"),
             ("max_tokens_source", ~np.isin(self.max_tokens_source, list(CAP_SOURCES)),
              f"one of {sorted(CAP_SOURCES)} ({', '.join(CAP_SOURCES.values())})"),
-            ("output_estimate", self.output_estimate < 1, "an integer >= 1"),
+            ("output_estimate", _outside(self.output_estimate, 1) & (self.output_estimate != NO_CAP),
+             f"an integer in [1, {MAX_TOKENS}] (or NO_CAP)"),
             ("tenant", (self.tenant < 0) | (self.tenant >= len(self.tenant_names)), "a known tenant"),
             ("slo_class", (self.slo_class < 0) | (self.slo_class >= len(self.slo_class_names)), "a known SLO class"),
             ("deadline_s", self.deadline_s < self.arrival_s, "NaN or a time >= arrival_s"),
@@ -253,6 +261,11 @@ class Trace:
     def slo_class_labels(self) -> np.ndarray:
         """SLO class name of every request."""
         return np.asarray(self.slo_class_names, dtype=object)[self.slo_class]
+
+
+def _outside(values: np.ndarray, low: int) -> np.ndarray:
+    """Per row (bool): a token count below ``low`` or above ``MAX_TOKENS``."""
+    return (values < low) | (values > MAX_TOKENS)
 
 
 def csr_take(offsets: np.ndarray, values: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -32,6 +32,13 @@ def window(trace: Trace, start_s: float, end_s: float | None = None, *, rebase: 
                           meta=meta)
 
 
+def check_rate_factor(factor: float) -> None:
+    """A rate factor must be a finite number > 0: 0 stops time, a negative one reverses it."""
+    if isinstance(factor, bool) or not (isinstance(factor, int | float | np.number) and np.isfinite(factor)
+                                        and factor > 0):
+        raise TraceError(f"rate factor {factor!r}; expected a finite number > 0")
+
+
 def scale_rate(trace: Trace, factor: float | None = None, *, target_rps: float | None = None) -> Trace:
     """Compress (factor > 1) or stretch (factor < 1) time around the first arrival, so the
     mean rate is multiplied by ``factor``, or becomes ``target_rps``.
@@ -47,8 +54,7 @@ def scale_rate(trace: Trace, factor: float | None = None, *, target_rps: float |
             raise TraceError(f"cannot scale a trace with a zero-length span ({trace.n} request(s) at one "
                              f"instant) to {target_rps} req/s; expected requests spread over time")
         factor = target_rps / ((trace.n - 1) / span)
-    if not (np.isfinite(factor) and factor > 0):
-        raise TraceError(f"rate factor {factor!r}; expected a finite number > 0")
+    check_rate_factor(factor)
     t0 = trace.arrival_s[0] if trace.n else 0.0
     arrival = t0 + (trace.arrival_s - t0) / factor
     meta = {**trace.meta, "rate_scale": float(factor) * trace.meta.get("rate_scale", 1.0)}

@@ -22,13 +22,17 @@ from rich.table import Table
 
 from costmodels.costmodel import CostModelError
 from optimizer.cli.failure_options import FailOption, MtbfOption, RepairOption
+from optimizer.cli.trace import trace_warnings_as_lines
 from optimizer.failplan import FailurePlan
-from policies.config import ConfigError, PolicyConfig, check_fleet
+from policies.config import KNOB_BY_NAME, ConfigError, PolicyConfig, check_fleet
 from policies.engines import PRESETS, EngineContext, preset
 from policies.failures import FailureError
 from studies.metrics import Report, score
+from studies.names import unknown_names
 from studies.slo import SLOError, SLOSet, load_slo_toml, parse_slo
+from studies.tomlfile import read_toml
 from studies.traces import TraceError
+from studies.transforms import check_rate_factor
 
 #: Errors that mean "bad input from the user": one line and exit code 2, no traceback.
 USER_ERRORS = (TraceError, ConfigError, CostModelError, SLOError, FailureError)
@@ -80,9 +84,11 @@ def simulate_command(
         if timeline is not None and not timeline.parent.is_dir():
             raise ConfigError(f"--timeline {timeline}: folder {timeline.parent} does not exist")
         fleet_knobs = {k: v for k, v in (("router", router), ("prefill_replicas", prefill_replicas)) if v is not None}
-        run = _simulate(trace, trace_format, model, gpu, tp, framework, config, preset_name, overrides or [], slo,
-                        slo_file, rate_scale, seed, output_format, replicas, FailurePlan.from_flags(fail, mtbf, repair),
-                        fleet_knobs, max_tokens, predictor, calibration, model_config, dtype, kv_dtype)
+        with trace_warnings_as_lines():
+            run = _simulate(trace, trace_format, model, gpu, tp, framework, config, preset_name, overrides or [],
+                            slo, slo_file, rate_scale, seed, output_format, replicas,
+                            FailurePlan.from_flags(fail, mtbf, repair), fleet_knobs, max_tokens, predictor,
+                            calibration, model_config, dtype, kv_dtype)
     except USER_ERRORS as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -111,9 +117,13 @@ def _simulate(trace_path: Path, trace_format: str | None, model: str, gpu: str, 
     """Validate every input first (cheap ones before the trace), then simulate and score."""
     if output_format not in ("table", "json"):
         raise ConfigError(f"--format must be table or json, got {output_format!r}")
+    try:
+        check_rate_factor(rate_scale)
+    except TraceError as exc:
+        raise TraceError(f"--rate-scale: {exc}") from None
     slos = _slos(slo, slo_file)
     # Imported only now: `servetune --help` and bad flags should not wait for the engine.
-    from optimizer.spec import DTYPES, KV_DTYPES
+    from optimizer.spec import DTYPES, KV_DTYPES, block_size_refusals
     from optimizer.targets import engine_context
 
     if dtype not in DTYPES or kv_dtype not in KV_DTYPES:
@@ -122,6 +132,9 @@ def _simulate(trace_path: Path, trace_format: str | None, model: str, gpu: str, 
     config_file = None if model_config is None else str(_existing(model_config, "--model-config", ConfigError))
     ctx = engine_context(model, gpu, tp, framework, replicas, config_file, dtype, kv)
     policy, config_source = _policy(config_path, preset_name, ctx, overrides, fleet_knobs or {})
+    refused = block_size_refusals(policy.block_size, policy.max_num_batched_tokens, ctx)
+    if refused:
+        raise ConfigError(f"{config_source}: {refused}")
     check_fleet(policy, replicas)
     if failures is not None and failures.windows is not None:
         failures.windows.check_replicas(replicas)
@@ -192,11 +205,7 @@ def _policy(config_path: Path | None, preset_name: str | None, ctx: EngineContex
         if path.suffix in (".yaml", ".yml"):
             policy, source = _engine_file(path, ctx), str(path)
         else:
-            try:
-                policy = PolicyConfig.from_toml(path.read_text())
-            except tomllib.TOMLDecodeError as exc:
-                raise ConfigError(f"{path}: not valid TOML ({exc})") from None
-            source = str(path)
+            policy, source = _policy_file(path), str(path)
     else:
         name = preset_name or "vllm-default"
         policy, source = preset(name, ctx), f"{name} ({ctx.gpu})"
@@ -205,6 +214,25 @@ def _policy(config_path: Path | None, preset_name: str | None, ctx: EngineContex
         policy = policy.replace(**changes)
         source += " + " + ", ".join(f"{k}={v}" for k, v in changes.items())
     return policy, source
+
+
+def _policy_file(path: Path) -> PolicyConfig:
+    """A ``policy.toml``: knobs under ``[policy]`` (or at top level), each checked; an
+    unknown key is named with the knob it probably misspells, and a table beside
+    ``[policy]`` is refused rather than ignored."""
+    data = read_toml(path, ConfigError)
+    body = data.get("policy", data)
+    if not isinstance(body, dict):
+        raise ConfigError(f"{path}: policy must be a table of knob = value, got {body!r}")
+    if body is not data and set(data) != {"policy"}:
+        raise ConfigError(f"{path}: only a [policy] table is read; found {sorted(set(data) - {'policy'})} beside it")
+    unknown = sorted(set(body) - set(KNOB_BY_NAME))
+    if unknown:
+        raise ConfigError(f"{path}: {unknown_names('knob', unknown, KNOB_BY_NAME, 'known')}")
+    try:
+        return PolicyConfig.from_mapping(body)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
 
 
 def _engine_file(path: Path, ctx: EngineContext) -> PolicyConfig:
@@ -228,18 +256,28 @@ def _engine_file(path: Path, ctx: EngineContext) -> PolicyConfig:
 
 
 def _parse_override(item: str) -> tuple[str, object]:
-    """``knob=value`` with the value read as a TOML literal (8192, 0.9, true), else as text."""
+    """``knob=value`` with the value read as a TOML literal (8192, 0.9, true), else as text,
+    checked alone; an unknown knob is named with the one it probably misspells."""
     knob, sep, text = item.partition("=")
-    if not sep or not knob.strip():
+    knob = knob.strip()
+    if not sep or not knob:
         raise ConfigError(f"--set {item!r}: expected KNOB=VALUE, e.g. --set max_num_seqs=256")
+    if knob not in KNOB_BY_NAME:
+        raise ConfigError(f"--set {item!r}: {unknown_names('knob', [knob], KNOB_BY_NAME, 'known')}")
     try:
         value = tomllib.loads(f"v = {text.strip()}")["v"]
     except tomllib.TOMLDecodeError:
         value = text.strip()
-    return knob.strip(), value
+    try:
+        PolicyConfig().replace(**{knob: value})  # the value alone, so the error names this flag
+    except ConfigError as exc:
+        raise ConfigError(f"--set {item!r}: {exc}") from None
+    return knob, value
 
 
 def _existing(path: Path, flag: str, error: type[Exception]) -> Path:
+    if path.is_dir():
+        raise error(f"{flag} {path}: is a directory; expected a file")
     if not path.is_file():
         raise error(f"{flag} {path}: no such file")
     return path

@@ -1,14 +1,16 @@
 """`servetune trace`: inspect, convert and synthesise request traces.
 
 Every command reports a bad file or option as one line, ``error: ...``, and exits with
-code 2; warnings (e.g. rows that had to be sorted) are printed, not hidden.
+code 2; warnings (rows that had to be sorted, blank rows skipped, columns ignored) are
+printed as they come, one line each (``trace_warnings_as_lines``, which ``simulate``
+uses too), not hidden.
 """
 
 from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
@@ -16,10 +18,11 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from studies import formats, synthetic, transforms
-from studies.traces import Trace, TraceError, load_trace, trace_stats, write_trace
+from studies.traces import Trace, TraceError, TraceWarning, load_trace, trace_stats, write_trace
 
 trace_app = typer.Typer(help="Inspect, convert and synthesise request traces.", no_args_is_help=True)
 _out = Console()
@@ -65,24 +68,37 @@ ModelOpt = Annotated[list[str] | None, typer.Option("--model", help="BurstGPT: k
 
 
 @contextmanager
-def _reported() -> None:
+def trace_warnings_as_lines() -> Iterator[None]:
+    """Inside, print every ``TraceWarning`` as it comes as one line, ``warning: ...``, on
+    stderr: its message already names the file, the rows and what was done, where Python's
+    own format would add the source line that raised it. Other warnings are left alone."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", TraceWarning)
+        show_other = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if issubclass(category, TraceWarning):
+                typer.echo(f"warning: {message}", err=True)
+            else:
+                show_other(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        yield
+
+
+@contextmanager
+def _reported() -> Iterator[None]:
     """Turn trace errors into one line and exit code 2; print warnings as they come."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with trace_warnings_as_lines():
         try:
             yield
         except (TraceError, OSError) as exc:
-            _err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+            _err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
-        finally:
-            for warning in caught:
-                _err.print(f"[yellow]warning:[/yellow] {warning.message}", highlight=False, soft_wrap=True)
 
 
 def _load(file: Path, trace_format: TraceFormat | None, strict: bool, spread: Spread | None,
           seed: int, model: list[str] | None, default_spread: Spread = Spread.uniform) -> Trace:
-    if not file.is_file():
-        raise TraceError(f"{file}: no such file")
     name = trace_format.value if trace_format else formats.detect(file)
     options: dict = {}
     if name == "mooncake":
@@ -129,7 +145,7 @@ def _print_stats(s: dict) -> None:
     head.add_row("tenants", ", ".join(f"{k} {v:,}" for k, v in s["tenants"].items()))
     head.add_row("SLO classes", ", ".join(f"{k} {v:,}" for k, v in s["slo_classes"].items()))
     head.add_row("with deadline", f"{s['with_deadline']:,}")
-    for key in ("format", "spread", "filtered_rows", "rate_scale"):
+    for key in ("format", "spread", "filtered_rows", "blank_rows", "resorted_rows", "rate_scale"):
         if key in s["meta"]:
             head.add_row(key, str(s["meta"][key]))
     tokens = Table(title="tokens")

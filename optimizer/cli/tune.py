@@ -21,6 +21,7 @@ from rich.table import Table
 
 from costmodels.costmodel import CostModelError
 from optimizer.cli.failure_options import FailOption, MtbfOption, RepairOption
+from optimizer.cli.trace import trace_warnings_as_lines
 from optimizer.spec import SpecError, load_spec
 from optimizer.study import RunStats, StudyError
 from policies.config import ConfigError
@@ -112,24 +113,26 @@ def tune_command(
                      trials=trials, batch_size=batch_size, seed=seed, sampler=sampler, study_name=study_name,
                      storage=storage, run_dir=run_dir, max_tokens=max_tokens, predictor=predictor,
                      calibration=calibration, model_config=model_config, dtype=dtype, kv_dtype=kv_dtype,
-                     holdout=DEFAULT_HOLDOUT if holdout is None else holdout)
-        names = _targets(engine, what_if)
-        probe = load_spec(spec_file, **flags)  # the study's name and run folder, shared by its targets
-        probe_framework = framework if framework is not None else _spec_framework(spec_file)
-        spaces = _spaces_per_target(probe.space, names, console)
-        summaries = {}
-        for name in names:
-            # an engine's study is timed with that engine's profiled op tables unless --framework says
-            own = {"framework": name if name in ENGINES else "vllm"} if probe_framework is None else {}
-            spec = load_spec(spec_file, **{**flags, **own, "engine": name, "study_name": f"{probe.study_name}-{name}",
-                                           "run_dir": Path(probe.run_dir) / name, "space": spaces[name]})
-            if max_rejected is not None:
-                spec = spec.replace(constraints=dataclasses.replace(spec.constraints,
-                                                                    max_rejected_fraction=max_rejected))
-            summaries[name] = _tune(spec, console, resume=resume, outputs=outputs, quiet=quiet)
-        if outputs:
-            _write_overview(Path(probe.run_dir), probe.study_name, summaries)
-            _print_overview(console, summaries)
+                     holdout=_holdout(holdout, spec_file))
+        with trace_warnings_as_lines():  # one line each, as `simulate` prints them
+            names = _targets(engine, what_if)
+            probe = load_spec(spec_file, **flags)  # the study's name and run folder, shared by its targets
+            _check_deployment(probe)
+            probe_framework = framework if framework is not None else _spec_value(spec_file, "deployment", "framework")
+            spaces = _spaces_per_target(probe.space, names, console)
+            summaries = {}
+            for name in names:
+                # an engine's study is timed with that engine's profiled op tables unless --framework says
+                own = {"framework": name if name in ENGINES else "vllm"} if probe_framework is None else {}
+                spec = load_spec(spec_file, **{**flags, **own, "engine": name, "study_name": f"{probe.study_name}-{name}",
+                                               "run_dir": Path(probe.run_dir) / name, "space": spaces[name]})
+                if max_rejected is not None:
+                    spec = spec.replace(constraints=dataclasses.replace(spec.constraints,
+                                                                        max_rejected_fraction=max_rejected))
+                summaries[name] = _tune(spec, console, resume=resume, outputs=outputs, quiet=quiet)
+            if outputs:
+                _write_overview(Path(probe.run_dir), probe.study_name, summaries)
+                _print_overview(console, summaries)
     except USER_ERRORS as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -139,13 +142,32 @@ def tune_command(
 DEFAULT_HOLDOUT = 0.25
 
 
-def _spec_framework(spec_file: Path | None) -> str | None:
-    """The framework a spec file sets, if any (then every target uses its tables)."""
+def _spec_value(spec_file: Path | None, section: str, key: str):
+    """What a spec file sets for ``[section] key``, if anything (e.g. the framework, then
+    every target uses its tables)."""
     if spec_file is None:
         return None
     from studies.tomlfile import read_toml
 
-    return (read_toml(spec_file, SpecError).get("deployment") or {}).get("framework")
+    body = read_toml(spec_file, SpecError).get(section) or {}
+    return body.get(key) if isinstance(body, dict) else None
+
+
+def _check_deployment(spec) -> None:
+    """Name an unknown model or GPU before any study or run folder is created."""
+    from costmodels.architecture import load_model
+    from costmodels.gpus import load_gpu
+
+    load_model(spec.model, spec.model_config)
+    load_gpu(spec.gpu)
+
+
+def _holdout(flag: float | None, spec_file: Path | None) -> float:
+    """``--holdout``, else the spec file's ``[study] holdout``, else the default."""
+    if flag is not None:
+        return flag
+    found = _spec_value(spec_file, "study", "holdout")
+    return DEFAULT_HOLDOUT if found is None else found
 
 
 def _targets(engine: str, what_if: bool) -> list[str]:
@@ -240,13 +262,15 @@ def worker_command(
 
 
 def warmup_command() -> None:
-    """Compile (or load from the cache) the simulator kernels, single replica and fleet,
-    so the first trial is fast."""
+    """Compile (or load from the cache) the simulator kernels, single replica, fleet and
+    closed loop (validate, calibrate), so the first trial is fast."""
+    from optimizer import closedloop
     from policies import engine, fleet
 
     start = time.perf_counter()
     engine.warmup()
     fleet.warmup()
+    closedloop.warmup()
     typer.echo(f"kernels ready in {time.perf_counter() - start:.1f} s")
 
 

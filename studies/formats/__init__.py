@@ -19,10 +19,38 @@ WRITERS = {"native": native.write, "mooncake": mooncake.write, "azure": azure.wr
 FORMATS = tuple(READERS)
 
 
-def detect(path: Path) -> str:
-    """The format of a trace file, from its first bytes."""
+#: Leading bytes of the compressed files traces are often shipped as.
+_COMPRESSED = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd", b"PK\x03\x04": "zip"}
+
+
+def check_file(path: Path) -> None:
+    """Raise unless ``path`` is a file: a folder or a missing path is named as such."""
+    if path.is_dir():
+        raise TraceError(f"{path}: is a directory; expected a trace file ({', '.join(FORMATS)})")
+    if not path.is_file():
+        raise TraceError(f"{path}: no such file")
+
+
+def _head(path: Path) -> bytes:
+    """The first 64 KiB of a trace file, refused when they are not a trace's: a compressed
+    or other binary file would otherwise be decoded and quoted as text."""
+    check_file(path)
     with open(path, "rb") as handle:
         head = handle.read(65536)
+    for magic, kind in _COMPRESSED.items():
+        if head.startswith(magic):
+            raise TraceError(f"{path}: is {kind}-compressed; decompress it first (servetune reads "
+                             f"Parquet, CSV and JSON lines)")
+    nul = head.find(b"\x00")
+    if nul >= 0 and not head.startswith(b"PAR1"):
+        raise TraceError(f"{path}: holds binary bytes (NUL at byte {nul}); expected a Parquet, CSV or "
+                         f"JSON-lines trace")
+    return head
+
+
+def detect(path: Path) -> str:
+    """The format of a trace file, from its first bytes."""
+    head = _head(path)
     if head.startswith(b"PAR1"):
         return "native"
     # Decode before testing for emptiness: str.strip also removes Unicode blanks.
@@ -54,11 +82,15 @@ def detect(path: Path) -> str:
 
 
 def read(path: Path, format: str | None, *, strict: bool, options: dict) -> Trace:
-    if not path.is_file():
-        raise TraceError(f"{path}: no such file")
     if format is not None and format not in READERS:
         raise TraceError(f"unknown trace format {format!r}; expected one of {list(FORMATS)}")
-    name = format or detect(path)
+    if format is None:
+        name = detect(path)
+    elif _head(path).startswith(b"PAR1") and format != "native":
+        raise TraceError(f"{path}: is a Parquet file, which only the native format reads; expected "
+                         f"{format} text, or drop the format (it is detected)")
+    else:
+        name = format
     reader = READERS[name]
     valid = [p for p in inspect.signature(reader).parameters if p not in ("path", "strict")]
     unknown = sorted(set(options) - set(valid))

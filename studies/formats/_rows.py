@@ -2,8 +2,11 @@
 
 Every reader goes through ``Rows``: polars does the parsing in bulk, and any value that
 does not fit is reported with the file, the row, the file line and the column, instead
-of surfacing as a polars exception. The final step, ``to_trace``, sorts the rows by
-arrival (with a warning, or an error under ``strict``) and builds the ``Trace``.
+of surfacing as a polars exception. Nothing is dropped without a word: blank rows are
+skipped with a warning giving their count and lines (``meta["blank_rows"]``), and columns
+a format does not read are refused (native) or named in a warning (the public formats).
+The final step, ``to_trace``, sorts the rows by arrival (with a warning, or an error under
+``strict``) and builds the ``Trace``.
 """
 
 from __future__ import annotations
@@ -11,24 +14,34 @@ from __future__ import annotations
 import csv
 import json
 import warnings
-from collections.abc import Callable
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
-from studies.traces import Trace, TraceError, TraceWarning, csr_take
+from studies.names import closest, unknown_names
+from studies.traces import MAX_TOKENS, Trace, TraceError, TraceWarning, csr_take
 
 _ROW = "__row__"
+_TOO_MANY_TOKENS = f"at most {MAX_TOKENS:,} tokens (no model holds a longer sequence)"
 
 
 class Rows:
-    """A polars frame read from ``path``, with the file line each row came from."""
+    """A polars frame read from ``path``, with the file line each row came from.
 
-    def __init__(self, path: Path, frame: pl.DataFrame, lines: np.ndarray | Callable[[], np.ndarray] | None):
+    ``notes`` are counts of what reading had to fix up (``blank_rows``); they end up in
+    the trace's ``meta``.
+    """
+
+    def __init__(self, path: Path, frame: pl.DataFrame, lines: np.ndarray | None, notes: dict | None = None,
+                 found: list[str] | None = None):
         self.path = path
         self.frame = frame
         self._lines = lines
+        self.notes = dict(notes or {})
+        #: every column the file has, read or not (a JSON lines file is read by its schema)
+        self.found = [c for c in frame.columns if c != _ROW] if found is None else found
 
     @property
     def n(self) -> int:
@@ -39,8 +52,6 @@ class Rows:
         return self.frame.columns
 
     def lines(self) -> np.ndarray | None:
-        if callable(self._lines):
-            self._lines = self._lines()
         return self._lines
 
     # -- locating problems -------------------------------------------------------------
@@ -68,21 +79,39 @@ class Rows:
             raise self.error(row, column, expected)
 
     def require(self, *columns: str) -> None:
-        """Every named column must be in the file."""
+        """Every named column must be in the file; a missing one is matched to the found
+        column it is probably misspelt as."""
         missing = [c for c in columns if c not in self.frame.columns]
         if missing:
-            found = [c for c in self.frame.columns if c != _ROW]
-            raise TraceError(f"{self.path}: missing column(s) {missing}; found {found}; "
+            found = self.found
+            spare = [c for c in found if c not in columns]
+            guesses = [f"{c!r} for {m!r}" for m in missing if (c := closest(m, spare))]
+            hint = f" (misspelt? found {', '.join(guesses)})" if guesses else ""
+            raise TraceError(f"{self.path}: missing column(s) {missing}{hint}; found {found}; "
                              f"expected {list(columns)}")
 
     def reject_unknown(self, known: tuple[str, ...]) -> None:
-        unknown = [c for c in self.frame.columns if c not in known and c != _ROW]
+        """A column outside ``known`` is an error: in a schema of our own, it is a typo."""
+        unknown = self._unknown(known)
         if unknown:
-            raise TraceError(f"{self.path}: unknown column(s) {unknown}; expected only {list(known)}")
+            raise TraceError(f"{self.path}: {unknown_names('column', unknown, known, 'expected only')}")
+
+    def ignore_unknown(self, known: Iterable[str], format: str) -> None:
+        """Columns outside ``known`` are not read: say so, naming the known column each may
+        misspell (a public format's files may carry extra columns)."""
+        known = tuple(known)
+        unknown = self._unknown(known)
+        if unknown:
+            warn(f"{self.path}: {unknown_names('column', unknown, known, f'{format} reads')}; "
+                 f"ignored {len(unknown)} column(s)")
+
+    def _unknown(self, known: Iterable[str]) -> list[str]:
+        return [c for c in self.frame.columns if c not in known and c != _ROW]
 
     def filter(self, keep: np.ndarray) -> Rows:
         lines = self.lines()
-        return Rows(self.path, self.frame.filter(pl.Series(keep)), None if lines is None else lines[keep])
+        return Rows(self.path, self.frame.filter(pl.Series(keep)), None if lines is None else lines[keep], self.notes,
+                    self.found)
 
     # -- typed columns -----------------------------------------------------------------
 
@@ -108,6 +137,17 @@ class Rows:
         values, missing, bad = self._parse(column, pl.Int64)
         expected = f"an integer >= {minimum}"
         self.check(column, [(missing, expected), (bad, expected), (values < minimum, expected + hint)])
+        return values.astype(np.int64, copy=False)
+
+    def tokens(self, column: str, *, minimum: int, hint: str = "") -> np.ndarray:
+        """A token count: an integer >= ``minimum`` and at most ``MAX_TOKENS``, beyond which
+        no model holds the sequence (a data error, never cut down to fit)."""
+        values, missing, bad = self._parse(column, pl.Int64)
+        size = self._parse(column, pl.Float64)[0]  # however large, even past 64 bits
+        expected = f"an integer >= {minimum}"
+        too_many = np.isfinite(size) & (size > MAX_TOKENS)
+        self.check(column, [(missing, expected), (too_many, _TOO_MANY_TOKENS), (bad, expected),
+                            (values < minimum, expected + hint)])
         return values.astype(np.int64, copy=False)
 
     def optional_integers(self, column: str, default: int | np.ndarray) -> np.ndarray:
@@ -192,22 +232,39 @@ class Rows:
                        f"the previous row's {arrival[row - 1]:.6f} s")
             if strict:
                 raise TraceError(f"{problem}; expected rows sorted by time (strict)")
-            warnings.warn(f"{problem}; {len(backwards)} such row(s), sorted by arrival",
-                          TraceWarning, stacklevel=4)
+            warn(f"{problem}; {len(backwards)} such row(s), sorted by arrival")
             order = np.argsort(arrival, kind="stable")
             columns = {name: None if values is None else values[order] for name, values in columns.items()}
             if block_offsets is not None:
                 block_offsets, block_hashes = csr_take(block_offsets, block_hashes, order)
             meta = {**meta, "resorted_rows": len(backwards)}
         return Trace.from_columns(**columns, block_offsets=block_offsets, block_hashes=block_hashes,
-                                  source=str(self.path), meta=meta, **fields)
+                                  source=str(self.path), meta={**self.notes, **meta}, **fields)
 
 
 # -- reading files into Rows -------------------------------------------------------------
 
 
+def warn(message: str) -> None:
+    """A ``TraceWarning``: the trace was read, after the fix-up ``message`` names."""
+    warnings.warn(message, TraceWarning, stacklevel=3)
+
+
+def _skip_blank(path: Path, blank_lines: np.ndarray, kind: str) -> dict:
+    """Say which blank ``kind`` were skipped, by line; returns the note for ``meta``."""
+    count = len(blank_lines)
+    if not count:
+        return {}
+    shown = ", ".join(str(line) for line in blank_lines[:10]) + (", ..." if count > 10 else "")
+    warn(f"{path}: skipped {count} blank {kind}: line(s) {shown}")
+    return {"blank_rows": count}
+
+
 def read_csv(path: Path) -> Rows:
-    """Every column as text (parsing happens per column, so errors can name the row)."""
+    """Every column as text (parsing happens per column, so errors can name the row).
+
+    A row whose every field is empty is skipped with a warning; a row with some fields
+    empty is kept, so the column that lacks a value is named as an error."""
     try:
         frame = pl.read_csv(path, infer_schema=False, row_index_name=_ROW)
     except pl.exceptions.NoDataError:
@@ -215,15 +272,19 @@ def read_csv(path: Path) -> Rows:
     except pl.exceptions.PolarsError as exc:
         raise _locate_csv_problem(path, exc) from None
     data = [c for c in frame.columns if c != _ROW]
-    blank = frame.select(pl.all_horizontal(pl.col(data).is_null())).to_series()
-    frame = frame.filter(~blank)  # blank lines hold no request
+    blank = frame.select(pl.all_horizontal(pl.col(data).str.strip_chars().fill_null("") == "")).to_series()
+    lines = frame[_ROW].to_numpy().astype(np.int64) + 2  # line 1 is the header
+    notes = _skip_blank(path, lines[blank.to_numpy()], "row(s) (every field empty)")
+    frame = frame.filter(~blank)
     if frame.height == 0:
         raise TraceError(f"{path}: has a header but no rows; expected at least one request")
-    lines = frame[_ROW].to_numpy().astype(np.int64) + 2  # line 1 is the header
-    return Rows(path, frame.drop(_ROW), lines)
+    return Rows(path, frame.drop(_ROW), lines[~blank.to_numpy()], notes)
 
 
 def _locate_csv_problem(path: Path, exc: Exception) -> TraceError:
+    bad_text = _first_non_utf8(path)
+    if bad_text is not None:
+        return bad_text
     with open(path, newline="", encoding="utf-8", errors="replace") as handle:
         reader = csv.reader(handle)
         header = next(reader, [])
@@ -234,20 +295,70 @@ def _locate_csv_problem(path: Path, exc: Exception) -> TraceError:
     return TraceError(f"{path}: not a readable CSV file ({str(exc).splitlines()[0]})")
 
 
-def read_jsonl(path: Path, schema: dict[str, pl.DataType]) -> Rows:
-    """One JSON object per line, read with an explicit schema (unknown keys are ignored)."""
-    if not path.read_bytes().strip():
-        raise TraceError(f"{path}: the file is empty; expected one JSON object per line")
-    try:
-        frame = pl.read_ndjson(path, schema=schema)
-    except pl.exceptions.PolarsError as exc:
-        raise _locate_json_problem(path, schema, exc) from None
-    return Rows(path, frame, lambda: _jsonl_lines(path))
-
-
-def _jsonl_lines(path: Path) -> np.ndarray:
+def _first_non_utf8(path: Path) -> TraceError | None:
+    """The first line holding bytes that are not UTF-8 (polars says only that some are)."""
     with open(path, "rb") as handle:
-        return np.array([number for number, line in enumerate(handle, 1) if line.strip()], dtype=np.int64)
+        for number, raw in enumerate(handle, 1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                return TraceError(f"{path}: line {number}, byte {err.start + 1}: "
+                                  f"{raw[err.start:err.end]!r} is not UTF-8; expected UTF-8 text "
+                                  f"(re-encode the file, e.g. iconv -f latin1 -t utf-8)")
+    return None
+
+
+#: Bytes that leave a line blank.
+_BLANK = np.zeros(256, dtype=bool)
+_BLANK[[9, 10, 11, 12, 13, 32]] = True
+
+
+def _line_numbers(data: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """(numbers of the lines with content, numbers of the blank lines), from 1, without a
+    Python loop over lines."""
+    buf = np.frombuffer(data, dtype=np.uint8)
+    starts = np.r_[0, np.flatnonzero(buf[:-1] == 10) + 1]  # a final newline starts no line
+    filled = np.logical_or.reduceat(~_BLANK[buf], starts)
+    numbers = np.arange(1, len(starts) + 1, dtype=np.int64)
+    return numbers[filled], numbers[~filled]
+
+
+def read_jsonl(path: Path, schema: dict[str, pl.DataType], known: Iterable[str] | None = None,
+               format: str = "") -> Rows:
+    """One JSON object per line, read with an explicit schema.
+
+    Keys are checked on every line: with ``known`` (a schema of our own), any other key is
+    an error naming its line; otherwise keys outside ``schema`` are named in a warning. A
+    schema key that no line carries is an absent column (as in CSV), not an empty one.
+    """
+    data = path.read_bytes()
+    if not data.strip():
+        raise TraceError(f"{path}: the file is empty; expected one JSON object per line")
+    filled, blank = _line_numbers(data)
+    notes = _skip_blank(path, blank, "line(s) (no JSON object)")
+    keys = _json_keys(path, schema, known)
+    if known is not None and set(keys) - set(known):
+        _check_json_lines(path, schema, known)  # raises, naming the first line with an unknown key
+    ignored = [key for key in keys if key not in schema]
+    if known is None and ignored:
+        warn(f"{path}: {unknown_names('key', ignored, schema, f'{format} reads')}; ignored {len(ignored)} key(s)")
+    present = {key: dtype for key, dtype in schema.items() if key in keys}  # absent keys: absent columns
+    try:
+        frame = pl.read_ndjson(path, schema=present)
+    except pl.exceptions.PolarsError as exc:
+        _check_json_lines(path, schema, known)
+        raise TraceError(f"{path}: not readable as JSON lines ({str(exc).splitlines()[0]})") from None
+    return Rows(path, frame, filled, notes, keys)
+
+
+def _json_keys(path: Path, schema: dict[str, pl.DataType], known: Iterable[str] | None) -> list[str]:
+    """Every key of every line, in order of first appearance: polars infers them over the
+    whole file in one pass; when it cannot (bad JSON, bytes that are not UTF-8, clashing
+    types), the line scan names why."""
+    try:
+        return pl.scan_ndjson(path, infer_schema_length=None).collect_schema().names()
+    except pl.exceptions.PolarsError:
+        return _check_json_lines(path, schema, known)
 
 
 def _json_fits(value, dtype: pl.DataType) -> bool:
@@ -268,34 +379,49 @@ def _json_fits(value, dtype: pl.DataType) -> bool:
 _JSON_EXPECTED = {pl.Int64: "an integer", pl.Float64: "a number", pl.String: "a string"}
 
 
-def _locate_json_problem(path: Path, schema: dict[str, pl.DataType], exc: Exception) -> TraceError:
+def _check_json_lines(path: Path, schema: dict[str, pl.DataType], known: Iterable[str] | None) -> list[str]:
+    """Read the file line by line in Python and raise for the first line that is not UTF-8,
+    not a JSON object, has a key outside ``known`` (when given) or a value of the wrong
+    type; returns every key seen (in order of first appearance) when no line has a problem."""
+    known = None if known is None else tuple(known)
+    keys: dict[str, None] = {}
     row = 0
-    with open(path, encoding="utf-8", errors="replace") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, 1):
+            if not raw.strip():
                 continue
             row += 1
             where = f"{path}: row {row} (line {number})"
             try:
-                record = json.loads(line)
+                record = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError as err:
+                raise TraceError(f"{where}, byte {err.start + 1}: {raw[err.start:err.end]!r} is not UTF-8; "
+                                 f"expected UTF-8 text (re-encode the file, e.g. iconv -f latin1 -t utf-8)") from None
             except json.JSONDecodeError as err:
-                return TraceError(f"{where}, character {err.colno}: not valid JSON ({err.msg}); "
-                                  f"expected one JSON object per line")
+                raise TraceError(f"{where}, character {err.colno}: not valid JSON ({err.msg}); "
+                                 f"expected one JSON object per line") from None
             if not isinstance(record, dict):
-                return TraceError(f"{where}: got {type(record).__name__}; expected a JSON object")
+                raise TraceError(f"{where}: got {type(record).__name__}; expected a JSON object")
+            unknown = [key for key in record if known is not None and key not in known]
+            if unknown:
+                raise TraceError(f"{path}: line {number}: {unknown_names('key', unknown, known, 'expected only')}")
             for key, dtype in schema.items():
                 value = record.get(key)
                 if value is not None and not _json_fits(value, dtype):
                     expected = _JSON_EXPECTED.get(dtype, "a list of integers")
-                    return TraceError(f"{where}, column {key!r}: got {value!r}; expected {expected}")
-    return TraceError(f"{path}: not readable as JSON lines ({str(exc).splitlines()[0]})")
+                    if dtype in (pl.Int64, pl.Float64) and isinstance(value, int) and not isinstance(value, bool):
+                        expected += " within 64 bits"  # an integer, but past what a column holds
+                    raise TraceError(f"{where}, column {key!r}: got {value!r}; expected {expected}")
+            keys.update(dict.fromkeys(record))
+    return list(keys)
 
 
 def read_parquet(path: Path) -> Rows:
     try:
         frame = pl.read_parquet(path)
-    except pl.exceptions.PolarsError as exc:
-        raise TraceError(f"{path}: not a readable Parquet file ({str(exc).splitlines()[0]})") from None
+    except (pl.exceptions.PolarsError, OSError) as exc:
+        raise TraceError(f"{path}: not a readable Parquet file, truncated or corrupt? "
+                         f"({str(exc).splitlines()[0]})") from None
     if frame.height == 0:
         raise TraceError(f"{path}: has no rows; expected at least one request")
     return Rows(path, frame, None)

@@ -1,6 +1,6 @@
 """BurstGPT CSV: ``Timestamp`` (seconds from the trace start), ``Model``, ``Request tokens``,
 ``Response tokens``, ``Total tokens``, ``Log Type`` (later releases add ``Session ID`` and
-``Elapsed time``, which are ignored).
+``Elapsed time``, which are ignored; any other column is named in a warning).
 
 Failed requests have 0 response tokens; they are kept as requests that generate nothing
 (``meta["zero_output_rows"]`` counts them). ``model=`` and ``log_type=`` keep only the
@@ -19,6 +19,7 @@ from studies.formats._rows import Rows, constant_cap, drop_rows, read_csv
 from studies.traces import Trace, TraceError, encode_names
 
 COLUMNS = ("Timestamp", "Model", "Request tokens", "Response tokens", "Total tokens", "Log Type")
+_IGNORED = ("Session ID", "Elapsed time")  # later releases' columns: known, and not needed
 _TENANT_COLUMNS = {"model": "Model", "log_type": "Log Type"}
 
 
@@ -30,18 +31,19 @@ def read(path: Path, *, strict: bool = False, model: str | Sequence[str] | None 
     meta: dict = {"format": "burstgpt"}
     rows = read_csv(path)
     rows.require(*COLUMNS)
+    rows.ignore_unknown(COLUMNS + _IGNORED, "BurstGPT")
     rows = _keep(rows, "Model", model, "model", meta)
     rows = _keep(rows, "Log Type", log_type, "log_type", meta)
     if drop_zero_prompt:
         prompt = rows.frame["Request tokens"].str.strip_chars()
         rows = drop_rows(rows, (prompt == "0").fill_null(False).to_numpy(), "zero_prompt", meta)
     hint = "" if drop_zero_prompt else " (drop_zero_prompt=True drops rows with 0)"
-    output = rows.integers("Response tokens", minimum=0)
+    output = rows.tokens("Response tokens", minimum=0)
     rows.integers("Total tokens", minimum=0)  # validated, not used: it is request + response
     meta["zero_output_rows"] = int(np.count_nonzero(output == 0))
     columns = {
         "arrival_s": rows.times("Timestamp"),
-        "prompt_tokens": rows.integers("Request tokens", minimum=1, hint=hint),
+        "prompt_tokens": rows.tokens("Request tokens", minimum=1, hint=hint),
         "output_tokens": output,
         "max_tokens": constant_cap(max_tokens, rows.n),
     }

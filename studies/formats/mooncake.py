@@ -12,7 +12,8 @@ a bucket across it instead:
 - ``"raw"``: the file's timestamps as they are.
 
 A bucket's width is the gap to the next distinct timestamp (the last bucket takes the
-median gap), or ``bucket_s`` when given.
+median gap), or ``bucket_s`` when given. Keys other than these four are not read; a warning
+names them (with the key each may misspell).
 """
 
 from __future__ import annotations
@@ -44,17 +45,17 @@ def read(path: Path, *, strict: bool = False, spread: str = "uniform", seed: int
     if bucket_s is not None and not (np.isfinite(bucket_s) and bucket_s > 0):
         raise TraceError(f"option bucket_s={bucket_s!r}; expected seconds > 0")
     meta = {"format": "mooncake", "spread": spread}
-    rows = read_jsonl(path, SCHEMA)
+    rows = read_jsonl(path, SCHEMA, format="Mooncake")
     rows.require("timestamp", "input_length", "output_length")
     if drop_zero_prompt:
         prompt = rows.frame["input_length"].to_numpy()
         rows = drop_rows(rows, prompt == 0, "zero_prompt", meta)
     hint = "" if drop_zero_prompt else " (drop_zero_prompt=True drops rows with 0)"
-    prompt = rows.integers("input_length", minimum=1, hint=hint)
+    prompt = rows.tokens("input_length", minimum=1, hint=hint)
     columns = {
         "arrival_s": rows.times("timestamp", scale=1e-3),
         "prompt_tokens": prompt,
-        "output_tokens": rows.integers("output_length", minimum=0),
+        "output_tokens": rows.tokens("output_length", minimum=0),
         "max_tokens": constant_cap(max_tokens, rows.n),
     }
     offsets, hashes = rows.block_lists("hash_ids", prompt, block_tokens)

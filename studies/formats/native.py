@@ -23,8 +23,11 @@ Columns (documented in ``docs/traces.md``; only the first three are required):
 
 Parquet files also carry the tenant and SLO class name order, the source and the
 estimator's name in their key-value metadata (key ``servetune``), so codes round-trip
-exactly; in CSV and JSONL, names are numbered in order of first appearance and an
-``output_estimate`` column reads back as estimator ``"file"``. Caps a study default set
+exactly (metadata that is not that JSON object is refused by name); in CSV and JSONL,
+names are numbered in order of first appearance and an ``output_estimate`` column reads
+back as estimator ``"file"``. A column or JSON key outside this table is an error naming
+it and the column it may misspell, checked on every line; a JSON key no line carries is
+an absent column, as in CSV. Token counts above ``MAX_TOKENS`` are refused. Caps a study default set
 (``CAP_DEFAULT``) are written as values, so they read back as the file's caps.
 """
 
@@ -38,10 +41,12 @@ import polars as pl
 import pyarrow as pa
 
 from studies.formats._rows import Rows, read_csv, read_jsonl, read_parquet
+from studies.names import unknown_names
 from studies.traces import (
     CAP_GIVEN,
     CAP_NONE,
     ESTIMATE_IS_CAP,
+    MAX_TOKENS,
     NO_CAP,
     Trace,
     TraceError,
@@ -74,24 +79,25 @@ def read(path: Path, *, strict: bool = False) -> Trace:
     saved: dict = {}
     if kind == "parquet":
         rows = read_parquet(path)
-        saved = json.loads(pl.read_parquet_metadata(path).get(METADATA_KEY, "{}"))
+        saved = _saved_metadata(path)
     elif kind == "jsonl":
-        rows = read_jsonl(path, JSON_SCHEMA)
-        _reject_unknown_keys(path)
+        rows = read_jsonl(path, JSON_SCHEMA, known=COLUMNS)
     else:
         rows = read_csv(path)
     rows.reject_unknown(COLUMNS)
     rows.require("arrival_s", "prompt_tokens", "output_tokens")
     block_tokens = _block_tokens(rows, saved)
     arrival = rows.times("arrival_s")
-    prompt = rows.integers("prompt_tokens", minimum=1)
-    output = rows.integers("output_tokens", minimum=0)
-    max_tokens = rows.optional_integers("max_tokens", default=np.full(len(output), NO_CAP, dtype=np.int64))
-    rows.check("max_tokens", [(max_tokens < 1, "an integer >= 1, or nothing for no cap")])
+    prompt = rows.tokens("prompt_tokens", minimum=1)
+    output = rows.tokens("output_tokens", minimum=0)
     cap_source = np.where(rows.given("max_tokens"), CAP_GIVEN, CAP_NONE).astype(np.int8)
+    max_tokens = rows.optional_integers("max_tokens", default=np.full(len(output), NO_CAP, dtype=np.int64))
+    rows.check("max_tokens", [(max_tokens < 1, "an integer >= 1, or nothing for no cap"),
+                              ((max_tokens > MAX_TOKENS) & (cap_source == CAP_GIVEN),
+                               f"at most {MAX_TOKENS:,} tokens (no model holds a longer sequence), or nothing")])
     estimate, estimator = None, {}
-    if rows.given("output_estimate").any():  # JSONL reads an absent key as an all-empty column
-        estimate = rows.integers("output_estimate", minimum=1)
+    if "output_estimate" in rows.columns:
+        estimate = rows.tokens("output_estimate", minimum=1)
         estimator = {"output_estimator": saved.get("output_estimator", "file")}
     deadline = rows.optional_times("deadline_s")
     rows.check("deadline_s", [(deadline < arrival, "a time >= arrival_s, or nothing for none")])
@@ -117,22 +123,49 @@ def read(path: Path, *, strict: bool = False) -> Trace:
     return trace.replace(source=saved["source"]) if saved.get("source") else trace
 
 
-def _reject_unknown_keys(path: Path) -> None:
-    """Polars ignores keys outside the schema; a misspelt column must not vanish silently."""
-    with open(path, encoding="utf-8", errors="replace") as handle:
-        for number, line in enumerate(handle, 1):
-            if line.strip():
-                unknown = sorted(set(json.loads(line)) - set(COLUMNS))
-                if unknown:
-                    raise TraceError(f"{path}: line {number}: unknown key(s) {unknown}; "
-                                     f"expected only {list(COLUMNS)}")
-                return
+def _names(value) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value) and len(set(value)) == len(value)
+
+
+#: The metadata a native Parquet file carries (``write``): key -> (check, what it must be).
+_SAVED = {
+    "tenant_names": (_names, "a list of distinct names"),
+    "slo_class_names": (_names, "a list of distinct names"),
+    "block_tokens": (lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_TOKENS,
+                     f"an integer in [1, {MAX_TOKENS}]"),
+    "source": (lambda v: isinstance(v, str), "a string"),
+    "meta": (lambda v: isinstance(v, dict), "an object"),
+    "output_estimator": (lambda v: isinstance(v, str) and bool(v), "a non-empty name"),
+}
+
+
+def _saved_metadata(path: Path) -> dict:
+    """The ``servetune`` key-value metadata of a Parquet file, checked field by field: a
+    file another tool wrote or edited must be refused by name, not crash the reader."""
+    text = pl.read_parquet_metadata(path).get(METADATA_KEY)
+    if text is None:
+        return {}
+    where = f"{path}: Parquet metadata {METADATA_KEY!r}"
+    try:
+        saved = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise TraceError(f"{where} is not JSON ({err.msg} at character {err.pos + 1}); expected the object "
+                         f"servetune writes, or no such key") from None
+    if not isinstance(saved, dict):
+        raise TraceError(f"{where} is a JSON {type(saved).__name__}; expected an object with keys {list(_SAVED)}")
+    if set(saved) - set(_SAVED):
+        raise TraceError(f"{where}: {unknown_names('key', set(saved) - set(_SAVED), _SAVED)}")
+    for key, value in saved.items():
+        fits, expected = _SAVED[key]
+        if not fits(value):
+            raise TraceError(f"{where}, key {key!r}: got {value!r}; expected {expected}")
+    return saved
 
 
 def _block_tokens(rows: Rows, saved: dict) -> int:
     if "block_tokens" not in rows.columns:
         return int(saved.get("block_tokens", 512))
-    values = rows.integers("block_tokens", minimum=1)
+    values = rows.tokens("block_tokens", minimum=1)
     rows.check("block_tokens", [(values != values[0], f"{values[0]}, as in the first row (one block size per trace)")])
     return int(values[0])
 

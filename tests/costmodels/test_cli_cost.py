@@ -45,8 +45,30 @@ def test_calibrate_writes_a_loadable_file(tmp_path):
     if not SILICON.is_file():
         pytest.skip("measured runs not available")
     out = tmp_path / "c.json"
-    result = runner.invoke(app, ["cost", "calibrate", str(SILICON), "-o", str(out)])
+    result = runner.invoke(app, ["cost", "calibrate", str(SILICON), "-o", str(out), "--fit", "formula"])
     assert result.exit_code == 0, result.output
     show = runner.invoke(app, ["cost", "show", "--model", "qwen3-32b", "--gpu", "h100", "--tp", "2",
                                "--calibration", str(out), "--format", "json"])
     assert "calibrated:c.json" in json.loads(show.output)["source"]
+
+
+def test_calibrate_by_replay_fits_prefill_and_decode_terms(tmp_path):
+    """The default fit replays the runs; a few vLLM rows keep it quick."""
+    import polars as pl
+
+    if not SILICON.is_file():
+        pytest.skip("measured runs not available")
+    rows = pl.read_csv(SILICON, infer_schema_length=None).filter(pl.col("backend") == "vllm").gather_every(15)
+    runs, out = tmp_path / "runs.csv", tmp_path / "replay.json"
+    rows.write_csv(runs)
+    result = runner.invoke(app, ["cost", "calibrate", str(runs), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    entries = json.loads(out.read_text())["entries"]
+    assert {e["fit"] for e in entries} == {"replay"} and {e["model"] for e in entries} == {"Qwen/Qwen3-32B", "*"}
+    for e in entries:
+        assert e["prefill_scale"] > 0 and e["decode_scale"] > 0 and "measured_server" in e
+        assert e["tpot_mape_after"] <= e["tpot_mape_before"] + 1e-9
+    show = runner.invoke(app, ["cost", "show", "--model", "qwen3-32b", "--gpu", "h100", "--tp", "2",
+                               "--calibration", str(out), "--format", "json"])
+    assert "calibrated:replay.json setup" in json.loads(show.output)["source"]
+    assert runner.invoke(app, ["cost", "calibrate", str(runs), "--fit", "guess"]).exit_code == 2

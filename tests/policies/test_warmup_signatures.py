@@ -4,7 +4,8 @@ A kernel compiled for other argument types than a study passes (a writable array
 ``load_trace`` gives a read-only one, say) makes the first real replay compile it again:
 minutes on a cold cache. So: warm up, note every jitted function's signatures, run what
 a study runs (a trace read from a file, a real cost model, ``simulate``,
-``simulate_many`` and the fleet on two replicas), and require that nothing gained one.
+``simulate_many`` and the fleet on two replicas) and what ``validate`` runs (the closed
+loop of a measured vLLM and TRT-LLM run), and require that nothing gained one.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from numba.core.dispatcher import Dispatcher
 
 import costmodels
 from costmodels.jitcache import JIT_PACKAGES
+from optimizer import closedloop
+from optimizer.targets import context_of
 from policies import engine, fleet
 from policies.config import PolicyConfig
 from studies.traces import Trace, load_trace, write_trace
@@ -26,12 +29,14 @@ MAIN_KERNELS = {
     "policies.engine.simulate_many_kernel": engine.simulate_many_kernel,
     "policies.fleet.fleet_kernel": fleet.fleet_kernel,
     "policies.fleet.fleet_many_kernel": fleet.fleet_many_kernel,
+    "optimizer.closedloop._drive": closedloop._drive,
 }
 
 
 def _dispatchers() -> dict[str, Dispatcher]:
-    """Every jitted function of the loaded jitted packages, by module and name."""
-    found = {}
+    """Every jitted function of the loaded jitted packages (and the closed loop's), by
+    module and name."""
+    found = {"optimizer.closedloop._drive": closedloop._drive}
     for name, module in list(sys.modules.items()):
         if module is None or name.split(".")[0] not in JIT_PACKAGES:
             continue
@@ -61,6 +66,7 @@ def _file_trace(tmp_path) -> Trace:
 def test_a_real_run_compiles_nothing_after_warmup(tmp_path):
     engine.warmup()
     fleet.warmup()
+    closedloop.warmup()
     warm = _signatures()
     for name, kernel in MAIN_KERNELS.items():
         assert kernel.signatures, f"warm-up left {name} uncompiled"
@@ -74,6 +80,11 @@ def test_a_real_run_compiles_nothing_after_warmup(tmp_path):
     routed = config.replace(router="least_kv")
     fleet.simulate_fleet(trace, cost, routed, replicas=2)
     fleet.simulate_fleet_many(trace, cost, [routed, routed.replace(migration=True)], replicas=2)
+    for framework in ("vllm", "trtllm"):  # as validate replays a measured run
+        measured = costmodels.build("meta-llama/Llama-3.1-8B", "h100", framework=framework)
+        ctx = context_of(measured, "h100", context_len=0)
+        closedloop.run_benchmark(measured, closedloop.server_config(framework, ctx), 3, 64, 8,
+                                 max_seq_len=closedloop.server_max_seq_len(framework, "meta-llama/Llama-3.1-8B"))
 
     after = _signatures()
     gained = {name: sigs - warm.get(name, set()) for name, sigs in after.items()}

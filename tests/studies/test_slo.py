@@ -17,7 +17,8 @@ def test_vllm_style_string():
 @pytest.mark.parametrize(
     "text, message",
     [("ttft=2000", "expected KEY:MS"), ("itl:5", "expected KEY:MS"), ("ttft:fast", "not a number"),
-     ("ttft:1,ttft:2", "given twice"), ("", "no bounds"), ("tpot:-1", "must be a number >= 0")],
+     ("ttft:1,ttft:2", "given twice"), ("", "no bounds"), ("tpot:-1", "must be a finite number of ms > 0"),
+     ("ttft:0", "must be a finite number of ms > 0")],
 )
 def test_bad_strings(text, message):
     with pytest.raises(SLOError, match=message):

@@ -1,0 +1,73 @@
+"""The calibration fallback chain: which entry a setup gets, and that build says which."""
+
+import pytest
+
+from costmodels import build, save_calibration
+from costmodels.calibration import MATCHES, entry_family, match_entry
+
+LLAMA8, LLAMA70, QWEN32 = "meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-70B", "Qwen/Qwen3-32B"
+
+
+def entry(model, gpu="h100_sxm", framework="trtllm", dtype="bf16", tp=(1, 2), overhead_ms=1.0, **extra):
+    return {"model": model, "gpu": gpu, "framework": framework, "gemm_dtype": dtype, "kv_dtype": dtype,
+            "tp": list(tp), "overhead_s": overhead_ms * 1e-3, "scale": 1.0, **extra}
+
+
+ENTRIES = [entry(LLAMA8, overhead_ms=1.0), entry(QWEN32, overhead_ms=2.0), entry("*", overhead_ms=3.0),
+           entry(LLAMA8, gpu="a100_sxm", framework="vllm", overhead_ms=4.0),
+           entry("*", gpu="a100_sxm", framework="vllm", overhead_ms=5.0)]
+
+
+def match(model, family, gpu="h100_sxm", framework="trtllm", tp=1, kv="bf16"):
+    found, how = match_entry(ENTRIES, model=model, family=family, gpu=gpu, framework=framework, gemm_dtype="bf16",
+                             tp=tp, kv_dtype=kv)
+    return (None if found is None else round(found["overhead_s"] * 1e3)), how
+
+
+@pytest.mark.parametrize("setup, expected", [
+    ((LLAMA8, "llama"), (1, "setup")),
+    ((LLAMA8, "llama", "h100_sxm", "trtllm", 4), (1, "model")),  # a TP the entry was not fitted at
+    ((LLAMA8, "llama", "h100_sxm", "trtllm", 1, "fp8"), (1, "model")),  # another KV dtype
+    ((LLAMA70, "llama"), (1, "family")),  # Llama-3.1-8B's fit, not the pooled one
+    (("Qwen/Qwen3-8B", "qwen3"), (2, "family")),
+    (("my-model", "mistral"), (3, "pooled")),
+    ((LLAMA8, "llama", "h200_sxm", "vllm"), (4, "other_gpu")),  # the same model fitted on A100
+    ((QWEN32, "qwen3", "h200_sxm", "vllm"), (5, "other_gpu")),  # nothing of its own or its family: pooled
+    ((LLAMA8, "llama", "h100_sxm", "sglang"), (None, "none")),  # no fit of the framework anywhere
+])
+def test_each_level_of_the_chain(setup, expected):
+    assert match(*setup) == expected
+    assert expected[1] in (*MATCHES, "none")
+
+
+def test_a_family_is_read_from_the_model_when_the_entry_lacks_it():
+    assert entry_family(entry(LLAMA8)) == "llama" and entry_family(entry(QWEN32)) == "qwen3"
+    assert entry_family(entry("*")) == "" and entry_family(entry("someone/unknown")) == ""
+    assert entry_family(entry("someone/unknown", family="llama")) == "llama"
+
+
+def test_build_says_which_entry_it_used(tmp_path):
+    path = tmp_path / "calibration.json"
+    save_calibration(ENTRIES, path)
+    cost = build(LLAMA70, "h100", tp=4, framework="trtllm", calibration=path)
+    assert cost.calibration["match"] == "family" and cost.calibration["model"] == LLAMA8
+    assert cost.tables.overhead_s == pytest.approx(1e-3)
+    assert "family (meta-llama/Llama-3.1-8B)" in cost.source
+    other = build(LLAMA8, "h200", framework="vllm", calibration=path)
+    assert other.calibration["match"] == "other_gpu" and other.calibration["gpu"] == "a100_sxm"
+    assert f"other_gpu ({LLAMA8} on a100_sxm)" in other.source
+
+
+def test_entries_fitted_on_profiled_tables_never_correct_the_roofline(tmp_path):
+    from costmodels.gpus import GPUSpec, register_gpu
+
+    register_gpu(GPUSpec(name="chaingpu", memory_bytes=48 * 2**30, hbm_bytes_per_s=864e9, bf16_flops=362e12,
+                         nvlink_bytes_per_s=32e9, pcie_bytes_per_s=32e9))
+    path = tmp_path / "calibration.json"
+    save_calibration([*ENTRIES, entry("*", gpu="a100_sxm", framework="vllm", overhead_ms=6.0,
+                                      step_source="roofline")], path)
+    cost = build(LLAMA8, "chaingpu", framework="vllm", calibration=path)
+    assert cost.source.startswith("roofline") and cost.calibration["match"] == "other_gpu"
+    assert cost.tables.overhead_s == pytest.approx(6e-3)  # the roofline fit, not the profiled ones
+    bundled = build(LLAMA8, "chaingpu", framework="trtllm")
+    assert bundled.calibration["match"] == "none" and bundled.source.endswith("uncalibrated")
