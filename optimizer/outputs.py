@@ -7,6 +7,15 @@ trial, built with polars from ``study.trials``), the plots (``optimizer.plots``)
 capacity review (``optimizer.review``). It only reads the study; running it again
 regenerates the same files.
 
+The outputs are swapped in whole, so a kill while writing never leaves a file of the new
+recommendation beside a summary of the old one: each run writes a new generation folder
+``RUN_DIR/.outputs/gen-<pid>-*``, then points the link ``RUN_DIR/.outputs/current`` at it
+in one rename. Every output name in the run folder (``summary.json``, ``vllm.yaml``,
+``plots``, ...) is a link through ``.outputs/current``, so readers, and scripts that
+``scp -r`` or ``cd`` into the folder, see one generation or the other, never a mix. The
+study's storage and ``study.json`` and anything else in the folder are left where they are;
+a failed write removes its generation, and a later write removes those of dead processes.
+
 The pieces below it work on plain data (trials, PolicyConfig, Report dicts) so they can
 be tested and reused without a study.
 """
@@ -16,11 +25,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import platform
 import re
 import shlex
+import shutil
 import sys
-from collections.abc import Mapping, Sequence
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata
@@ -67,6 +80,8 @@ FAILURE_FIGURES = ("failure_windows", "failure_affected", "reprefill_tokens", "g
 GAIN_METRICS = {"weighted_goodput": "maximize", "request_goodput": "maximize", "token_goodput": "maximize",
                 "slo_attainment": "maximize", "p99_ttft_ms": "minimize", "p99_tpot_ms": "minimize"}
 PACKAGES = ("servetune", "numpy", "numba", "optuna", "polars", "scipy", "matplotlib")
+#: The run folder's output generations, and the link to the one its output names show.
+OUTPUTS, CURRENT = ".outputs", "current"
 
 
 class OutputError(ValueError):
@@ -411,6 +426,13 @@ def write_run_outputs(run_dir, study, spec, evaluator) -> RunOutputs:
     of the trace and at +-20% of its rate (``generalisation``).
     """
     run_dir = Path(run_dir)
+    with staged_outputs(run_dir) as out:
+        outputs = _write_outputs(out, study, spec, evaluator)
+    return RunOutputs({k: run_dir / path.relative_to(out) for k, path in outputs.files.items()}, outputs.summary)
+
+
+def _write_outputs(out: Path, study, spec, evaluator) -> RunOutputs:
+    """``write_run_outputs`` into the folder ``out``."""
     trials = study.get_trials(deepcopy=False)
     dirs, names = directions(study), metric_names(study)
     best = recommend(trials, spec, dirs)
@@ -445,13 +467,13 @@ def write_run_outputs(run_dir, study, spec, evaluator) -> RunOutputs:
     files: dict[str, Path] = {}
     expected = {k: recommended.report[k] for k in ("request_goodput", "slo_attainment", "p99_ttft_ms", "p99_tpot_ms")
                 if recommended.report.get(k) is not None}
-    files.update(write_exports(run_dir, evaluator.target, replay.config, deployment, spec.context, note=note,
+    files.update(write_exports(out, evaluator.target, replay.config, deployment, spec.context, note=note,
                                expected=expected))
     if not evaluator.target.what_if:
-        files.update(write_bench_replay(run_dir, spec, evaluator, replay, recommended.fleet, expected))
+        files.update(write_bench_replay(out, spec, evaluator, replay, recommended.fleet, expected))
     generalisation = generalisation_check(spec, evaluator, {e.name: e.config for e in evaluated},
                                           [e.fleet for e in evaluated])
-    plot_files = _write_plots(run_dir / "plots", study, trials, dirs, names, evaluated, evaluator.trace, spec,
+    plot_files = _write_plots(out / "plots", study, trials, dirs, names, evaluated, evaluator.trace, spec,
                               traffic.rate_rps)
     files.update(plot_files)
     review = ReviewInputs(
@@ -462,14 +484,14 @@ def write_run_outputs(run_dir, study, spec, evaluator) -> RunOutputs:
                            f"{traffic.mean_output_tokens} output tokens)"),
         best=_figures(recommended), baselines=[_figures(e) for e in baselines],
         objectives=tuple(zip(names, best.values, dirs, strict=True)),
-        plots={caption: str(path.relative_to(run_dir)) for caption, path in plot_files.items()
+        plots={caption: str(path.relative_to(out)) for caption, path in plot_files.items()
                if path.suffix == ".png"},
         notes=_notes(best, recommended, evaluated, spec, evaluator.target, generalisation,
                      residual(evaluator.cost_model)),
         fleet_front=fleet_front(trials),
         failures=None if spec.failures is None else spec.failures.describe(),
     )
-    files["capacity-review.md"], files["capacity-review.html"] = write_review(run_dir, review)
+    files["capacity-review.md"], files["capacity-review.html"] = write_review(out, review)
 
     summary = _summary(study, spec, evaluator, best, names, dirs, recommended, baselines, traffic)
     summary["recommendation"] = {"engine": evaluator.target.name, "version": evaluator.target.version,
@@ -480,11 +502,57 @@ def write_run_outputs(run_dir, study, spec, evaluator) -> RunOutputs:
     if evaluator.target.what_if:
         summary["oracle_upper_bound"] = oracle_bound(spec, evaluator, {e.name: e.config for e in evaluated},
                                                      [e.fleet for e in evaluated])
-    files["summary.json"] = run_dir / "summary.json"
+    files["summary.json"] = out / "summary.json"
     files["summary.json"].write_text(json.dumps(json_safe(summary), indent=2) + "\n")
-    files["trials.parquet"] = run_dir / "trials.parquet"
+    files["trials.parquet"] = out / "trials.parquet"
     trials_frame(trials, names).write_parquet(files["trials.parquet"])
     return RunOutputs(files, summary)
+
+
+@contextmanager
+def staged_outputs(run_dir: Path) -> Iterator[Path]:
+    """A new generation folder to write the outputs into: swapped in whole when the body
+    returns, removed when it raises (see the module docstring)."""
+    home = run_dir / OUTPUTS
+    home.mkdir(parents=True, exist_ok=True)
+    gen = Path(tempfile.mkdtemp(prefix=f"gen-{os.getpid()}-", dir=home))
+    gen.chmod(0o755)  # mkdtemp's 0700 would hide the outputs from other users
+    try:
+        yield gen
+    except BaseException:
+        shutil.rmtree(gen, ignore_errors=True)
+        raise
+    _swap_in(run_dir, gen)
+
+
+def _swap_in(run_dir: Path, gen: Path) -> None:
+    """Link each of ``gen``'s names from the run folder, then make ``gen`` current in one rename."""
+    from optimizer.study import alive
+
+    names = {p.name for p in gen.iterdir()}
+    for name in sorted(names):
+        link, target = run_dir / name, f"{OUTPUTS}/{CURRENT}/{name}"
+        if link.is_symlink() and os.readlink(link) == target:
+            continue
+        if link.is_dir() and not link.is_symlink():  # a folder written before generations (plots)
+            shutil.rmtree(link)
+        _replace_link(link, target)
+    _replace_link(gen.parent / CURRENT, gen.name)
+    for link in run_dir.iterdir():  # outputs the new generation has not, or links a kill left half made
+        if link.is_symlink() and os.readlink(link).startswith(f"{OUTPUTS}/") and link.name not in names:
+            link.unlink()
+    for old in gen.parent.glob("gen-*"):
+        pid = old.name.split("-")[1]
+        if old != gen and not (pid.isdigit() and int(pid) != os.getpid() and alive(int(pid))):
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _replace_link(link: Path, target: str) -> None:
+    """Make ``link`` point at ``target`` in one rename (readers see the old or the new)."""
+    tmp = link.with_name(f".{link.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(target)
+    os.replace(tmp, link)
 
 
 def write_bench_replay(run_dir: Path, spec, evaluator, replay: FileReplay, fleet: Fleet,
@@ -744,7 +812,8 @@ def open_run(run_dir: str | Path, storage: str | None = None):
     """(spec, study) of a run folder, from its ``study.json`` manifest and its storage.
 
     ``storage`` (or ``SERVETUNE_STORAGE``) is needed when the study lives in a database:
-    the manifest keeps its URL without the password.
+    the manifest keeps its URL without the password. Works from any working directory
+    (``stored_paths``).
     """
     import os
 
@@ -770,9 +839,27 @@ def open_run(run_dir: str | Path, storage: str | None = None):
         url = stored if "://" in stored else str(run_dir / stored)
         if "://" not in url and not Path(url).is_file():
             raise OutputError(f"run folder {run_dir} has no study storage {url}")
-    spec = spec_from_dict(manifest.get("spec", {}), storage=url, run_dir=run_dir)
+    stored_spec = manifest.get("spec", {})
+    spec = spec_from_dict(stored_spec, storage=url, run_dir=run_dir, **stored_paths(stored_spec, run_dir))
     try:
         study = optuna.load_study(study_name=spec.study_name, storage=open_storage(spec))
     except KeyError:
         raise OutputError(f"no study {spec.study_name!r} in {redact_url(url)}") from None
     return spec, study
+
+
+def stored_paths(stored: Mapping[str, Any], run_dir: Path) -> dict[str, Path]:
+    """The trace, calibration and model-config paths of a manifest's spec, made absolute.
+
+    Manifests store them absolute; older ones as given to ``tune``, relative to where it
+    ran: the folder from which the stored ``run_dir`` leads to ``run_dir`` (else the
+    current one).
+    """
+    given = {"trace": (stored.get("trace") or {}).get("path"),
+             **{k: (stored.get("deployment") or {}).get(k) for k in ("calibration", "model_config")}}
+    relative = Path((stored.get("study") or {}).get("run_dir") or "")
+    here = run_dir.resolve()
+    origin = Path.cwd()
+    if relative.parts and not relative.is_absolute() and here.parts[-len(relative.parts):] == relative.parts:
+        origin = here.parents[len(relative.parts) - 1]
+    return {k: origin / v for k, v in given.items() if isinstance(v, str)}

@@ -12,8 +12,14 @@ as its batch finishes, so a killed run loses at most the batch in flight. The tr
 budget is global: every process counts the study's non-failed trials, so several workers
 share one budget; a trial asked past the budget (two workers racing) is told FAIL with
 ``user_attrs["over_budget"]``. Every trial names its owning process from the moment it is
-written (``optimizer.ownership``); trials left RUNNING by a dead local process are failed
-when the next process starts, and on an RDB, heartbeats do the same for remote workers.
+written (``optimizer.ownership``); trials left RUNNING by a dead local process (and, on an
+RDB, by a remote worker whose heartbeat went stale) are failed when a process opens the
+study and between batches of every running process, and a baseline among them is enqueued
+again. A process whose share is done waits while other processes' trials run, so the
+survivors of a killed worker still reach the budget in completed trials.
+
+The manifest ``RUN_DIR/study.json`` stores the spec with absolute paths, so ``report``
+and ``bench`` read a run folder from any working directory.
 """
 
 from __future__ import annotations
@@ -33,7 +39,13 @@ from optuna.trial import TrialState
 
 from optimizer import objective as objectives
 from optimizer.capacity import capacity_many
-from optimizer.ownership import WORKER_ATTR, OwnedJournalStorage, OwnedRDBStorage, heartbeats
+from optimizer.ownership import (
+    WORKER_ATTR,
+    OwnedJournalStorage,
+    OwnedRDBStorage,
+    heartbeats,
+    worker_id,
+)
 from optimizer.spec import StudySpec, spec_from_dict
 
 MANIFEST = "study.json"
@@ -42,6 +54,7 @@ SPEC_ATTR = "servetune_spec"
 FINGERPRINT_ATTR = "servetune_fingerprint"
 CAP_ATTR = "rejected_fraction_cap"
 HEARTBEAT_S = 60
+POLL_S = 1.0  # how often a process with nothing to ask checks the other processes' trials
 
 
 class StudyError(RuntimeError):
@@ -145,14 +158,22 @@ def create_or_resume(spec: StudySpec, *, seed: int | None = None) -> optuna.Stud
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names(list(objectives.objective_for(spec).metrics))
     elif stored != fingerprint:
-        raise StudyError(_mismatch(f"study {spec.study_name!r}", study.user_attrs.get(SPEC_ATTR, {}), spec))
+        raise StudyError(_mismatch(f"study {spec.study_name!r}", study.user_attrs.get(SPEC_ATTR, {}),
+                                   spec.to_dict()))
     _write_manifest(spec, fingerprint)
+    reap(study)  # so a baseline a killed run left RUNNING is enqueued again
     return study
 
 
 def load_for_worker(study_name: str, storage: str, *, trace: str | None = None, batch_size: int | None = None,
                     seed: int | None = None) -> tuple[StudySpec, optuna.Study]:
-    """Join an existing study as a worker: the spec comes from the study itself."""
+    """Join an existing study as a worker: the spec comes from the study itself.
+
+    A journal path that does not exist is refused (opening it would create an empty one).
+    """
+    if "://" not in storage and not Path(storage).is_file():
+        raise StudyError(f"no study journal at {storage}: start the study with `servetune tune` first, "
+                         "or pass the journal it wrote (RUN_DIR/study.journal)")
     probe = open_storage(_Probe(storage))
     try:
         study = optuna.load_study(study_name=study_name, storage=probe)
@@ -196,7 +217,7 @@ def _check_manifest(spec: StudySpec, fingerprint: str) -> None:
         raise StudyError(f"run folder {spec.run_dir} belongs to study {manifest.get('study_name')!r}, not "
                          f"{spec.study_name!r}; use another --run-dir, or the original --study-name to resume it")
     if manifest.get("fingerprint") != fingerprint:
-        raise StudyError(_mismatch(f"run folder {spec.run_dir}", manifest.get("spec", {}), spec))
+        raise StudyError(_mismatch(f"run folder {spec.run_dir}", manifest.get("spec", {}), manifest_spec(spec)))
 
 
 def _write_manifest(spec: StudySpec, fingerprint: str) -> None:
@@ -206,14 +227,23 @@ def _write_manifest(spec: StudySpec, fingerprint: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     url = storage_url(spec)
     body = {"study_name": spec.study_name, "fingerprint": fingerprint,
-            "storage": redact(url) if url else JOURNAL, "spec": spec.to_dict()}
+            "storage": redact(url) if url else JOURNAL, "spec": manifest_spec(spec)}
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(body, indent=2, default=str) + "\n")
     tmp.replace(path)
 
 
-def _mismatch(what: str, stored: dict, spec: StudySpec) -> str:
-    new = spec.to_dict()
+def manifest_spec(spec: StudySpec) -> dict:
+    """``spec.to_dict()`` with its file paths absolute, as the manifest stores it."""
+    data = spec.to_dict()
+    data["trace"]["path"] = str(Path(spec.trace).resolve())
+    for key in ("calibration", "model_config"):
+        if key in data["deployment"]:
+            data["deployment"][key] = str(Path(data["deployment"][key]).resolve())
+    return data
+
+
+def _mismatch(what: str, stored: dict, new: dict) -> str:
     differing = sorted(section for section in ("trace", "deployment", "slo", "objective", "constraints", "space")
                        if stored.get(section) != new.get(section))
     detail = f" ({', '.join(differing)} differ)" if differing else " (the trace file's content differs)"
@@ -223,7 +253,8 @@ def _mismatch(what: str, stored: dict, spec: StudySpec) -> str:
 
 # -- baselines ---------------------------------------------------------------------------
 def enqueue_baselines(study: optuna.Study, spec: StudySpec, baselines: dict) -> None:
-    """Enqueue each preset once (a rerun finds them already there), before any sampled trial."""
+    """Enqueue each preset that has no trial yet, or only failed ones (a rerun finds the
+    others there); on a new study, before any sampled trial."""
     present = {t.user_attrs.get("baseline") for t in study.get_trials(deepcopy=False) if t.state != TrialState.FAIL}
     for name, config in baselines.items():
         if name not in present:
@@ -240,6 +271,11 @@ def rejected_cap(study: optuna.Study, spec: StudySpec, evaluator) -> float:
 
 
 # -- the loop ------------------------------------------------------------------------------
+def reap(study: optuna.Study) -> int:
+    """Fail the trials of dead owners (local pids, stale heartbeats); return how many."""
+    return fail_dead_local_trials(study) + _fail_stale(study)
+
+
 def fail_dead_local_trials(study: optuna.Study) -> int:
     """Fail RUNNING trials whose owner is a dead process on this host; return how many."""
     host = socket.gethostname()
@@ -247,13 +283,14 @@ def fail_dead_local_trials(study: optuna.Study) -> int:
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         owner = str(t.user_attrs.get(WORKER_ATTR, ""))
         owner_host, _, pid = owner.rpartition(":")
-        if owner_host == host and pid.isdigit() and not _alive(int(pid)):
+        if owner_host == host and pid.isdigit() and not alive(int(pid)):
             study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
             failed += 1
     return failed
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` on this host is running."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -265,28 +302,35 @@ def _alive(pid: int) -> bool:
 
 def run(study: optuna.Study, spec: StudySpec, evaluator, *, on_trial: Callable | None = None,
         stop: Callable[[], bool] | None = None) -> RunStats:
-    """Run batches until the study holds ``spec.trials`` non-failed trials (global budget).
+    """Run batches until the study holds ``spec.trials`` finished trials (global budget).
 
-    ``on_trial(frozen_trial, stats)`` is called after each tell (progress display).
+    Between batches, dead owners' trials are failed (their baselines enqueued again) and
+    their slots asked anew; with nothing left to ask while other processes' trials run,
+    it waits for them, since their owner may die. ``on_trial(frozen_trial, stats)`` is
+    called after each tell (progress display).
     """
     stats = RunStats()
     start = time.perf_counter()
-    t0 = time.perf_counter()
-    fail_dead_local_trials(study)
-    _fail_stale(study)
-    stats.optuna_s += time.perf_counter() - t0
     engine_before = evaluator.engine_seconds
     cap = rejected_cap(study, spec, evaluator)
     baselines = evaluator.baselines()
+    me = worker_id()
     while not (stop and stop()):
         t0 = time.perf_counter()
+        if reap(study):
+            enqueue_baselines(study, spec, baselines)
         trials = study.get_trials(deepcopy=False)
         waiting = sum(t.state == TrialState.WAITING for t in trials)
         counted = sum(t.state != TrialState.FAIL for t in trials)
         k = min(spec.batch_size, max(0, spec.trials - counted) + waiting)
         if k == 0:
+            elsewhere = any(t.state == TrialState.RUNNING and t.user_attrs.get(WORKER_ATTR) not in (None, me)
+                            for t in trials)
             stats.optuna_s += time.perf_counter() - t0
-            break
+            if not elsewhere:
+                break
+            time.sleep(POLL_S)  # their owner may die: its trials are then failed and asked again
+            continue
         batch = _ask(study, spec, baselines, k)
         stats.optuna_s += time.perf_counter() - t0
         if not batch:
@@ -360,11 +404,17 @@ def _evaluate_and_tell(study, spec, evaluator, batch, cap, stats: RunStats, on_t
             on_trial(frozen, stats)
 
 
-def _fail_stale(study: optuna.Study) -> None:
-    """Fail RUNNING trials whose heartbeat went stale (a no-op on storages without heartbeats)."""
+def _fail_stale(study: optuna.Study) -> int:
+    """Fail RUNNING trials whose heartbeat went stale (a no-op on storages without
+    heartbeats); return how many."""
+    storage = study._storage  # Optuna exposes no public handle on a study's storage
+    if not getattr(storage, "get_heartbeat_interval", lambda: None)():
+        return 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        stale = storage._get_stale_trial_ids(study._study_id)
         optuna.storages.fail_stale_trials(study)
+    return len(stale)
 
 
 # -- results -------------------------------------------------------------------------------

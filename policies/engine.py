@@ -111,6 +111,12 @@ with its KV, computed tokens):
 * ``advance_through(rep, st, tables, cfg, t)``: ``advance`` that also runs the step
   starting at t; ``head_request``, ``newest_running``, ``capacity_blocks``, ``max_len``.
 
+Progress guard: ``advance``'s loop counts its iterations over every call and, once they
+pass base + per * progress (``_progress``: steps, deliveries taken, requests ended,
+calls; (base, per) by default ``default_progress_budget(n)``, ``bound_progress`` sets
+it), stops the replica with ``ERROR_NO_PROGRESS``. A replica in error runs no more; the
+Python side raises ``SimulationStalled`` naming the time and the replica's state.
+
 ``simulate_kernel`` is new_replica, deliver every request, ``advance(inf)``,
 ``write_outputs``. Inside ``advance`` every array is *borrowed* (``borrowed``): Numba
 reference-counts each array argument of every non-inlined call with an atomic add, which
@@ -150,6 +156,7 @@ from policies.config import (
     PolicyConfig,
 )
 from policies.kernel_state import (
+    ADVANCES,
     B_DECODES,
     B_KV_DECODE,
     B_LOGITS,
@@ -159,13 +166,16 @@ from policies.kernel_state import (
     BUDGET,
     BUSY,
     C_CAP,
+    C_ENDED_END,
     C_ERROR,
     C_HOST_USED_END,
+    C_ITERATIONS,
     C_N_SAMPLES,
     C_OUT_OF_RANGE,
     C_PEAK,
     C_PREFILL_TOKENS,
     C_RESERVED_END,
+    C_RUNNING_END,
     C_SPEC_ACCEPTED,
     C_SPEC_DECODES,
     C_SPEC_DRAFTED,
@@ -173,6 +183,7 @@ from policies.kernel_state import (
     C_STEPS,
     C_SWAP_OUTS,
     C_USED_END,
+    C_WAITING_END,
     CACHED_FIRST,
     CACHING,
     CALIBRATION_BINS,
@@ -202,6 +213,7 @@ from policies.kernel_state import (
     HOST_CAP,
     HOST_FREE,
     INBOX_HEAD,
+    ITERATIONS,
     KV_BLOCK_SIZE,
     KV_BYTES,
     L_BATCH,
@@ -252,6 +264,8 @@ from policies.kernel_state import (
     PREFIX_HIT,
     PREFIX_QUERY,
     PREFIX_SAVED_S,
+    PROGRESS_BASE,
+    PROGRESS_PER,
     QUEUE_SEQ,
     QUOTAS,
     RATIO,
@@ -369,9 +383,21 @@ R_EXCEEDS = int(Reject.EXCEEDS_CAPACITY)
 R_MAX_PREEMPTIONS = int(Reject.MAX_PREEMPTIONS)
 
 #: Kernel error codes: a step formed no work although requests were waiting or running;
-#: ``withdraw`` was asked for a request the replica does not hold.
+#: ``withdraw`` was asked for a request the replica does not hold; ``advance``'s loop
+#: passed its progress bound (``_progress``).
 ERROR_STALLED = 1
 ERROR_NOT_HELD = 2
+ERROR_NO_PROGRESS = 3
+#: What each error code means, for the error the Python side raises.
+ERROR_WHY = {ERROR_STALLED: "a step formed no work although requests were waiting or running",
+             ERROR_NOT_HELD: "asked to withdraw a request it does not hold",
+             ERROR_NO_PROGRESS: "its loop passed its bound of iterations"}
+
+
+class SimulationStalled(RuntimeError):
+    """A kernel stopped a run that made no progress (an internal error: please report the
+    trace, config and failure schedule)."""
+
 
 # Per-request output rows (out_i, out_f) copied from the kernel's state.
 O_STATE, O_REASON, O_GENERATED, O_PREEMPTS = 0, 1, 2, 3
@@ -1769,7 +1795,8 @@ def new_replica(st, cfg, cap_blocks, host_blocks, kv_bytes, swap_bw, seed, serie
     ``cap_blocks``/``host_blocks``: GPU and host KV blocks (``validate``); ``kv_bytes``:
     KV bytes per token; ``swap_bw``: host copy bytes per second; ``seed``: the RNG seed
     of stochastic features; ``series_every``: spacing of the sampled series;
-    ``tenant_params``/``class_params``: ``policies.fairness.side_params`` for ``cfg``.
+    ``tenant_params``/``class_params``: ``policies.fairness.side_params`` for ``cfg``. Its
+    progress guard has the default bound for the trace (``bound_progress`` changes it).
     """
     n = st.sf.shape[1]
     block_size = int(cfg[I_BLOCK_SIZE])
@@ -1806,6 +1833,7 @@ def new_replica(st, cfg, cap_blocks, host_blocks, kv_bytes, swap_bw, seed, serie
     g[QUOTAS] = 1 if quotas else 0
     g[STUCK_MODES] = 1 if _stuck_modes(cfg, quotas) else 0
     g[FAST_FORWARD] = 1 if fast_forward else 0
+    g[PROGRESS_BASE], g[PROGRESS_PER] = default_progress_budget(n)
     speculating = int(cfg[I_SPEC_MODE]) != spm.MODE_OFF  # its rows are allocated only when on
     lists = np.zeros((N_LISTS + (N_SPEC_I if speculating else 0), n + 1), dtype=np.int64)
     fl = np.zeros((N_FL + (1 if speculating else 0), n))
@@ -1821,6 +1849,32 @@ def new_replica(st, cfg, cap_blocks, host_blocks, kv_bytes, swap_bw, seed, serie
     qm.clear(_queue(rep, st), st.lane_tenant)
     fm.clear(_shares(rep), tenant_params, class_params)
     return rep
+
+
+@njit(cache=True, nogil=True)
+def default_progress_budget(units):
+    """The default (base, per) of a progress guard: a loop may iterate base + per *
+    progress times, for a run with ``units`` units of work known up front (requests, and
+    for a fleet failure events and replicas). A correct run iterates at most about twice
+    per unit of progress (``_progress``); the bound is generous, and cheap to reach when a
+    loop spins. Callable from Python too."""
+    return 16 * units + 1024, 4
+
+
+@njit(cache=True, nogil=True)
+def bound_progress(rep, budget):
+    """Bound the replica's progress guard by ``budget``: i8[2] (base, per)."""
+    rep.g[PROGRESS_BASE] = budget[0]
+    rep.g[PROGRESS_PER] = budget[1]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _progress(g):
+    """The replica's progress counters summed: steps taken, deliveries admitted or
+    rejected, requests ended and calls of ``advance``. Every iteration of ``advance``'s
+    loop moves one, or is followed by one that does (an idle jump by an arrival, a step
+    that only preempted by a step), but the idle jump to a call's limit."""
+    return g[STEPS] + g[INBOX_HEAD] + g[N_DONE] + g[ADVANCES]
 
 
 @njit(cache=True, nogil=True)
@@ -1867,10 +1921,17 @@ def _advance(rep, st, tables, cfg, t_limit, through):
     fast_forward = g[FAST_FORWARD] != 0 and not speculating and int(cfg[I_POLICY]) != VTC
     hand_off = g[HAND_OFF] != 0
     chunk_stretches = fast_forward and _chunk_modes(cfg, g[QUOTAS] != 0, hand_off)
+    if g[ERROR] != 0:
+        return  # a replica in error runs no more: its state is not to be trusted
+    g[ADVANCES] += 1
     while g[N_DONE] < g[N_DELIVERED]:
         t = gf[CLOCK]
         if t > t_limit or (t == t_limit and not through):
             break
+        g[ITERATIONS] += 1
+        if g[ITERATIONS] > g[PROGRESS_BASE] + g[PROGRESS_PER] * _progress(g):
+            g[ERROR] = ERROR_NO_PROGRESS  # the loop spins: stop, reported instead of hanging
+            return
         if _next_delivery(rep) <= t:
             _arrive(rep, st, tables, cfg, t)
         if dheap[0] > 0 or cfg[I_MAX_WAIT] > 0.0:
@@ -2247,6 +2308,10 @@ def write_outputs(rep, out_i, out_f, out_counts, out_fcounts, series, out_cached
     out_counts[C_RESERVED_END] = g[RESERVED_TOTAL]
     out_counts[C_HOST_USED_END] = g[HOST_CAP] - g[HOST_FREE]
     out_counts[C_ERROR] = g[ERROR]
+    out_counts[C_ITERATIONS] = g[ITERATIONS]
+    out_counts[C_RUNNING_END] = g[N_RUN]
+    out_counts[C_WAITING_END] = g[N_WAIT]
+    out_counts[C_ENDED_END] = g[N_DONE]
     out_counts[C_SPEC_DECODES] = g[SPEC_DECODES]
     out_counts[C_SPEC_VERIFIES] = g[SPEC_VERIFIES]
     out_counts[C_SPEC_DRAFTED] = g[SPEC_DRAFTED]
@@ -2267,13 +2332,15 @@ def write_outputs(rep, out_i, out_f, out_counts, out_fcounts, series, out_cached
 @njit(cache=True, nogil=True)
 def simulate_kernel(st, tables, cfg, cap_blocks, host_blocks, kv_bytes, swap_bw, seed, series_every, fast_forward,
                     tenant_params, class_params, out_i, out_f, out_counts, out_fcounts, series, out_cached,
-                    out_service, out_prefix):
+                    out_service, out_prefix, budget):
     """One replay of the trace under config vector ``cfg`` on one replica: every request
     delivered at its arrival, advanced to the end; fills the ``out_*`` buffers
-    (``write_outputs``). ``st`` is ``statics``; the rest as in ``new_replica``."""
+    (``write_outputs``). ``st`` is ``statics``; ``budget``: the progress guard's (base,
+    per) (``bound_progress``); the rest as in ``new_replica``."""
     arrival = st.sf[S_ARRIVAL]
     rep = new_replica(st, cfg, cap_blocks, host_blocks, kv_bytes, swap_bw, seed, series_every, fast_forward,
                       tenant_params, class_params, arrival[0])
+    bound_progress(rep, budget)
     inbox = _borrow_replica(rep)  # rep outlives it
     for r in range(arrival.shape[0]):
         deliver(inbox, r, arrival[r])
@@ -2284,12 +2351,12 @@ def simulate_kernel(st, tables, cfg, cap_blocks, host_blocks, kv_bytes, swap_bw,
 @njit(cache=True, parallel=True)
 def simulate_many_kernel(st, tables, cfgs, caps, hosts, kv_bytes, swap_bw, seed, series_every, fast_forward,
                          tenant_params, class_params, out_i, out_f, out_counts, out_fcounts, series, out_cached,
-                         out_service, out_prefix):
+                         out_service, out_prefix, budget):
     """``simulate_kernel`` for every row of ``cfgs``, in parallel; each writes only its slot."""
     for m in prange(cfgs.shape[0]):
         simulate_kernel(st, tables, cfgs[m], caps[m], hosts[m], kv_bytes, swap_bw, seed, series_every[m],
                         fast_forward, tenant_params[m], class_params[m], out_i[m], out_f[m], out_counts[m],
-                        out_fcounts[m], series[m], out_cached[m], out_service[m], out_prefix[m])
+                        out_fcounts[m], series[m], out_cached[m], out_service[m], out_prefix[m], budget)
 
 
 # ======================================================================================
@@ -2429,7 +2496,7 @@ def _side_params(trace, config: PolicyConfig, sharing: fm.SharingSpec | None):
 
 def _result(trace, out_i, out_f, counts, fcounts, series, cached, service, prefix, weights) -> SimResult:
     if counts[C_ERROR] != 0:
-        raise RuntimeError(f"engine stalled (internal error {counts[C_ERROR]}); please report this trace and config")
+        raise SimulationStalled(_stall_message(trace.n, counts, fcounts))
     leftover = (int(counts[C_USED_END]), int(counts[C_RESERVED_END]), int(counts[C_HOST_USED_END]))
     if leftover != (0, 0, 0):
         raise RuntimeError(f"engine leaked KV at the end (GPU, reserved, host blocks) = {leftover}")
@@ -2471,6 +2538,25 @@ def _result(trace, out_i, out_f, counts, fcounts, series, cached, service, prefi
     )
 
 
+def _stall_message(n: int, counts: np.ndarray, fcounts: np.ndarray) -> str:
+    """Where a replica run alone stopped on an error: its clock, what it held, why."""
+    running_, queued, ended = (int(counts[c]) for c in (C_RUNNING_END, C_WAITING_END, C_ENDED_END))
+    return (f"simulation made no progress at t={fcounts[F_END]:.6g} s, replica 0, state: running {running_}, "
+            f"queued {queued}, not yet admitted {n - running_ - queued - ended}, ended {ended}/{n}, "
+            f"steps {int(counts[C_STEPS])} ({ERROR_WHY[int(counts[C_ERROR])]}; {int(counts[C_ITERATIONS])} "
+            "iterations); please report this trace and config")
+
+
+def progress_bound(budget: tuple[int, int] | None, units: int) -> np.ndarray:
+    """A progress guard's (base, per) as the kernels take it: ``budget``, or by default
+    ``default_progress_budget(units)``."""
+    base, per = default_progress_budget(units) if budget is None else budget
+    for name, value in (("base", base), ("per", per)):
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
+            raise ValueError(f"progress_budget {name} must be an integer >= 0, got {value!r}")
+    return np.array([base, per], dtype=np.int64)
+
+
 def _buffers(m: int, n: int, n_tenants: int):
     return (np.zeros((m, N_OI, n), dtype=np.int64), np.zeros((m, N_OF, n)),
             np.zeros((m, N_COUNTS), dtype=np.int64), np.zeros((m, N_FCOUNTS)),
@@ -2485,7 +2571,8 @@ def _fast_forward_enabled() -> bool:
 
 def simulate(trace, cost_model: CostModel, config: PolicyConfig, seed: int = 0, *,
              series_every_s: float | None = None, sharing: fm.SharingSpec | None = None,
-             acceptance: spm.AcceptanceModel | None = None) -> SimResult:
+             acceptance: spm.AcceptanceModel | None = None,
+             progress_budget: tuple[int, int] | None = None) -> SimResult:
     """Replay ``trace`` through one replica running ``config``; deterministic for a seed.
 
     ``series_every_s`` is the spacing of the sampled KV/running/waiting series (default:
@@ -2494,8 +2581,12 @@ def simulate(trace, cost_model: CostModel, config: PolicyConfig, seed: int = 0, 
     quotas and per-class budgets by name (``policies.fairness.SharingSpec``); ``acceptance``
     is the drafter's acceptance profile when ``config.speculative_mode`` is not off
     (``policies.speculative.AcceptanceModel``; default: its default profile).
+    ``progress_budget`` (base, per) bounds the engine loop's iterations by base + per *
+    progress (default: ``default_progress_budget(trace.n)``); past it the run raises
+    ``SimulationStalled`` instead of hanging.
     """
     cap, host = validate(trace, cost_model, config)
+    budget = progress_bound(progress_budget, trace.n)
     every = default_series_every(trace) if series_every_s is None else float(series_every_s)
     if not every > 0:
         raise ValueError(f"series_every_s must be > 0, got {series_every_s}")
@@ -2503,16 +2594,17 @@ def simulate(trace, cost_model: CostModel, config: PolicyConfig, seed: int = 0, 
     bufs = _buffers(1, trace.n, len(tenant_params))
     simulate_kernel(statics(trace, cost_model, [config], acceptance), cost_model.tables, config.to_vector(), cap,
                     host, cost_model.kv_bytes_per_token, cost_model.swap_bytes_per_s, seed, every,
-                    _fast_forward_enabled(), tenant_params, class_params, *(b[0] for b in bufs))
+                    _fast_forward_enabled(), tenant_params, class_params, *(b[0] for b in bufs), budget)
     return _result(trace, *(b[0] for b in bufs), tenant_params[:, fm.T_WEIGHT])
 
 
 def simulate_many(trace, cost_model: CostModel, configs: Sequence[PolicyConfig], seed: int = 0, *,
-                  sharing: fm.SharingSpec | None = None,
-                  acceptance: spm.AcceptanceModel | None = None) -> list[SimResult]:
+                  sharing: fm.SharingSpec | None = None, acceptance: spm.AcceptanceModel | None = None,
+                  progress_budget: tuple[int, int] | None = None) -> list[SimResult]:
     """``simulate`` for each config, in parallel across cores; results in config order."""
     if not configs:
         return []
+    budget = progress_bound(progress_budget, trace.n)
     limits = [validate(trace, cost_model, c) for c in configs]
     m = len(configs)
     cfgs = np.stack([c.to_vector() for c in configs])
@@ -2525,7 +2617,7 @@ def simulate_many(trace, cost_model: CostModel, configs: Sequence[PolicyConfig],
     bufs = _buffers(m, trace.n, tenant_params.shape[1])
     simulate_many_kernel(statics(trace, cost_model, configs, acceptance), cost_model.tables, cfgs, caps, hosts,
                          cost_model.kv_bytes_per_token, cost_model.swap_bytes_per_s, seed, every,
-                         _fast_forward_enabled(), tenant_params, class_params, *bufs)
+                         _fast_forward_enabled(), tenant_params, class_params, *bufs, budget)
     return [_result(trace, *(b[k] for b in bufs), tenant_params[k, :, fm.T_WEIGHT]) for k in range(m)]
 
 

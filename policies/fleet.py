@@ -39,10 +39,12 @@ so the many small calls per event cost no reference counting.
 
 Progress guard: every event of a correct run moves one of the run's progress counters
 (arrivals and failure events taken, migration ticks, deliveries, steps of any replica),
-so the event loop runs at most ``base + per * progress`` times (``_progress_budget``:
+so the event loop runs at most ``base + per * progress`` times (``progress_budget``, by
+default ``engine.default_progress_budget`` of requests + failure events + replicas:
 generous, derived from the trace); past that, or as soon as a replica's engine reports an
-internal error, the run stops and ``simulate_fleet`` raises ``SimulationStalled`` naming
-the time, the replica and the fleet's state, instead of hanging.
+internal error (its own progress guard's among them), the run stops and ``simulate_fleet``
+raises ``SimulationStalled`` naming the time, the replica and the fleet's state, instead
+of hanging.
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ from policies.engine import (
     O_STATE,
     P_HIT_TOKENS,
     P_QUERY_TOKENS,
+    SimulationStalled,
     borrowed,
 )
 from policies.failures import FailureSchedule
@@ -172,11 +175,6 @@ ERROR_ENGINE = 4
 (ST_T, ST_REPLICA, ST_ITERATIONS, ST_Q_LEN, ST_N_FLIGHT, ST_ARRIVALS, ST_FAILURES, ST_CLOCK, ST_RUNNING, ST_WAITING,
  ST_OUTSTANDING, ST_ENGINE_ERROR) = range(12)
 N_STALL = 12
-
-
-class SimulationStalled(RuntimeError):
-    """The fleet kernel stopped a run that made no progress (an internal error: please
-    report the trace, config and failure schedule)."""
 
 
 class FleetBuffers(NamedTuple):
@@ -282,7 +280,7 @@ def fleet_kernel(statics, tables, block_hashes, kv_bytes, swap_bw, fail_t, fail_
         if j >= 0:
             _stall(fl, t, ERROR_ENGINE, j, iterations, _engine_error(fl, j))
             break
-    _finish(owned)
+    _finish(owned, iterations)
 
 
 @njit(cache=True, parallel=True)
@@ -357,16 +355,21 @@ def _borrow_fleet(fl):
 
 
 @njit(cache=True, nogil=True)
-def _finish(fl):
-    """After the last event: run every alive replica to its end, end what is still
-    queued, write every replica's outputs and flag a request that did not end. After a
-    progress guard stopped the run, nothing more is run (the run is an error)."""
+def _finish(fl, iterations):
+    """After the last event (``iterations`` of the event loop): run every alive replica to
+    its end, end what is still queued, write every replica's outputs and flag a request
+    that did not end. After a progress guard stopped the run, or once a replica's engine
+    reports an error on its way to the end, nothing more is run (the run is an error)."""
     if fl.out.fleet[FL_ERROR] != 0:
         return
     n_rep = fl.fr.shape[1]
     for j in range(n_rep):
         if fl.fr[FR_ALIVE, j]:
             _run(fl, j, np.inf, False)
+    j = _replica_in_error(fl)
+    if j >= 0:
+        _stall(fl, engine.clock(fl.nodes[j][0]), ERROR_ENGINE, j, iterations, _engine_error(fl, j))
+        return
     _release_promises(fl)
     _close_queue(fl)
     for j in range(n_rep):
@@ -1008,7 +1011,7 @@ def warmup() -> None:
 
 def simulate_fleet(trace, cost_models, config: PolicyConfig, seed: int = 0, *, replicas: int | None = None,
                    failures: FailureSchedule | None = None, acceptance: spm.AcceptanceModel | None = None,
-                   sharing: fm.SharingSpec | None = None) -> SimResult:
+                   sharing: fm.SharingSpec | None = None, progress_budget: tuple[int, int] | None = None) -> SimResult:
     """Replay ``trace`` through a fleet of replicas running ``config``; deterministic for a seed.
 
     ``cost_models`` is one CostModel (every replica alike) or one per replica (their GPU,
@@ -1017,16 +1020,20 @@ def simulate_fleet(trace, cost_models, config: PolicyConfig, seed: int = 0, *, r
     ``sharing`` as in ``engine.simulate``. Per-request fields cover the whole fleet
     (``replica``: where a finished request ended); counters are summed over replicas, the
     KV peak is the sum of each replica's peak, the series sums the replicas' samples; the
-    fleet fields (``reroutes`` ... ``replica_*``) are filled.
+    fleet fields (``reroutes`` ... ``replica_*``) are filled. ``progress_budget`` (base,
+    per) bounds the event loop's iterations by base + per * progress (default:
+    ``engine.default_progress_budget`` of requests + failure events + replicas; each
+    replica's engine keeps its own default guard); past it the run raises
+    ``SimulationStalled`` instead of hanging.
     """
     return simulate_fleet_many(trace, cost_models, [config], seed, replicas=replicas, failures=failures,
-                               acceptance=acceptance, sharing=sharing)[0]
+                               acceptance=acceptance, sharing=sharing, progress_budget=progress_budget)[0]
 
 
 def simulate_fleet_many(trace, cost_models, configs: Sequence[PolicyConfig], seed: int = 0, *,
                         replicas: int | None = None, failures: FailureSchedule | None = None,
-                        acceptance: spm.AcceptanceModel | None = None,
-                        sharing: fm.SharingSpec | None = None) -> list[SimResult]:
+                        acceptance: spm.AcceptanceModel | None = None, sharing: fm.SharingSpec | None = None,
+                        progress_budget: tuple[int, int] | None = None) -> list[SimResult]:
     """``simulate_fleet`` for each config (each its own fleet), in parallel across cores;
     results in config order."""
     if not configs:
@@ -1063,7 +1070,7 @@ def simulate_fleet_many(trace, cost_models, configs: Sequence[PolicyConfig], see
             fail_t.astype(np.float64), fail_replica.astype(np.int64), fail_up.astype(np.bool_))
     every = engine.default_series_every(trace)
     fast_forward = engine._fast_forward_enabled()
-    budget = np.array(_progress_budget(trace.n, len(fail_t), n_rep), dtype=np.int64)
+    budget = engine.progress_bound(progress_budget, trace.n + len(fail_t) + n_rep)
     if len(configs) == 1:
         fleet_kernel(*args, cfgs[0], caps[0], hosts[0], seed, every, fast_forward, side[0][0], side[0][1],
                      routers[0], outs[0], budget)
@@ -1072,14 +1079,6 @@ def simulate_fleet_many(trace, cost_models, configs: Sequence[PolicyConfig], see
                           np.stack([t for t, _ in side]), np.stack([c for _, c in side]), typed.List(routers),
                           typed.List(outs), budget)
     return [_fleet_result(trace, out, side[k][0][:, fm.T_WEIGHT], schedule) for k, out in enumerate(outs)]
-
-
-def _progress_budget(n: int, n_events: int, n_rep: int) -> tuple[int, int]:
-    """(base, per): the event loop of a run over n requests with ``n_events`` failure
-    events may iterate base + per * progress times (``_progress``). A correct run iterates
-    about once per unit of progress, plus once per replica running out of work; the bound
-    is many times that, and cheap to reach when the loop spins."""
-    return 16 * (n + n_events + n_rep) + 1024, 4
 
 
 def _replica_costs(cost_models, replicas: int | None) -> list[CostModel]:
@@ -1145,7 +1144,7 @@ def _fleet_result(trace, out: FleetBuffers, weights: np.ndarray, schedule: Failu
 def _stall_message(error: int, stall: np.ndarray, n: int, n_windows: int) -> str:
     s = stall
     j = int(s[ST_REPLICA])
-    why = (f"replica {j}'s engine reported internal error {int(s[ST_ENGINE_ERROR])}" if error == ERROR_ENGINE
+    why = (f"replica {j}'s engine: {engine.ERROR_WHY[int(s[ST_ENGINE_ERROR])]}" if error == ERROR_ENGINE
            else f"the event loop passed its bound of iterations ({int(s[ST_ITERATIONS])})")
     state = (f"fleet queue {int(s[ST_Q_LEN])}, in flight {int(s[ST_N_FLIGHT])}, arrivals {int(s[ST_ARRIVALS])}/{n}, "
              f"failure events {int(s[ST_FAILURES])} (of {n_windows} windows)")

@@ -133,7 +133,12 @@ PC_STATS = 53  # policies.prefix_cache stats (N_STATS = 9 slots)
 HAND_OFF = 62  # P/D prefill replica: a request leaves once it has sampled a token (1/0)
 N_OUTBOX = 63  # requests in L_OUTBOX
 UNSORTED = 64  # a delivery arrived before one delivered earlier (a fleet's re-route): 1/0
-N_G = 65
+# progress guard (engine._progress): advance's loop may iterate PROGRESS_BASE + PROGRESS_PER * progress times
+ITERATIONS = 65  # iterations of advance's loop so far
+ADVANCES = 66  # calls of advance (each may idle once, to its limit)
+PROGRESS_BASE = 67
+PROGRESS_PER = 68
+N_G = 69
 #: predicted mode: output/max_tokens ratio histogram bins (in g's tail, below).
 CALIBRATION_BINS = 64
 # g's tail: the predicted-mode histogram, then the fast-forward residues (block_size slots)
@@ -174,7 +179,11 @@ C_SPEC_DECODES = 11
 C_SPEC_VERIFIES = 12
 C_SPEC_DRAFTED = 13
 C_SPEC_ACCEPTED = 14
-N_COUNTS = 15
+C_ITERATIONS = 15  # iterations of advance's loop (the progress guard's count)
+C_RUNNING_END = 16  # requests running, queued and ended at the end (0, 0, all delivered unless the
+C_WAITING_END = 17  # run stopped on an error)
+C_ENDED_END = 18
+N_COUNTS = 19
 F_BUSY = 0
 F_END = 1
 N_FCOUNTS = 2

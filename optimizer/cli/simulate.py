@@ -80,6 +80,8 @@ def simulate_command(
     timeline: Annotated[Path | None, typer.Option("--timeline", help="write a timeline plot (PNG)")] = None,
 ) -> None:
     """Replay TRACE through one scheduler configuration and report its goodput."""
+    from policies.engine import SimulationStalled
+
     try:
         if timeline is not None and not timeline.parent.is_dir():
             raise ConfigError(f"--timeline {timeline}: folder {timeline.parent} does not exist")
@@ -92,6 +94,9 @@ def simulate_command(
     except USER_ERRORS as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    except SimulationStalled as exc:  # a servetune defect, not the input's: said so, no traceback
+        typer.echo(f"internal error: {exc}; please report this command and its trace", err=True)
+        raise typer.Exit(3) from None
     report, result = run.pop("report"), run.pop("result")
     if output_format == "json":
         typer.echo(json.dumps({**run, "report": report.to_dict()}, indent=2, allow_nan=False))

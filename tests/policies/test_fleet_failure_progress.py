@@ -1,11 +1,12 @@
-"""Issue 18: a replica that fails more than once, and the fleet's progress guard.
+"""Issue 18: a replica that fails more than once, and the progress guards.
 
 A request that ended on a replica kept that replica as its owner; once the replica came
 back (a new, empty incarnation, where the request is NOT_ARRIVED) its next failure took
 the request for one in its inbox and searched the inbox for it for ever. These runs end,
 every request in exactly one final state, and the kernel agrees with the reference.
-The guard: a run whose event loop passes its iteration bound, or whose engine reports an
-internal error, stops with ``SimulationStalled`` instead of hanging.
+The guards: a fleet whose event loop, or a replica whose engine loop, passes its
+iteration bound, or whose engine reports an internal error, stops with
+``SimulationStalled`` instead of hanging; the default bounds leave correct runs alone.
 """
 
 from __future__ import annotations
@@ -18,15 +19,16 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from policies import engine
-from policies import fleet as fleet_module
 from policies.config import ROUTERS, ConfigError, PolicyConfig
 from policies.failures import FailureSchedule
 from policies.fleet import SimulationStalled, simulate_fleet
+from policies.kernel_state import ADVANCES, INBOX_HEAD, ITERATIONS, N_DONE, STEPS
 from policies.result import State
 
 from .conftest import cost_model, make_trace, new_replica, poisson_trace
 from .reference_fleet import reference_fleet
 from .test_fleet_reference import PER_REPLICA, PER_REQUEST
+from .test_replica import CONFIGS
 
 FINAL = {int(s) for s in State}
 
@@ -89,7 +91,7 @@ def test_requests_ended_before_a_failure_keep_their_outcome():
 
 @st.composite
 def overloaded_fleets(draw):
-    """2-3 replicas with small KV under a burst of requests, each replica failing up to
+    """2-4 replicas with small KV under a burst of requests, each replica failing up to
     three times (windows of different replicas overlap freely), some never back."""
     n = draw(st.integers(4, 40))
     gaps = draw(st.lists(st.sampled_from([0.0, 0.001, 0.003, 0.01]), min_size=n, max_size=n))
@@ -99,7 +101,7 @@ def overloaded_fleets(draw):
     patience = draw(st.lists(st.one_of(st.none(), st.none(), st.floats(0.01, 1.0)), min_size=n, max_size=n))
     deadline = [a + d if d is not None else math.nan for a, d in zip(arrival, patience, strict=True)]
     trace = make_trace(arrival, prompt, output, deadline=deadline)
-    replicas = draw(st.integers(2, 3))
+    replicas = draw(st.integers(2, 4))
     costs = [cost_model(draw(st.sampled_from([400, 800, 3000])), per_token_s=draw(st.sampled_from([2e-6, 2e-5])))
              for _ in range(replicas)]
     span = float(arrival[-1]) + 0.3
@@ -135,14 +137,60 @@ def test_repeated_and_overlapping_failures_under_overload_always_end(fleet, seed
     assert_kernel_equals_reference(trace, costs, config, failures, seed)
 
 
-def test_the_guard_stops_a_run_past_its_iteration_bound(monkeypatch):
+def test_the_guard_stops_a_run_past_its_iteration_bound():
     trace = poisson_trace(60, rate=30.0, seed=2)
     failures = FailureSchedule.from_rows([(0, 0.5, 1.0), (0, 1.5, 2.0)])
-    monkeypatch.setattr(fleet_module, "_progress_budget", lambda n, n_events, n_rep: (1, 0))
     with pytest.raises(SimulationStalled, match=r"simulation made no progress at t=[0-9.e+-]+ s, replica \S+, "
-                                                r"state: fleet queue \d+, in flight \d+, arrivals \d+/60"):
-        simulate_fleet(trace, cost_model(), BUSY, replicas=2, failures=failures)
+                                                r"state: fleet queue \d+, in flight \d+, arrivals \d+/60.*"
+                                                r"\(the event loop passed its bound of iterations \(2\)\)"):
+        simulate_fleet(trace, cost_model(), BUSY, replicas=2, failures=failures, progress_budget=(1, 0))
     assert issubclass(SimulationStalled, RuntimeError)
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["simulate", "simulate_many"])
+def test_the_engine_guard_stops_a_single_replica_run_past_its_iteration_bound(many):
+    trace = poisson_trace(60, rate=30.0, seed=2)
+    pattern = (r"simulation made no progress at t=[0-9.e+-]+ s, replica 0, state: running \d+, queued \d+, "
+               r"not yet admitted \d+, ended \d+/60, steps \d+ \(its loop passed its bound of iterations; "
+               r"2 iterations\)")
+    with pytest.raises(SimulationStalled, match=pattern):
+        if many:
+            engine.simulate_many(trace, cost_model(), [BUSY, BUSY.replace(max_num_seqs=4)], progress_budget=(1, 0))
+        else:
+            engine.simulate(trace, cost_model(), BUSY, progress_budget=(1, 0))
+
+
+@pytest.mark.parametrize("budget", [(-1, 4), (1024, 2.5), (True, 4)])
+def test_a_progress_budget_that_is_not_two_counts_is_refused(budget):
+    trace = poisson_trace(5, rate=10.0, seed=0)
+    with pytest.raises(ValueError, match="progress_budget"):
+        engine.simulate(trace, cost_model(), BUSY, progress_budget=budget)
+    with pytest.raises(ValueError, match="progress_budget"):
+        simulate_fleet(trace, cost_model(), BUSY, replicas=2, progress_budget=budget)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_a_correct_replica_iterates_at_most_twice_per_unit_of_progress(name):
+    """Run whole and driven in pieces as a fleet drives it (an advance every 5 ms and at
+    each arrival), under overload: the engine loop iterates at most twice per unit of
+    progress (steps, deliveries taken, requests ended, calls), as the guard's default
+    per = 4 assumes with a 2x margin."""
+    trace = poisson_trace(300, rate=400.0, seed=3, prompt=(50, 800), output=(20, 400))
+    cost, config = cost_model(2000, host_tokens=800), CONFIGS[name]
+    cfg = config.to_vector()
+    for pieces in (False, True):
+        rep, statics, _ = new_replica(trace, cost, config)
+        r = 0
+        times = np.union1d(np.arange(trace.arrival_s[0], trace.arrival_s[-1], 0.005), trace.arrival_s)
+        for t_event in times if pieces else trace.arrival_s[:1]:
+            engine.advance(rep, statics, cost.tables, cfg, t_event)
+            while r < trace.n and (not pieces or trace.arrival_s[r] == t_event):
+                engine.deliver(rep, r, trace.arrival_s[r])
+                r += 1
+        engine.advance(rep, statics, cost.tables, cfg, np.inf)
+        g = rep.g
+        assert g[engine.ERROR] == 0 and engine.outstanding(rep) == 0
+        assert g[ITERATIONS] <= 2 * (g[STEPS] + g[INBOX_HEAD] + g[N_DONE] + g[ADVANCES]), f"pieces={pieces}"
 
 
 def test_the_default_bound_leaves_a_long_overloaded_replay_alone():

@@ -1,0 +1,179 @@
+"""Kills and other processes, as issue 18 found them: a run folder read from another
+directory, a worker pointed at no journal, outputs swapped in whole, baselines a killed
+run left RUNNING, and a budget the survivors of a killed worker still reach."""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from optuna.trial import TrialState
+from typer.testing import CliRunner
+
+from optimizer.cli import app
+from optimizer.evaluate import Evaluator
+from optimizer.outputs import OUTPUTS, RunOutputs, open_run, staged_outputs, write_run_outputs
+from optimizer.spec import load_spec
+from optimizer.study import JOURNAL, MANIFEST, create_or_resume, enqueue_baselines
+from tests.optimizer.test_study import COST_MODEL, finished, make_spec, tune
+from tests.optimizer.tuning_helpers import FakeEngine, fake_score, make_trace, write_csv_trace
+
+# Claims ``argv[3]`` trials of study ``argv[2]`` in journal ``argv[1]``, sleeps ``argv[4]`` s
+# and dies without telling them: a killed tune or worker.
+ASK_AND_DIE = """
+import os, sys, time, optuna
+from optuna.storages.journal import JournalFileBackend
+from optimizer.ownership import OwnedJournalStorage
+study = optuna.load_study(study_name=sys.argv[2], storage=OwnedJournalStorage(JournalFileBackend(sys.argv[1])))
+for _ in range(int(sys.argv[3])):
+    study.ask()
+print("asked", flush=True)
+time.sleep(float(sys.argv[4]))
+os._exit(0)
+"""
+
+
+@pytest.fixture
+def trace_file(tmp_path):
+    return write_csv_trace(tmp_path / "tiny.csv")
+
+
+def ask_and_die(spec, n: int, linger_s: float = 0.0) -> subprocess.Popen:
+    """A process that claims ``n`` trials, then dies ``linger_s`` later; returns once they are claimed."""
+    child = subprocess.Popen([sys.executable, "-c", ASK_AND_DIE, str(spec.run_dir / JOURNAL), spec.study_name,
+                              str(n), str(linger_s)], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "asked"
+    # reaped as soon as it exits, as a shell reaps a killed worker (a zombie's pid is alive)
+    threading.Thread(target=child.wait, daemon=True).start()
+    return child
+
+
+# -- 1. report from any working directory -----------------------------------------------------
+
+
+def test_a_run_folder_opens_from_another_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_csv_trace(tmp_path / "trace.csv")
+    spec = load_spec(trace="trace.csv", model="meta-llama/Llama-3.1-8B", gpu="h100", slo="ttft:1000",
+                     run_dir="runs/x", study_name="x")
+    create_or_resume(spec)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    loaded, _ = open_run(tmp_path / "runs" / "x")
+    assert loaded.trace == (tmp_path / "trace.csv").resolve()
+    # a manifest written before paths were stored absolute: relative to where tune ran
+    manifest_path = tmp_path / "runs" / "x" / MANIFEST
+    manifest = json.loads(manifest_path.read_text())
+    manifest["spec"]["trace"]["path"] = "trace.csv"
+    manifest_path.write_text(json.dumps(manifest))
+    loaded, _ = open_run(tmp_path / "runs" / "x")
+    assert loaded.trace.resolve() == (tmp_path / "trace.csv").resolve()
+
+
+# -- 2. a worker on a journal that does not exist ----------------------------------------------
+
+
+def test_worker_on_a_missing_journal_says_so_and_creates_nothing(tmp_path):
+    journal = tmp_path / "nope" / "study.journal"
+    result = CliRunner().invoke(app, ["worker", "--study", "s", "--storage", str(journal)])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: no study journal at ") and str(journal) in result.stderr
+    assert not (tmp_path / "nope").exists()
+
+
+# -- 3. outputs swapped in whole ----------------------------------------------------------------
+
+
+def _write(out, label: str, plots: bool = True) -> None:
+    (out / "vllm.yaml").write_text(f"best: {label}\n")
+    if plots:
+        (out / "plots").mkdir()
+        (out / "plots" / "pareto.png").write_text(label)
+    (out / "summary.json").write_text(json.dumps({"best": label}))
+
+
+def _outputs(run) -> dict:
+    return {name: (run / name).read_text() for name in ("vllm.yaml", "summary.json")}
+
+
+def test_a_failed_write_leaves_the_previous_outputs_whole_and_nothing_behind(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / JOURNAL).write_text("journal")
+    (run / MANIFEST).write_text("{}")
+    (run / "summary.json").write_text("written before generations")  # an older run folder
+    with staged_outputs(run) as out:
+        _write(out, "old")
+    before = _outputs(run)
+    assert before == {"vllm.yaml": "best: old\n", "summary.json": '{"best": "old"}'}
+    with pytest.raises(RuntimeError), staged_outputs(run) as out:
+        (out / "vllm.yaml").write_text("best: new\n")
+        raise RuntimeError("killed while writing")
+    assert _outputs(run) == before and (run / "plots" / "pareto.png").read_text() == "old"
+    with staged_outputs(run) as out:
+        _write(out, "new", plots=False)
+    assert _outputs(run) == {"vllm.yaml": "best: new\n", "summary.json": '{"best": "new"}'}
+    assert not (run / "plots").exists() and not (run / "plots").is_symlink()  # not in this generation
+    assert (run / JOURNAL).read_text() == "journal" and (run / MANIFEST).read_text() == "{}"
+    assert sorted(p.name for p in (run / OUTPUTS).iterdir()) == sorted(["current", os.readlink(run / OUTPUTS / "current")])
+    assert sorted(p.name for p in run.iterdir()) == sorted([OUTPUTS, JOURNAL, MANIFEST, "vllm.yaml", "summary.json"])
+
+
+def test_write_run_outputs_keeps_the_old_outputs_when_a_writer_fails(tmp_path, monkeypatch):
+    import optimizer.outputs as outputs
+
+    run = tmp_path / "run"
+
+    def writer(label, fail=False):
+        def write(out, study, spec, evaluator):
+            _write(out, label)
+            if fail:
+                raise OSError("disk full")
+            return RunOutputs({"vllm.yaml": out / "vllm.yaml", "summary.json": out / "summary.json"}, {"best": label})
+        return write
+
+    monkeypatch.setattr(outputs, "_write_outputs", writer("old"))
+    written = write_run_outputs(run, None, None, None)
+    assert written.files == {"vllm.yaml": run / "vllm.yaml", "summary.json": run / "summary.json"}
+    monkeypatch.setattr(outputs, "_write_outputs", writer("new", fail=True))
+    with pytest.raises(OSError):
+        write_run_outputs(run, None, None, None)
+    assert _outputs(run) == {"vllm.yaml": "best: old\n", "summary.json": '{"best": "old"}'}
+    assert len(list((run / OUTPUTS).glob("gen-*"))) == 1
+
+
+# -- 4. baselines a killed run left RUNNING ------------------------------------------------------
+
+
+def test_baselines_left_running_by_a_killed_run_are_enqueued_again_and_run_once(trace_file, tmp_path):
+    spec = make_spec(trace_file, tmp_path)
+    study = create_or_resume(spec)
+    evaluator = Evaluator(spec, trace=make_trace(), cost_model=COST_MODEL, engine=FakeEngine(), scorer=fake_score)
+    enqueue_baselines(study, spec, evaluator.baselines())
+    ask_and_die(spec, 2).wait()  # the killed run had claimed both baselines
+    assert [t.state for t in study.get_trials()] == [TrialState.RUNNING] * 2
+    study, _, _ = tune(spec)
+    trials = study.get_trials()
+    assert [t.state for t in trials[:2]] == [TrialState.FAIL] * 2
+    done = [t.user_attrs.get("baseline") for t in trials if t.state == TrialState.COMPLETE]
+    assert sorted(b for b in done if b) == ["sglang-default", "vllm-default"]
+    assert len(finished(study)) == spec.trials
+
+
+# -- 5. a worker killed while the others go on ---------------------------------------------------
+
+
+def test_survivors_reach_the_budget_when_a_worker_dies_mid_study(trace_file, tmp_path):
+    spec = make_spec(trace_file, tmp_path)
+    create_or_resume(spec)
+    child = ask_and_die(spec, 1, linger_s=2.0)  # alive when the run starts, dead before it ends
+    start = time.perf_counter()
+    study, stats, _ = tune(spec)
+    child.wait()
+    states = [t.state for t in study.get_trials()]
+    assert len(finished(study)) == spec.trials == stats.told
+    assert TrialState.RUNNING not in states and states.count(TrialState.FAIL) == 1
+    assert time.perf_counter() - start < 30
