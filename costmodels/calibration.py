@@ -329,6 +329,7 @@ def apply_calibration(cost: CostModel, model: str, gpu: str, framework: str, gem
     split = "" if scales == {"prefill_scale": 1.0, "decode_scale": 1.0} else (
         f", prefill x{scales['prefill_scale']:.3f}, decode x{scales['decode_scale']:.3f}")
     used = {"file": label, "match": how, "model": entry["model"], "gpu": entry["gpu"], "tp": entry.get("tp"),
+            "measured_server": dict(entry.get("measured_server") or {}),
             "overhead_s": entry["overhead_s"], "scale": entry["scale"], **scales,
             "error": entry.get("error") or {"in_sample_tpot_mape": entry.get("tpot_mape_after"),
                                             "in_sample_ttft_mape": entry.get("ttft_mape_after"),

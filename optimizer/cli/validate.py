@@ -121,7 +121,7 @@ def _setup(row: dict, kv_dtype: str, model_config: Path | str | None, calibratio
     try:
         cost = build(row["model"], row["gpu"], tp=row["tp"], framework=row["framework"], gemm_dtype=row["gemm_dtype"],
                      kv_dtype=kv_dtype, model_config=model_config, calibration=calibration)
-        server = measured_server(cost, row, calibration)
+        server = measured_server(cost)
         ctx = context_of(cost, row["gpu"], context_len=0, tp=row["tp"])  # the KV pool bounds a closed loop's runs
         return Setup(cost, server_config(row["framework"], ctx, server), server,
                      server_max_seq_len(row["framework"], row["model"], model_config))
@@ -176,24 +176,11 @@ def _config_target(unknown: list[str], model_config: str | Path | None) -> str |
     return matches[0] if len(matches) == 1 else None
 
 
-def measured_server(cost, row: dict, calibration) -> dict:
+def measured_server(cost) -> dict:
     """The scheduler overrides a replay fit chose for the runs of ``cost``'s calibration
     entry (its ``measured_server``; ``optimizer.closedloop.SERVER_CANDIDATES``), {} when the
     entry has none (a formula fit) or no entry applied."""
-    from costmodels.calibration import BUNDLED, MATCHES, load_calibration
-    from costmodels.gpus import load_gpu
-
-    used = cost.calibration or {}
-    if used.get("match") not in MATCHES or calibration is False:
-        return {}
-    path = BUNDLED if calibration is None else Path(calibration)
-    gpu = used.get("gpu") or load_gpu(row["gpu"]).name  # the entry's GPU, when it says
-    for e in load_calibration(path):
-        if (e["gpu"], e["framework"], e["gemm_dtype"], e["model"], e.get("tp"), e["overhead_s"], e["scale"]) == (
-                gpu, row["framework"], row["gemm_dtype"], used["model"], used.get("tp"), used["overhead_s"],
-                used["scale"]):
-            return dict(e.get("measured_server") or {})
-    return {}
+    return dict((cost.calibration or {}).get("measured_server") or {})
 
 
 def _ape(pred: str, measured: str) -> pl.Expr:

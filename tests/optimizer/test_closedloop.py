@@ -147,7 +147,7 @@ def test_reproduces_measured_h100_runs_as_well_as_the_calibration_states():
     from optimizer.targets import context_of
 
     assert LLAMA_TRT.calibration["match"] == "setup"
-    server = measured_server(LLAMA_TRT, {"gpu": "h100", "framework": "trtllm", "gemm_dtype": "bf16"}, None)
+    server = measured_server(LLAMA_TRT)
     config = server_config("trtllm", context_of(LLAMA_TRT, "h100", context_len=0), server)
     seq = server_max_seq_len("trtllm", "meta-llama/Llama-3.1-8B")
     ttft_err, tpot_err = [], []
@@ -195,9 +195,7 @@ def test_validate_command_prints_mape_and_writes_predictions(tmp_path):
     from optimizer.closedloop import server_config, server_max_seq_len
     from optimizer.targets import context_of
 
-    row = {"gpu": "h100", "framework": "trtllm", "gemm_dtype": "bf16"}
-    config = server_config("trtllm", context_of(LLAMA_TRT, "h100", context_len=0),
-                           measured_server(LLAMA_TRT, row, None))
+    config = server_config("trtllm", context_of(LLAMA_TRT, "h100", context_len=0), measured_server(LLAMA_TRT))
     loop = run_benchmark(LLAMA_TRT, config, 8, 1024, 128, BenchClient(requests_per_client=5),
                          max_seq_len=server_max_seq_len("trtllm", "meta-llama/Llama-3.1-8B"))
     assert (pred["pred_ttft_ms"][0], pred["pred_tpot_ms"][0]) == pytest.approx((loop.mean_ttft_ms, loop.mean_tpot_ms),
