@@ -47,6 +47,7 @@ from optimizer.ownership import (
     worker_id,
 )
 from optimizer.spec import StudySpec, spec_from_dict
+from policies.engine import SimulationStalled
 
 MANIFEST = "study.json"
 JOURNAL = "study.journal"
@@ -347,6 +348,38 @@ def run(study: optuna.Study, spec: StudySpec, evaluator, *, on_trial: Callable |
     return stats
 
 
+def _tell_pruned(study, trial, config, fleet, reason: str, stats: RunStats, on_trial) -> None:
+    t0 = time.perf_counter()
+    trial.set_user_attr("config", config.to_dict())
+    trial.set_user_attr("tp", fleet.tp)
+    trial.set_user_attr("replicas", fleet.replicas)
+    trial.set_user_attr("pruned", reason)
+    frozen = study.tell(trial, state=TrialState.PRUNED)
+    stats.optuna_s += time.perf_counter() - t0
+    stats.told += 1
+    stats.pruned += 1
+    if on_trial:
+        on_trial(frozen, stats)
+
+
+def _drop_stalled(study, evaluator, runnable, stats: RunStats, on_trial) -> list:
+    """``runnable`` less the configs whose simulation stalls (a servetune defect, named in
+    the trial, which is pruned so that it counts against the budget and the study goes on)."""
+    try:
+        evaluator.reports([c for _, c, _ in runnable], fleets=[f for *_, f in runnable])
+        return runnable
+    except SimulationStalled:
+        pass
+    kept = []
+    for trial, config, fleet in runnable:  # alone, to find which ones stall
+        try:
+            evaluator.reports([config], fleets=[fleet])
+            kept.append((trial, config, fleet))
+        except SimulationStalled as exc:
+            _tell_pruned(study, trial, config, fleet, f"internal error, please report it: {exc}", stats, on_trial)
+    return kept
+
+
 def _ask(study, spec, baselines, k) -> list[tuple[Any, Any, Any]]:
     """Up to ``k`` (trial, config, fleet); baselines run on the spec's fleet."""
     batch = []
@@ -376,18 +409,9 @@ def _evaluate_and_tell(study, spec, evaluator, batch, cap, stats: RunStats, on_t
         reason = evaluator.infeasibility(config, fleet)
         if reason is None:
             runnable.append((trial, config, fleet))
-            continue
-        t0 = time.perf_counter()
-        trial.set_user_attr("config", config.to_dict())
-        trial.set_user_attr("tp", fleet.tp)
-        trial.set_user_attr("replicas", fleet.replicas)
-        trial.set_user_attr("pruned", reason)
-        frozen = study.tell(trial, state=TrialState.PRUNED)
-        stats.optuna_s += time.perf_counter() - t0
-        stats.told += 1
-        stats.pruned += 1
-        if on_trial:
-            on_trial(frozen, stats)
+        else:
+            _tell_pruned(study, trial, config, fleet, reason, stats, on_trial)
+    runnable = _drop_stalled(study, evaluator, runnable, stats, on_trial)
     if not runnable:
         return
     configs, fleets = [c for _, c, _ in runnable], [f for _, _, f in runnable]

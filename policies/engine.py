@@ -614,10 +614,14 @@ def _vacate(rep, st, r):
 
 @njit(cache=True, nogil=True)
 def _end_by_deadline(rep, st, r):
-    """The client left at its deadline: TIMED_OUT if it had seen a token by then."""
+    """The client left at its deadline: TIMED_OUT if it had seen a token by then, else
+    CANCELLED with no token delivered (one produced after it left reached nobody)."""
     deadline = st.sf[S_DEADLINE, r]
     state = S_TIMED_OUT if rep.rf[FIRST_TOKEN, r] <= deadline else S_CANCELLED
     _end_request(rep, st, r, state, R_NONE, deadline)
+    if state == S_CANCELLED:
+        rep.rf[FIRST_TOKEN, r] = np.nan
+        rep.ri[GENERATED, r] = 0
 
 
 @njit(cache=True, nogil=True)

@@ -919,6 +919,9 @@ def _end_by_deadline_in_fleet(fl, r):
     deadline = fl.nodes[0][1].sf[S_DEADLINE, r]
     state = S_TIMED_OUT if fl.carried_f[K_FIRST_TOKEN, r] <= deadline else S_CANCELLED
     _end_in_fleet(fl, r, state, R_NONE, deadline)
+    if state == S_CANCELLED:  # as on a replica: nothing reached the client
+        fl.out.out_f[O_FIRST_TOKEN, r] = np.nan
+        fl.out.out_i[O_GENERATED, r] = 0
 
 
 @njit(cache=True, nogil=True)

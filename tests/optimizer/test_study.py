@@ -156,6 +156,31 @@ def test_interrupt_keeps_told_trials_and_fails_the_batch(trace_file, tmp_path):
     assert len(finished(create_or_resume(spec))) == 40 and stats.told == 34
 
 
+class StallingEngine(FakeEngine):
+    """A simulation that stalls (SimulationStalled) for every config with max_num_seqs 64."""
+
+    def simulate_many(self, trace, cost_model, configs, seed=0):
+        from policies.engine import SimulationStalled
+
+        if any(c.max_num_seqs == 64 for c in configs):
+            raise SimulationStalled("simulation made no progress at t=1.5 s, replica 0")
+        return super().simulate_many(trace, cost_model, configs, seed)
+
+
+def test_a_stalled_simulation_prunes_its_trial_with_the_reason_and_the_study_goes_on(trace_file, tmp_path):
+    spec = make_spec(trace_file, tmp_path, trials=20,
+                     space={"others": "fixed", "max_num_seqs": {"choices": [64, 128, 256]}})
+    study, stats, _ = tune(spec, StallingEngine())
+    done = finished(study)
+    assert len(done) == 20 and stats.told == 20
+    stalled = [t for t in done if t.user_attrs["config"]["max_num_seqs"] == 64]
+    assert stalled and all(t.state == TrialState.PRUNED for t in stalled)
+    assert all(t.user_attrs["pruned"].startswith("internal error, please report it: simulation made no progress "
+                                                 "at t=1.5 s, replica 0") for t in stalled)
+    others = [t for t in done if t.user_attrs["config"]["max_num_seqs"] != 64]
+    assert others and all(t.state == TrialState.COMPLETE for t in others)  # batch-mates of a stall still scored
+
+
 def test_multi_objective_mode_records_both_values(trace_file, tmp_path):
     spec = make_spec(trace_file, tmp_path, objective="goodput-cost", trials=8)
     study, _, _ = tune(spec)

@@ -206,6 +206,8 @@ class Reference:
     def end_by_deadline(self, r: Req) -> None:
         state = State.TIMED_OUT if r.first_token <= r.deadline else State.CANCELLED
         self.end(r, state, Reject.NONE, r.deadline)
+        if state == State.CANCELLED:  # a token produced after the client left reached nobody
+            r.first_token, r.generated = math.nan, 0
 
     def free_gpu(self, r: Req, drop_refs: bool) -> None:
         self.free += r.held

@@ -395,7 +395,10 @@ class Fleet:
     def end_by_deadline_in_fleet(self, i: int) -> None:
         deadline = float(self.trace.deadline_s[i])
         first = (self.carry[i] or {}).get("first_token", math.nan)
-        self.end_in_fleet(i, State.TIMED_OUT if first <= deadline else State.CANCELLED, Reject.NONE, deadline)
+        cancelled = not first <= deadline
+        self.end_in_fleet(i, State.CANCELLED if cancelled else State.TIMED_OUT, Reject.NONE, deadline)
+        if cancelled and self.carry[i]:  # nothing reached the client
+            self.carry[i] = {**self.carry[i], "first_token": math.nan, "generated": 0}
 
     # -- failures and migration ----------------------------------------------------------
     def fail(self, j: int, t: float) -> None:

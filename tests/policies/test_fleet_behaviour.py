@@ -86,7 +86,11 @@ def test_every_request_ends_once_and_offered_is_accepted_plus_rejected(simulator
     assert np.all((replica >= 0) == finished) and replica.max() < len(costs)
     generated = outcome(result, "tokens_generated")
     assert np.all((generated[finished] >= 1) & (generated[finished] <= trace.max_tokens[finished]))
-    assert np.all(outcome(result, "first_token_s")[finished] <= outcome(result, "finish_s")[finished])
+    first, end = outcome(result, "first_token_s"), outcome(result, "finish_s")
+    seen = ~np.isnan(first)
+    assert np.all(first[seen] <= end[seen]), "a first token after the request ended"
+    assert np.all(seen == (generated > 0))
+    assert not np.any(seen[state == State.CANCELLED]), "a cancelled request saw a token"
     reroutes, reprefill = outcome(result, "reroutes"), outcome(result, "reprefill_tokens")
     assert np.all(reprefill[reroutes == 0] == 0), "KV lost without a failure"
     report = score(as_result(result), trace, SLO)
