@@ -274,9 +274,12 @@ class StudySpec:
         }
 
     def fingerprint(self) -> str:
-        """Hash of everything that changes results; the trace by content, not by path."""
+        """Hash of everything that changes results; the files by content, not by path."""
         data = self.to_dict()
         data["trace"] = {**data["trace"], "path": None, "sha256": file_sha256(self.trace)}
+        for key in ("calibration", "model_config"):
+            if key in data["deployment"] and Path(data["deployment"][key]).is_file():
+                data["deployment"][key] = file_sha256(data["deployment"][key])
         data["study"] = {"seed": self.seed, "engine": self.engine, "holdout": self.holdout}
         if "speculative" in data:  # the drafter's engine names only label the exports
             data["speculative"] = {k: v for k, v in data["speculative"].items() if k not in DRAFTER_LABELS}

@@ -153,14 +153,14 @@ def create_or_resume(spec: StudySpec, *, seed: int | None = None) -> optuna.Stud
         if study.get_trials(deepcopy=False):
             raise StudyError(f"study {spec.study_name!r} already has trials but was not made by servetune; "
                              "choose another --study-name")
-        study.set_user_attr(SPEC_ATTR, spec.to_dict())
+        study.set_user_attr(SPEC_ATTR, manifest_spec(spec))  # absolute paths: workers start anywhere
         study.set_user_attr(FINGERPRINT_ATTR, fingerprint)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names(list(objectives.objective_for(spec).metrics))
     elif stored != fingerprint:
         raise StudyError(_mismatch(f"study {spec.study_name!r}", study.user_attrs.get(SPEC_ATTR, {}),
-                                   spec.to_dict()))
+                                   manifest_spec(spec)))
     _write_manifest(spec, fingerprint)
     reap(study)  # so a baseline a killed run left RUNNING is enqueued again
     return study
@@ -235,7 +235,7 @@ def _write_manifest(spec: StudySpec, fingerprint: str) -> None:
 
 
 def manifest_spec(spec: StudySpec) -> dict:
-    """``spec.to_dict()`` with its file paths absolute, as the manifest stores it."""
+    """``spec.to_dict()`` with its file paths absolute, as the manifest and the study store it."""
     data = spec.to_dict()
     data["trace"]["path"] = str(Path(spec.trace).resolve())
     for key in ("calibration", "model_config"):

@@ -8,7 +8,9 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
+import costmodels
 import pytest
 from optuna.trial import TrialState
 from typer.testing import CliRunner
@@ -17,7 +19,7 @@ from optimizer.cli import app
 from optimizer.evaluate import Evaluator
 from optimizer.outputs import OUTPUTS, RunOutputs, open_run, staged_outputs, write_run_outputs
 from optimizer.spec import load_spec
-from optimizer.study import JOURNAL, MANIFEST, create_or_resume, enqueue_baselines
+from optimizer.study import JOURNAL, MANIFEST, create_or_resume, enqueue_baselines, load_for_worker
 from tests.optimizer.test_study import COST_MODEL, finished, make_spec, tune
 from tests.optimizer.tuning_helpers import FakeEngine, fake_score, make_trace, write_csv_trace
 
@@ -72,6 +74,23 @@ def test_a_run_folder_opens_from_another_working_directory(tmp_path, monkeypatch
     loaded, _ = open_run(tmp_path / "runs" / "x")
     assert loaded.trace.resolve() == (tmp_path / "trace.csv").resolve()
 
+
+
+def test_a_worker_started_in_another_directory_finds_the_files_tune_was_given(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_csv_trace(tmp_path / "trace.csv")
+    calibration = tmp_path / "calibration.json"
+    calibration.write_text((Path(costmodels.__file__).parent / "data" / "calibration.json").read_text())
+    spec = load_spec(trace="trace.csv", model="meta-llama/Llama-3.1-8B", gpu="h100", slo="ttft:1000",
+                     run_dir="runs/x", study_name="x", calibration="calibration.json")
+    create_or_resume(spec)
+    asked = spec.fingerprint()
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    joined, _ = load_for_worker("x", str(tmp_path / "runs" / "x" / JOURNAL))
+    assert joined.trace == (tmp_path / "trace.csv").resolve()
+    assert Path(joined.calibration) == calibration.resolve()
+    assert joined.fingerprint() == asked  # the same question, wherever it is asked from
 
 # -- 2. a worker on a journal that does not exist ----------------------------------------------
 
