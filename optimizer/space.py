@@ -15,7 +15,8 @@ study's ``[space.KNOB]`` table:
 - ``off = true``: 0 (the knob's "off" value) is a choice besides ``[low, high]``; the
   search first picks on/off (parameter ``KNOB:on``), then the value;
 - ``when = {PARENT = [values]}``: suggest the knob only when PARENT took one of values
-  (otherwise it keeps its base value), as Optuna's define-by-run conditional spaces do.
+  (otherwise it keeps its base value), as Optuna's define-by-run conditional spaces do;
+  ``when = {PARENT = "on"}`` for a numeric PARENT: only when it is not 0 (its off value).
 
 A top-level ``others = "fixed"`` in ``[space]`` fixes every knob the table does not name,
 so a study can search a few knobs only (``others = "default"`` is the default).
@@ -114,7 +115,7 @@ class Param:
     log: bool = False
     choices: tuple = ()
     off: bool = False
-    when: tuple[tuple[str, tuple], ...] = ()
+    when: tuple[tuple[str, tuple | str], ...] = ()  # (parent, allowed values or ON)
     fleet: bool = False  # searched only when the trial's fleet has more than one replica
     below_replicas: bool = False  # high capped at the trial's replicas - 1
 
@@ -128,7 +129,7 @@ class Param:
             return False
         if self.below_replicas and replicas - 1 < self.low:
             return False
-        return all(values[parent] in allowed for parent, allowed in self.when)
+        return all(_met(values[parent], allowed) for parent, allowed in self.when)
 
     def within(self, replicas: int) -> Param:
         """This param on a fleet of ``replicas``: a replica-bounded range capped at replicas - 1."""
@@ -164,7 +165,7 @@ class Param:
         if self.below_replicas:
             text += " (high at most replicas - 1)"
         for parent, allowed in self.when:
-            text += f" when {parent} in {list(allowed)}"
+            text += f" when {parent} != 0" if allowed == ON else f" when {parent} in {list(allowed)}"
         if self.fleet:
             text += " when replicas > 1"
         return text
@@ -463,13 +464,26 @@ def _valid_value(knob, value: Any, what: str) -> Any:
         raise SpaceError(f"[space.{knob.name}] {what}: {exc}") from None
 
 
-def _when(where: str, when: Any) -> tuple[tuple[str, tuple], ...]:
+#: ``when`` of a numeric parent that must be on (not 0), rather than one of listed values
+ON = "on"
+
+
+def _met(value: Any, allowed: tuple | str) -> bool:
+    return value != 0 if allowed == ON else value in allowed
+
+
+def _when(where: str, when: Any) -> tuple[tuple[str, tuple | str], ...]:
     if not isinstance(when, Mapping):
         raise SpaceError(f"{where}: when must be a table {{PARENT = [values]}}, got {when!r}")
     out = []
     for parent, allowed in when.items():
         if parent not in KNOB_BY_NAME:
             raise SpaceError(f"{where}: when names unknown knob {parent!r}")
+        if allowed == ON:
+            if KNOB_BY_NAME[parent].kind not in (int, float) or not KNOB_BY_NAME[parent].low <= 0:
+                raise SpaceError(f'{where}: when {parent} = "on" needs a number knob whose 0 means off')
+            out.append((parent, ON))
+            continue
         allowed = allowed if isinstance(allowed, list | tuple) else [allowed]
         out.append((parent, tuple(_valid_value(KNOB_BY_NAME[parent], a, "when") for a in allowed)))
     return tuple(out)

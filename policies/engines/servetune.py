@@ -37,6 +37,9 @@ SEARCH: dict[str, dict[str, Any]] = {
     "max_preemptions": {"search": False},
     "max_queue_len": {"search": False},
     "max_wait_s": {"search": False},
+    # Knobs that act only under another's value are asked only then (issue 16).
+    "max_wait_action": {"when": {"max_wait_s": "on"}},
+    "fairness_cost_unit": {"when": {"scheduling_policy": ["vtc"]}},
     "kv_high_water": {"search": False},
     "max_model_len": {"search": False},
     # Speculative decoding needs a drafter the deployment may not have: searched only when

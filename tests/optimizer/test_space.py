@@ -67,6 +67,18 @@ def test_giving_a_range_opens_a_knob_fixed_by_default():
     assert "gpu_memory_utilization" in space.names
 
 
+def test_knobs_that_act_only_under_another_are_asked_only_then():
+    """max_wait_action does nothing without a max wait, the fairness cost unit nothing
+    outside VTC's order: neither is a free parameter (issue 16)."""
+    for config, params in sampled(build_space(), 80):
+        assert "max_wait_action" not in params and config.max_wait_action == PolicyConfig().max_wait_action
+        assert ("fairness_cost_unit" in params) == (config.scheduling_policy == "vtc")
+    waiting = build_space({"max_wait_s": {"low": 0.5, "high": 30.0, "off": True}})
+    for config, params in sampled(waiting, 40):
+        assert ("max_wait_action" in params) == (config.max_wait_s != 0)
+    assert dict(waiting.describe())["max_wait_action"].endswith("when max_wait_s != 0")
+
+
 def test_user_condition():
     space = build_space({"others": "fixed", "scheduling_policy": {},
                          "max_num_seqs": {"low": 8, "high": 16, "when": {"scheduling_policy": ["priority"]}}})
@@ -85,6 +97,7 @@ def test_user_condition():
     ({"max_num_seqs": {"lo": 1}}, r"unknown key\(s\) \['lo'\]"),
     ({"max_queue_len": {"low": 8}}, "give both low and high"),
     ({"max_num_seqs": {"low": 8, "high": 16, "when": {"nope": [1]}}}, "unknown knob 'nope'"),
+    ({"max_num_seqs": {"low": 8, "high": 16, "when": {"router": "on"}}}, 'when router = "on" needs a number knob'),
     ({"others": "none"}, "others must be"),
     ({"others": "fixed"}, "search space is empty"),
 ])
