@@ -63,8 +63,9 @@ def make_spec(trials: int, seed: int, sampler: str) -> StudySpec:
                      batch_size=2)
 
 
-def grid_values(evaluator: Evaluator, spec: StudySpec, cap: float) -> np.ndarray:
-    """Weighted goodput of every grid point (-inf where infeasible), in itertools order."""
+def grid_values(evaluator: Evaluator, spec: StudySpec, limits: objectives.Bounds) -> np.ndarray:
+    """Weighted goodput of every grid point (-inf where infeasible, as the study judges it), in
+    itertools order."""
     base = spec.search_space.base
     configs = [base.replace(max_num_batched_tokens=b, max_num_seqs=s, long_prefill_token_threshold=t)
                for b in GRID["max_num_batched_tokens"] for s in GRID["max_num_seqs"]
@@ -72,7 +73,8 @@ def grid_values(evaluator: Evaluator, spec: StudySpec, cap: float) -> np.ndarray
     values = []
     for i in range(0, len(configs), 16):
         for c, r in zip(configs[i:i + 16], evaluator.reports(configs[i:i + 16]), strict=True):
-            feasible = evaluator.infeasibility(c) is None and r.rejected_fraction <= cap
+            feasible = evaluator.infeasibility(c) is None and all(
+                v <= 0 for v in objectives.constraint_values(r, spec.constraints, limits).values())
             values.append(r.weighted_goodput if feasible else -np.inf)
     return np.array(values)
 
@@ -96,9 +98,9 @@ def main() -> None:
     cost = build("meta-llama/Llama-3.1-8B", "h100")
     spec = make_spec(max(BUDGETS), 0, "tpe")
     evaluator = Evaluator(spec, trace=trace, cost_model=cost, keep_results=0)
-    cap = objectives.rejected_cap(spec.constraints, evaluator.reports(list(evaluator.baselines().values())))
+    limits = objectives.bounds(spec.constraints, spec.slos, evaluator.reports(list(evaluator.baselines().values())))
     t0 = time.perf_counter()
-    grid = grid_values(evaluator, spec, cap)
+    grid = grid_values(evaluator, spec, limits)
     grid_s = time.perf_counter() - t0
     best = grid.max()
     ranked = np.sort(grid)[::-1]

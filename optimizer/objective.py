@@ -14,7 +14,9 @@ Objective modes (``StudySpec.objective``):
 Constraints go through ``trial.set_constraint`` (<= 0 is feasible), so samplers steer
 away from infeasible regions and ``study.best_trials`` returns feasible trials only:
 rejected fraction (by default capped at the least-rejecting baseline's plus a small
-slack, see ``Constraints``), optional p99 TTFT/TPOT/E2E bounds and preemption rate.
+slack, see ``Constraints``), p99 TTFT (by default a multiple of the loosest TTFT SLO or
+the best baseline's tail, whichever is larger: ``bounds``), optional p99 TPOT/E2E
+bounds and preemption rate.
 
 Every trial stores ``config`` (the full PolicyConfig), ``report`` (``Report.to_dict()``),
 its fleet (``tp``, ``replicas``) and ``gpus`` in its user_attrs; baselines also carry
@@ -74,19 +76,52 @@ def metric_values(report, spec: StudySpec, gpus: int, capacity_rps: float | None
     }
 
 
-def rejected_cap(constraints: Constraints, baseline_reports) -> float:
-    """The rejected-fraction bound: absolute if set, else least-rejecting baseline + slack."""
+@dataclass(frozen=True)
+class Bounds:
+    """A study's resolved bounds: the rejected fraction and the p99 TTFT (None: unbounded)
+    every trial must keep, fixed once from the baselines (``bounds``)."""
+
+    rejected_fraction: float
+    p99_ttft_ms: float | None = None
+
+    def to_dict(self) -> dict[str, float | None]:
+        return {"rejected_fraction": self.rejected_fraction, "p99_ttft_ms": self.p99_ttft_ms}
+
+
+def bounds(constraints: Constraints, slos, baseline_reports) -> Bounds:
+    """The study's bounds from its constraints, its SLOs and the baselines' reports.
+
+    Rejected fraction: absolute if set, else the least-rejecting baseline's plus the slack.
+    p99 TTFT: absolute if set, else ``ttft_tail_factor`` times the larger of the loosest
+    TTFT SLO and the best baseline's p99 TTFT, so that no recommendation buys goodput by
+    starving a tail of requests (a request given up on costs goodput nothing) far past
+    both what the SLOs ask and what the defaults deliver.
+    """
+    reports = list(baseline_reports)
     if constraints.max_rejected_fraction is not None:
-        return constraints.max_rejected_fraction
-    fractions = [_fraction(r.rejected_fraction) for r in baseline_reports]
-    return min(1.0, min(fractions, default=0.0) + constraints.rejected_slack)
+        rejected = constraints.max_rejected_fraction
+    else:
+        fractions = [_fraction(r.rejected_fraction) for r in reports]
+        rejected = min(1.0, min(fractions, default=0.0) + constraints.rejected_slack)
+    return Bounds(rejected, _ttft_bound(constraints, slos, reports))
 
 
-def constraint_values(report, constraints: Constraints, cap: float) -> dict[str, float]:
+def _ttft_bound(constraints: Constraints, slos, reports) -> float | None:
+    if constraints.p99_ttft_ms is not None:
+        return constraints.p99_ttft_ms
+    if not constraints.ttft_tail_factor:
+        return None
+    tails = [float(r.p99_ttft_ms) for r in reports if not _missing(r.p99_ttft_ms)]
+    loosest = max((c.ttft_ms for c in slos.classes if c.ttft_ms is not None), default=None)
+    floors = [v for v in (min(tails, default=None), loosest) if v is not None]
+    return constraints.ttft_tail_factor * max(floors) if floors else None
+
+
+def constraint_values(report, constraints: Constraints, limits: Bounds) -> dict[str, float]:
     """Constraint name -> value (<= 0 feasible); a missing latency counts as violated."""
-    values = {"rejected_fraction": _fraction(report.rejected_fraction) - cap}
+    values = {"rejected_fraction": _fraction(report.rejected_fraction) - limits.rejected_fraction}
     for metric in ("ttft", "tpot", "e2el"):
-        bound = getattr(constraints, f"p99_{metric}_ms")
+        bound = limits.p99_ttft_ms if metric == "ttft" else getattr(constraints, f"p99_{metric}_ms")
         if bound is not None:
             measured = getattr(report, f"p99_{metric}_ms")
             values[f"p99_{metric}_ms"] = math.inf if _missing(measured) else measured - bound
@@ -96,7 +131,7 @@ def constraint_values(report, constraints: Constraints, cap: float) -> dict[str,
     return values
 
 
-def record(trial, spec: StudySpec, config: PolicyConfig, report, cap: float, *,
+def record(trial, spec: StudySpec, config: PolicyConfig, report, limits: Bounds, *,
            fleet: Fleet | None = None, capacity=None) -> list[float]:
     """Store the trial's evidence and constraints; return its objective values.
 
@@ -114,7 +149,7 @@ def record(trial, spec: StudySpec, config: PolicyConfig, report, cap: float, *,
     if capacity is not None:
         trial.set_user_attr("capacity", capacity.to_dict())
         capacity_rps = capacity.rps
-    for name, value in constraint_values(report, spec.constraints, cap).items():
+    for name, value in constraint_values(report, spec.constraints, limits).items():
         trial.set_constraint(name, value)
     metrics = metric_values(report, spec, gpus, capacity_rps)
     return [metrics[m] for m in objective.metrics]

@@ -69,6 +69,7 @@ from optimizer.review import (
     write_review,
 )
 from optimizer.space import Fleet
+from optimizer.study import BOUNDS_ATTR
 from policies.config import FLEET_KNOBS, PolicyConfig
 from policies.result import State
 from studies.metrics import json_safe, request_latencies
@@ -788,6 +789,7 @@ def _summary(study, spec, evaluator, best: FrozenTrial, names, dirs, recommended
                        "failures": None if spec.failures is None else spec.failures.to_dict()},
         "fleet_front": [dataclasses.asdict(p) for p in fleet_front(study.get_trials(deepcopy=False))],
         "slo": spec.slos.describe(),
+        "bounds": study.user_attrs.get(BOUNDS_ATTR),  # what every trial was held to (objective.bounds)
         "capacity_target": spec.capacity_target,
         "traffic": {"requests": traffic.n_requests, "rate_rps": traffic.rate_rps, "burstiness": traffic.burstiness},
         "provenance": provenance(spec, evaluator),

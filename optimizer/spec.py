@@ -73,11 +73,17 @@ class Constraints:
     baseline's rejected fraction plus ``rejected_slack``. A default scheduler rejects
     only requests that can never fit, so this stops the search from buying goodput by
     turning away traffic the deployment could serve; an absolute cap replaces it.
+
+    ``p99_ttft_ms`` None (the default) is auto too: ``ttft_tail_factor`` times the larger
+    of the loosest TTFT SLO and the best baseline's p99 TTFT, so that the search cannot
+    buy goodput by starving a tail (a shortest-job-first order can leave long requests
+    waiting minutes); an absolute bound replaces it, ``ttft_tail_factor = 0`` drops it.
     """
 
     max_rejected_fraction: float | None = None
     rejected_slack: float = 0.01
     p99_ttft_ms: float | None = None
+    ttft_tail_factor: float = 2.0
     p99_tpot_ms: float | None = None
     p99_e2el_ms: float | None = None
     max_preemption_rate: float | None = None
@@ -87,6 +93,9 @@ class Constraints:
             value = getattr(self, f.name)
             if value is not None and not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
                 raise SpecError(f"constraints.{f.name} must be a number >= 0, got {value!r}")
+        if 0 < self.ttft_tail_factor < 1:
+            raise SpecError(f"constraints.ttft_tail_factor is 0 (off) or >= 1 (a tail no better than the "
+                            f"baselines' can always be kept), got {self.ttft_tail_factor}")
         if self.max_rejected_fraction is not None and self.max_rejected_fraction > 1:
             raise SpecError(f"constraints.max_rejected_fraction is a fraction in [0, 1], got {self.max_rejected_fraction}")
 

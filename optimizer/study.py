@@ -53,7 +53,7 @@ MANIFEST = "study.json"
 JOURNAL = "study.journal"
 SPEC_ATTR = "servetune_spec"
 FINGERPRINT_ATTR = "servetune_fingerprint"
-CAP_ATTR = "rejected_fraction_cap"
+BOUNDS_ATTR = "bounds"
 HEARTBEAT_S = 60
 POLL_S = 1.0  # how often a process with nothing to ask checks the other processes' trials
 
@@ -262,13 +262,16 @@ def enqueue_baselines(study: optuna.Study, spec: StudySpec, baselines: dict) -> 
             study.enqueue_trial(spec.search_space.params_for(config, spec.fleet), user_attrs={"baseline": name})
 
 
-def rejected_cap(study: optuna.Study, spec: StudySpec, evaluator) -> float:
-    """The study's rejected-fraction bound, computed once from the baselines and stored."""
-    cap = study.user_attrs.get(CAP_ATTR)
-    if cap is None:
-        cap = objectives.rejected_cap(spec.constraints, evaluator.reports(list(evaluator.baselines().values())))
-        study.set_user_attr(CAP_ATTR, cap)
-    return float(cap)
+def study_bounds(study: optuna.Study, spec: StudySpec, evaluator) -> objectives.Bounds:
+    """The study's bounds (``objective.bounds``), computed once from the baselines and
+    stored, so every process and every rerun judges trials by the same ones."""
+    stored = study.user_attrs.get(BOUNDS_ATTR)
+    if stored is None:
+        limits = objectives.bounds(spec.constraints, spec.slos,
+                                   evaluator.reports(list(evaluator.baselines().values())))
+        study.set_user_attr(BOUNDS_ATTR, limits.to_dict())
+        return limits
+    return objectives.Bounds(**stored)
 
 
 # -- the loop ------------------------------------------------------------------------------
@@ -313,7 +316,7 @@ def run(study: optuna.Study, spec: StudySpec, evaluator, *, on_trial: Callable |
     stats = RunStats()
     start = time.perf_counter()
     engine_before = evaluator.engine_seconds
-    cap = rejected_cap(study, spec, evaluator)
+    limits = study_bounds(study, spec, evaluator)
     baselines = evaluator.baselines()
     me = worker_id()
     while not (stop and stop()):
@@ -338,7 +341,7 @@ def run(study: optuna.Study, spec: StudySpec, evaluator, *, on_trial: Callable |
             break
         try:
             with heartbeats(study, [trial._trial_id for trial, *_ in batch]):
-                _evaluate_and_tell(study, spec, evaluator, batch, cap, stats, on_trial)
+                _evaluate_and_tell(study, spec, evaluator, batch, limits, stats, on_trial)
         except BaseException:
             for trial, *_ in batch:  # told trials are skipped; nothing completed is undone
                 study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
@@ -403,7 +406,7 @@ def _ask(study, spec, baselines, k) -> list[tuple[Any, Any, Any]]:
     return batch
 
 
-def _evaluate_and_tell(study, spec, evaluator, batch, cap, stats: RunStats, on_trial) -> None:
+def _evaluate_and_tell(study, spec, evaluator, batch, limits, stats: RunStats, on_trial) -> None:
     runnable = []
     for trial, config, fleet in batch:
         reason = evaluator.infeasibility(config, fleet)
@@ -420,7 +423,7 @@ def _evaluate_and_tell(study, spec, evaluator, batch, cap, stats: RunStats, on_t
         if spec.objective == "capacity" else [None] * len(configs)
     for (trial, config, fleet), report, capacity in zip(runnable, reports, capacities, strict=True):
         t0 = time.perf_counter()
-        values = objectives.record(trial, spec, config, report, cap, fleet=fleet, capacity=capacity)
+        values = objectives.record(trial, spec, config, report, limits, fleet=fleet, capacity=capacity)
         frozen = study.tell(trial, values)
         stats.optuna_s += time.perf_counter() - t0
         stats.told += 1

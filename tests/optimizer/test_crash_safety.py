@@ -10,11 +10,11 @@ import threading
 import time
 from pathlib import Path
 
-import costmodels
 import pytest
 from optuna.trial import TrialState
 from typer.testing import CliRunner
 
+import costmodels
 from optimizer.cli import app
 from optimizer.evaluate import Evaluator
 from optimizer.outputs import OUTPUTS, RunOutputs, open_run, staged_outputs, write_run_outputs

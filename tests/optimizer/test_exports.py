@@ -264,6 +264,21 @@ def test_sglang_mem_fraction_excludes_the_activation_reserve():
     assert read_engine_file(SGLANG, yaml.safe_dump(args), ctx).gpu_memory_utilization == pytest.approx(0.9)
 
 
+def test_an_sglang_file_that_would_run_out_of_memory_at_run_time_is_refused_with_why():
+    """mem-fraction-static sizes weights + KV only; what is left must hold a full chunk's
+    activations, or SGLang dies of OOM on the first one (issue 16: out-of-memory)."""
+    ctx = EngineContext("h100", 80.0, reserved_fraction=0.05, activation_fraction_per_token=1e-5)
+    args = {**engine_args(SGLANG, preset("sglang-default", ctx), Deployment("m"), ctx).args,
+            "chunked-prefill-size": 8192, "mem-fraction-static": 0.9}
+    assert ctx.reserve_share(8192) == pytest.approx(0.13192)  # more than the 0.1 left
+    with pytest.raises(ExportError, match=r"mem-fraction-static 0.9 leaves 0.100 of GPU memory .* 8192-token "
+                                          r"chunk's activations, CUDA graphs and runtime need 0.132: SGLang would "
+                                          r"run out of memory at the first full chunk"):
+        read_engine_file(SGLANG, yaml.safe_dump(args), ctx)
+    fits = read_engine_file(SGLANG, yaml.safe_dump({**args, "chunked-prefill-size": 2048}), ctx)
+    assert fits.gpu_memory_utilization == pytest.approx(0.9 + 0.05 + 2048e-5)
+
+
 def test_bad_deployments_and_backends_are_named():
     with pytest.raises(ExportError, match="model"):
         Deployment("")

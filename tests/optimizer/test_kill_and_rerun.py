@@ -17,9 +17,18 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from tests.optimizer.test_tune_cli import MODEL, counted, load, open_storage_for, servetune, trace_file, wait_for
+from tests.optimizer.test_tune_cli import (
+    MODEL,
+    counted,
+    load,
+    open_storage_for,
+    pg_url,
+    servetune,
+    trace_file,
+    wait_for,
+)
 
-__all__ = ["trace_file"]  # the fixture, shared with the tune CLI tests
+__all__ = ["pg_url", "trace_file"]  # the fixtures, shared with the tune CLI tests
 
 # tune, dying by SIGKILL the moment it starts writing trials.parquet: summary.json and the
 # engine file of the new generation are staged by then, so the swap is what a kill interrupts
@@ -134,10 +143,8 @@ def test_tune_killed_at_each_stage_and_rerun_loses_nothing(trace_file, tmp_path)
 
 
 @pytest.mark.postgres
-def test_a_worker_killed_on_postgres_leaves_the_budget_to_the_survivors(trace_file, tmp_path):
-    url = os.environ.get("SERVETUNE_TEST_PG_URL")
-    if not url:
-        pytest.skip("SERVETUNE_TEST_PG_URL is unset; source .ci/postgres.sh to start a server")
+def test_a_worker_killed_on_postgres_leaves_the_budget_to_the_survivors(trace_file, tmp_path, pg_url):
+    url = pg_url
     name = f"pgkill-{uuid.uuid4().hex[:8]}"
     study, budget = f"{name}-vllm", 60
     common = ["--batch-size", 1, "--quiet"]

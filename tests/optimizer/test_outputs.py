@@ -164,7 +164,7 @@ def test_storage_passwords_never_reach_the_summary():
 def _run(tmp_path, objective: str):
     from costmodels.costmodel import CostModel
     from optimizer.evaluate import Evaluator
-    from optimizer.objective import record
+    from optimizer.objective import Bounds, record
     from optimizer.spec import load_spec
     from optimizer.targets import context_of
     from tests.optimizer.test_outputs_fixtures import make_trace
@@ -192,7 +192,7 @@ def _run(tmp_path, objective: str):
         name = trial.user_attrs.get("baseline")
         config = baselines[name] if name else spec.search_space.suggest(trial)
         (report,) = evaluator.reports([config])
-        return record(trial, spec, config, report, cap=0.01)
+        return record(trial, spec, config, report, Bounds(rejected_fraction=0.01))
 
     study.optimize(objective_fn, n_trials=14)
     return write_run_outputs(spec.run_dir, study, spec, evaluator), study, spec

@@ -23,6 +23,7 @@ def test_four_flags_are_enough(trace):
     assert spec.batch_size == default_batch_size()
     assert spec.slos.classes[0].tpot_ms == 100
     assert spec.constraints.max_rejected_fraction is None  # auto: best baseline + slack
+    assert spec.constraints.p99_ttft_ms is None and spec.constraints.ttft_tail_factor == 2.0  # auto: tail bound
 
 
 @pytest.mark.parametrize("example", sorted(EXAMPLES.glob("*.toml")), ids=lambda p: p.name)
@@ -63,6 +64,7 @@ def test_fingerprint_tracks_the_question_not_the_budget(tmp_path, trace):
     ('[slo]\ndefault = { ttft = 100 }\n[study]\ntrials = 0\n', "trials must be an integer >= 1"),
     ('[slo]\ndefault = { ttft = 100 }\n[constraints]\np99_ttft_ms = -1\n', "p99_ttft_ms must be a number >= 0"),
     ('[slo]\ndefault = { ttft = 100 }\n[constraints]\nmax_rejected = 0.1\n', r"unknown key\(s\) \['max_rejected'\]"),
+    ('[slo]\ndefault = { ttft = 100 }\n[constraints]\nttft_tail_factor = 0.5\n', "ttft_tail_factor is 0 \\(off\\) or >= 1"),
     ('[slo]\ndefault = { ttft = 100 }\n[space.max_num_seqs]\nlow = 9\nhigh = 2\n', "low 9 is above high 2"),
     ('[slo]\ndefault = { ttft = 100 }\n[space.warp_drive]\nlow = 9\n', "unknown knob"),
     ('[slo]\ndefault = { ttft = 100 }\n[space]\nothers = "fixed"\n', "search space is empty"),

@@ -26,6 +26,7 @@ from policies.engines import preset
 from tests.optimizer.tuning_helpers import (
     FakeEngine,
     fake_goodput,
+    fake_report,
     fake_score,
     make_trace,
     write_csv_trace,
@@ -103,7 +104,7 @@ def test_rejecting_traffic_is_infeasible_by_default(trace_file, tmp_path):
     spec = make_spec(trace_file, tmp_path, trials=30,
                      space={"others": "fixed", "max_wait_s": {"low": 1.0, "high": 10.0, "off": True}})
     study, _, _ = tune(spec)
-    assert study.user_attrs["rejected_fraction_cap"] == pytest.approx(0.01)
+    assert study.user_attrs["bounds"]["rejected_fraction"] == pytest.approx(0.01)
     shedding = [t for t in study.get_trials() if t.state == TrialState.COMPLETE
                 and t.user_attrs["config"]["max_wait_s"] > 0]
     assert shedding and all(t.constraints["rejected_fraction"] == pytest.approx(0.49) for t in shedding)
@@ -114,6 +115,37 @@ def test_rejecting_traffic_is_infeasible_by_default(trace_file, tmp_path):
                       constraints={"max_rejected_fraction": 0.6})
     study, _, _ = tune(loose)
     assert all(t.constraints["rejected_fraction"] <= 0 for t in study.get_trials() if t.state == TrialState.COMPLETE)
+
+
+def starving_score(result, trace, slos):
+    """SJF serves 20% more, but its p99 TTFT is a minute: the tail it starves."""
+    sjf = result.scheduling_policy == "sjf"
+    return fake_report(fake_goodput(result) * (1.2 if sjf else 1.0), p99_ttft_ms=60_000.0 if sjf else 300.0)
+
+
+def tune_with(spec, scorer):
+    evaluator = Evaluator(spec, trace=make_trace(), cost_model=COST_MODEL, engine=FakeEngine(), scorer=scorer)
+    study = create_or_resume(spec)
+    enqueue_baselines(study, spec, evaluator.baselines())
+    run(study, spec, evaluator)
+    return study
+
+
+@pytest.mark.parametrize("constraints, bound, sjf_wins", [
+    ({}, 2000.0, False),  # 2 x max(loosest TTFT SLO 1000 ms, best baseline p99 300 ms)
+    ({"ttft_tail_factor": 4.0}, 4000.0, False),
+    ({"ttft_tail_factor": 0}, None, True),  # off: the starving order wins
+    ({"p99_ttft_ms": 100_000.0}, 100_000.0, True),  # an explicit bound replaces the auto one
+])
+def test_a_tail_starved_for_goodput_is_infeasible_by_default(trace_file, tmp_path, constraints, bound, sjf_wins):
+    spec = make_spec(trace_file, tmp_path, trials=16, constraints=constraints,
+                     space={"others": "fixed", "scheduling_policy": {"choices": ["fcfs", "sjf"]}})
+    study = tune_with(spec, starving_score)
+    assert study.user_attrs["bounds"]["p99_ttft_ms"] == bound
+    sjf = [t for t in study.get_trials() if t.state == TrialState.COMPLETE
+           and t.user_attrs["config"]["scheduling_policy"] == "sjf"]
+    assert sjf and all(t.constraints.get("p99_ttft_ms", -1) > 0 for t in sjf) != sjf_wins
+    assert (best_goodput_trial(study).user_attrs["config"]["scheduling_policy"] == "sjf") == sjf_wins
 
 
 def test_infeasible_configs_are_pruned_without_simulating(trace_file, tmp_path):

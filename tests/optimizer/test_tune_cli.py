@@ -39,6 +39,15 @@ def trace_file(tmp_path):
     return write_csv_trace(tmp_path / "chat.csv", trace)
 
 
+@pytest.fixture
+def pg_url():
+    """The PostgreSQL server ``.ci/postgres.sh`` starts; a test needing it skips without one."""
+    url = os.environ.get("SERVETUNE_TEST_PG_URL")
+    if not url:
+        pytest.skip("SERVETUNE_TEST_PG_URL is unset; source .ci/postgres.sh to start a server")
+    return url
+
+
 def load(storage, name):
     return optuna.load_study(study_name=name, storage=storage)
 
@@ -138,10 +147,8 @@ def test_processes_share_one_journal(trace_file, tmp_path):
 
 
 @pytest.mark.postgres
-def test_processes_share_one_postgres_study(trace_file, tmp_path):
-    url = os.environ.get("SERVETUNE_TEST_PG_URL")
-    if not url:
-        pytest.skip("SERVETUNE_TEST_PG_URL is unset; source .ci/postgres.sh to start a server")
+def test_processes_share_one_postgres_study(trace_file, tmp_path, pg_url):
+    url = pg_url
     name = f"pg-{uuid.uuid4().hex[:8]}"
     try:
         shared_study(trace_file, tmp_path, url, name, lambda: load(url, f"{name}-vllm"))
@@ -150,10 +157,8 @@ def test_processes_share_one_postgres_study(trace_file, tmp_path):
 
 
 @pytest.mark.postgres
-def test_open_storage_reaches_postgres(tmp_path):
-    url = os.environ.get("SERVETUNE_TEST_PG_URL")
-    if not url:
-        pytest.skip("SERVETUNE_TEST_PG_URL is unset; source .ci/postgres.sh to start a server")
+def test_open_storage_reaches_postgres(tmp_path, pg_url):
+    url = pg_url
 
     class Spec:
         storage = url
