@@ -15,9 +15,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from costmodels.architecture import ModelArch, load_model, normalize_dtype
-from costmodels.compose import ACT_BYTES, compose
+from costmodels.compose import compose
 from costmodels.costmodel import CostModel, CostModelError
 from costmodels.gpus import GPUSpec, load_gpu
+from costmodels.layout import ParallelLayout
+from costmodels.linear import ACT_BYTES
 from costmodels.optables import FRAMEWORKS, ProfiledOps, RooflineOps
 
 PROFILE_LOGIT_SEQS = 256  # the profiling pass samples for max_num_seqs sequences (fp32 logits)
@@ -30,15 +32,19 @@ PCIE_EFFICIENCY = 0.8  # achievable share of PCIe bandwidth for pinned host copi
 DEFAULT_OVERHEAD_S = {"vllm": 2.0e-3, "sglang": 1.5e-3, "trtllm": 1.0e-3}
 
 
-def activation_bytes_per_token(arch: ModelArch, tp: int) -> float:
+def activation_bytes_per_token(arch: ModelArch, tp: int, moe_ep_size: int = 1) -> float:
     """Peak activation bytes per token of a forward pass, per GPU.
 
     The largest live set is in the MLP: the gate+up output and its activated half (split
     by TP) beside four hidden-sized tensors (residual, input, norm output, down output).
     vLLM's logged pools for CodeLlama-34B fall by 197 KB per extra profiled token; this
-    gives 197.6 KB.
+    gives 197.6 KB. In an MoE layer each token holds that for its top-k experts, each
+    split ``tp / moe_ep_size`` ways; the larger of the dense and MoE layers sets the peak.
     """
-    return float((4 * arch.hidden_size + 3 * (arch.intermediate_size // tp)) * ACT_BYTES)
+    widths = [arch.intermediate_size // tp] if arch.moe is None or arch.moe.dense_layers else []
+    if arch.moe is not None:
+        widths.append(arch.moe.top_k * arch.moe.expert_intermediate_size // (tp // moe_ep_size))
+    return float((4 * arch.hidden_size + 3 * max(widths)) * ACT_BYTES)
 
 
 def fixed_reserve_bytes(arch: ModelArch, gpu: GPUSpec, tp: int) -> float:
@@ -58,8 +64,17 @@ def build(
     model_config: str | Path | None = None,
     calibration: str | Path | bool | None = None,
     sps_csv: str | Path | None = None,
+    moe_ep_size: int = 1,
+    attention_dp_size: int = 1,
+    moe_distribution: str = "balanced",
 ) -> CostModel:
     """The cost model of ``model`` on ``gpu`` x ``tp`` served by ``framework``.
+
+    ``moe_ep_size`` and ``attention_dp_size`` lay the ``tp`` GPUs out for expert and
+    attention data parallelism (``costmodels.layout``; 1 and 1 = plain TP); with attention
+    DP the model describes one DP group. ``moe_distribution`` picks the fused-MoE table's
+    routing skew ("balanced", "power_law_1.01", "power_law_1.2"). MoE and MLA models need
+    the profiled tables: there is no roofline of them, so a missing point is an error.
 
     Step time comes from, in order of precedence: a user-measured step-time CSV
     (``sps_csv``), the profiled op tables for the GPU and framework, or the roofline
@@ -72,12 +87,15 @@ def build(
         raise CostModelError(f"unknown framework {framework!r}; valid: {', '.join(FRAMEWORKS)}")
     arch = load_model(model, model_config)
     arch.check_tp(tp)
+    layout = ParallelLayout(tp, moe_ep_size, attention_dp_size)
+    if arch.moe is None and moe_ep_size > 1:
+        raise CostModelError(f"{arch.name} has no experts; moe_ep_size must be 1, got {moe_ep_size}")
     spec = load_gpu(gpu)
     gemm_dtype, kv_dtype = normalize_dtype(gemm_dtype), normalize_dtype(kv_dtype)
     if gemm_dtype not in ("bf16", "fp8") or kv_dtype not in ("bf16", "fp8"):
         raise CostModelError(f"gemm_dtype and kv_dtype must be bf16 or fp8, got {gemm_dtype}/{kv_dtype}")
     weight_dtype = "fp8" if gemm_dtype == "fp8" else arch.dtype
-    weights = arch.weight_bytes(tp, weight_dtype)
+    weights = arch.weight_bytes(tp, weight_dtype, attention_dp_size)
     reserve = fixed_reserve_bytes(arch, spec, tp)
     if weights + reserve >= spec.memory_bytes:
         raise CostModelError(
@@ -90,23 +108,28 @@ def build(
         tables, source = read_step_csv(sps_csv), f"measured:{Path(sps_csv).name}"
     else:
         ops, fallback = _op_source(spec, framework, gemm_dtype)
+        tables_only = arch.moe is not None or arch.mla is not None
+        if tables_only and ops.kind != "profiled":
+            raise CostModelError(f"{arch.name} needs profiled MoE/MLA tables, which {spec.name}/{framework}/"
+                                 f"{gemm_dtype} lacks: {fallback}")
         bandwidth, overhead = spec.hbm_bytes_per_s * spec.hbm_efficiency, DEFAULT_OVERHEAD_S[framework]
+        options = dict(overhead_s=overhead, gemm_dtype=gemm_dtype, moe_distribution=moe_distribution)
         try:
-            tables = compose(arch, ops, tp, kv_dtype, bandwidth, overhead_s=overhead)
+            tables = compose(arch, ops, layout, kv_dtype, bandwidth, **options)
         except CostModelError as exc:  # e.g. a head_dim or KV dtype the tables lack
-            if ops.kind != "profiled":
+            if ops.kind != "profiled" or tables_only:
                 raise
             ops, fallback = RooflineOps(spec, gemm_dtype), str(exc)
-            tables = compose(arch, ops, tp, kv_dtype, bandwidth, overhead_s=overhead)
+            tables = compose(arch, ops, layout, kv_dtype, bandwidth, **options)
         source = ops.label + (f" ({fallback})" if fallback else "")
         if ops.notes:
             source += "; " + "; ".join(ops.notes)
-    name = f"{arch.name}@{spec.name.removesuffix('_sxm')}x{tp}/{framework}/{gemm_dtype}"
+    name = f"{arch.name}@{spec.name.removesuffix('_sxm')}{layout.label}/{framework}/{gemm_dtype}"
     cost = CostModel(
         name=name, tables=tables,
-        kv_bytes_per_token=arch.kv_bytes_per_token(tp, kv_dtype),
+        kv_bytes_per_token=arch.kv_bytes_per_token(tp, kv_dtype, attention_dp_size),
         gpu_memory_bytes=float(spec.memory_bytes), weight_bytes=weights, reserved_bytes=reserve,
-        activation_bytes_per_token=activation_bytes_per_token(arch, tp),
+        activation_bytes_per_token=activation_bytes_per_token(arch, tp, moe_ep_size),
         swap_bytes_per_s=spec.pcie_bytes_per_s * PCIE_EFFICIENCY, swap_capacity_bytes=float(SWAP_BYTES),
         tp=tp, source=source,
     )

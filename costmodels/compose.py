@@ -1,14 +1,15 @@
 """Compose per-op latencies into the per-step grids of ``StepTables``.
 
-One engine step of a dense decoder at tensor-parallel degree TP, with T new tokens:
+One engine step at a ``ParallelLayout``, with T new tokens:
 
-    L x [ QKV GEMM + O GEMM + gate/up GEMM + down GEMM      (m = T, shapes split by TP)
-          + 2 all-reduces of T x hidden (TP > 1)
-          + norms, RoPE, activation, residuals (HBM-bound, roofline) ]    -> linear(T)
+    token-linear ops of all layers (``costmodels.linear``)                  -> linear(T)
     + lm-head GEMM for the S sequences that sample                          -> head(S)
     + L x decode attention over the decode batch                            -> decode(B, KV)
     + L x prefill attention over the prefill chunks                         -> prefill(pairs)
     + per-step overhead (scheduler, sampling, launch gaps), then x scale.
+
+Attention is read from the GQA attention tables, or for an MLA model from its attention-
+module tables (``costmodels.mlaops``), which include the attention projections.
 
 Measured tables are noisy by a few percent; each grid is made non-decreasing along every
 axis (running maximum), so a step with more work never costs less.
@@ -19,31 +20,29 @@ from __future__ import annotations
 import numpy as np
 
 from costmodels.architecture import ModelArch
+from costmodels.layout import ParallelLayout
+from costmodels.linear import linear_seconds
+from costmodels.mlaops import mla_decode_rows, mla_prefill_rows, mla_shape
+from costmodels.moeops import moe_shape
 from costmodels.optables import AttentionShape
 from costmodels.steptable import StepTables
 
-ACT_BYTES = 2  # activations stay bf16 whatever the GEMM dtype
-
 
 def attention_shape(arch: ModelArch, tp: int, kv_dtype: str) -> AttentionShape:
-    return AttentionShape(arch.num_heads // tp, arch.num_kv_heads // tp, arch.head_dim, kv_dtype)
+    return AttentionShape(arch.num_heads // tp, arch.kv_heads_per_gpu(tp), arch.head_dim, kv_dtype)
 
 
-def linear_seconds(arch: ModelArch, ops, tp: int, tokens: np.ndarray, hbm_bytes_per_s: float) -> np.ndarray:
-    """Token-linear time of all layers for each entry of ``tokens``."""
-    h, inter = arch.hidden_size, arch.intermediate_size // tp
-    q, kv = arch.q_size // tp, arch.kv_size // tp
-    per_layer = (ops.gemm(tokens, q + 2 * kv, h) + ops.gemm(tokens, h, q)
-                 + ops.gemm(tokens, (2 if arch.gated_mlp else 1) * inter, h) + ops.gemm(tokens, h, inter))
-    if tp > 1:
-        per_layer = per_layer + 2 * ops.allreduce(tokens * h, tp)
-    # two norms (read+write), two residual adds (2 reads+write), activation, RoPE on q and k
-    elementwise = ACT_BYTES * (4 * h + 6 * h + 3 * inter + 2 * (q + kv))
-    per_layer = per_layer + tokens * elementwise / hbm_bytes_per_s
-    return arch.num_layers * per_layer
+def attention_rows(arch: ModelArch, ops, layout: ParallelLayout, gemm_dtype: str, kv_dtype: str):
+    """(decode rows, prefill rows) of one layer's attention: ``decode_rows`` and
+    ``prefill_rows`` of the GQA tables, or the MLA module tables for an MLA model."""
+    if arch.mla is not None:
+        shape = mla_shape(arch, layout, gemm_dtype, kv_dtype)
+        return mla_decode_rows(ops, shape), mla_prefill_rows(ops, shape)
+    shape = attention_shape(arch, layout.attention_tp, kv_dtype)
+    return ops.decode_rows(shape), ops.prefill_rows(shape)
 
 
-def decode_grid(arch: ModelArch, ops, shape: AttentionShape) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def decode_grid(arch: ModelArch, rows: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(batch axis, total-KV axis, seconds[batch, kv], largest measured KV per batch).
 
     Each batch row is interpolated linearly in per-sequence context between measured
@@ -51,7 +50,6 @@ def decode_grid(arch: ModelArch, ops, shape: AttentionShape) -> tuple[np.ndarray
     context it continues the last segment's slope (decode attention is bandwidth-bound,
     so linear in KV) and ``decode_kv_measured`` marks where that starts.
     """
-    rows = ops.decode_rows(shape)
     batch = np.array(sorted(rows))
     kv_axis = np.unique(np.concatenate([b * rows[b][0] for b in batch]))
     grid = np.empty((len(batch), len(kv_axis)))
@@ -68,13 +66,13 @@ def decode_grid(arch: ModelArch, ops, shape: AttentionShape) -> tuple[np.ndarray
     return batch, kv_axis, arch.num_layers * grid, measured
 
 
-def prefill_curve(arch: ModelArch, ops, shape: AttentionShape) -> tuple[np.ndarray, np.ndarray]:
+def prefill_curve(arch: ModelArch, rows: tuple) -> tuple[np.ndarray, np.ndarray]:
     """(attention pairs, seconds) for prefill attention of all layers.
 
     Single-prompt measurements give the curve; batches of the longest measured prompts
     extend it to more work than one prompt reaches.
     """
-    batch, isl, sec = ops.prefill_rows(shape)
+    batch, isl, sec = rows
     pairs = batch * isl * (isl + 1) / 2
     single = batch == 1
     order = np.argsort(pairs[single])
@@ -90,16 +88,22 @@ def prefill_curve(arch: ModelArch, ops, shape: AttentionShape) -> tuple[np.ndarr
     return p_arr[keep], arch.num_layers * _monotone(s_arr[keep], 0)
 
 
-def compose(arch: ModelArch, ops, tp: int, kv_dtype: str, hbm_bytes_per_s: float,
-            overhead_s: float, scale: float = 1.0, max_logit_seqs: int = 4096) -> StepTables:
-    """StepTables for ``arch`` at ``tp`` from an op source (profiled or roofline)."""
+def compose(arch: ModelArch, ops, layout: ParallelLayout, kv_dtype: str, hbm_bytes_per_s: float,
+            overhead_s: float, scale: float = 1.0, max_logit_seqs: int = 4096, gemm_dtype: str = "bf16",
+            moe_distribution: str = "balanced") -> StepTables:
+    """StepTables for ``arch`` at ``layout`` from an op source (profiled or roofline);
+    ``moe_distribution`` is the fused-MoE table's routing skew (``costmodels.moeops``).
+    Notes on what was read beyond or beside the tables go to ``ops.notes``."""
     tokens = ops.token_axis()
-    linear = _monotone(linear_seconds(arch, ops, tp, tokens, hbm_bytes_per_s), 0)
+    moe = moe_shape(arch, layout, gemm_dtype, moe_distribution) if arch.moe is not None else None
+    linear, notes = linear_seconds(arch, ops, layout, tokens, hbm_bytes_per_s, moe)
+    ops.notes.extend(notes)
+    linear = _monotone(linear, 0)
     seqs = tokens[tokens <= max_logit_seqs]
-    head = _monotone(ops.gemm(seqs, -(-arch.vocab_size // tp), arch.hidden_size), 0)
-    shape = attention_shape(arch, tp, kv_dtype)
-    batch, kv_axis, decode, measured = decode_grid(arch, ops, shape)
-    pairs, prefill = prefill_curve(arch, ops, shape)
+    head = _monotone(ops.gemm(seqs, -(-arch.vocab_size // layout.attention_tp), arch.hidden_size), 0)
+    decode_rows, prefill_rows = attention_rows(arch, ops, layout, gemm_dtype, kv_dtype)
+    batch, kv_axis, decode, measured = decode_grid(arch, decode_rows)
+    pairs, prefill = prefill_curve(arch, prefill_rows)
     return StepTables.from_grids(
         linear_tokens=tokens, linear_s=linear,
         head_seqs=seqs, head_s=head,

@@ -1,11 +1,13 @@
 """Regenerate the bundled op tables in ``costmodels/data/`` from ``../shared/profiles``.
 
-The raw aiconfigurator tables (11 MB of parquet) hold every dtype, head shape and kernel
-variant NVIDIA measured; servetune needs only what a dense GQA decoder uses, at the
+The raw aiconfigurator tables (24 MB of parquet) hold every dtype, head shape and kernel
+variant NVIDIA measured; servetune needs only what its built-in models use, at the
 table version ``systems/query_versions.yaml`` marks current. This keeps, per (GPU,
 framework): the GEMM grid for bf16 and fp8 (dense [m, n, k] array, the few unmeasured
 cells filled by interpolation in log m), decode and context attention for head dims 64,
-128 and 256 without sliding window, and the framework's all-reduce. Latencies are stored
+128 and 256 without sliding window, the framework's all-reduce, NCCL all-gather /
+reduce-scatter / all-to-all (expert and attention data parallelism), the fused-MoE rows
+of the built-in MoE models' expert shapes, and the MLA attention-module rows (DeepSeek). Latencies are stored
 as float16 milliseconds (0.05 % rounding, far below run-to-run noise). It also writes the
 GPU specs, the model configs, and ``calibration.json`` fitted to the measured H100 runs.
 Run:
@@ -26,15 +28,25 @@ import polars as pl
 import yaml
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
-GPUS = ("a100_sxm", "h100_sxm", "h200_sxm")
+GPUS = ("a100_sxm", "h100_sxm", "h200_sxm", "b200_sxm")
 FRAMEWORKS = ("vllm", "sglang", "trtllm")
 GEMM_DTYPES = {"bf16": "bfloat16", "fp8": "fp8"}
 KV_DTYPES = {"bfloat16": 0, "fp8": 1}
 HEAD_DIMS = (64, 128, 256)
 # One kernel per (GPU, framework): what the framework runs by default on that GPU.
-ATTENTION_KERNELS = {"vllm": ("vllm_flash_attn_fa3", "vllm_flash_attn"), "sglang": ("fa3", "flash_attention"),
-                     "trtllm": ("torch_flow",)}
+# Blackwell has no FlashAttention-3: vLLM runs FlashInfer's TRT-LLM kernels, SGLang trtllm_mha.
+ATTENTION_KERNELS = {"vllm": ("vllm_flash_attn_fa3", "vllm_flash_attn", "vllm_flashinfer_trtllmprefill",
+                              "vllm_flashinfer_trtllmdecode"),
+                     "sglang": ("fa3", "flash_attention", "trtllm_mha"), "trtllm": ("torch_flow",)}
 ALLREDUCE_KERNELS = {"vllm": "vLLM_custom_graph", "sglang": "SGLang_CustomAllReduce_graph", "trtllm": "TRTLLM"}
+NCCL_OPS = ("all_gather", "reduce_scatter", "alltoall")
+MAX_GPUS = 16
+MOE_DTYPES = {"bfloat16": 0, "fp8": 1, "fp8_block": 2}
+MOE_DISTRIBUTIONS = {"balanced": 0, "power_law_1.01": 1, "power_law_1.2": 2}
+MLA_GEMM_DTYPES = {"bfloat16": 0, "fp8_block": 2}
+# Preference between MLA kernels measured equally often. vLLM on Hopper: FlashAttention-MLA
+# for a bf16 KV cache, FlashMLA for fp8 (FA-MLA has none); Blackwell FlashInfer-MLA; TRT-LLM one.
+MLA_KERNELS = ("FLASH_ATTN_MLA", "FLASHMLA", "FLASHINFER_MLA", "default")
 GEMM_KERNELS = {("vllm", "fp8"): "CutlassFP8ScaledMMLinearKernel", ("sglang", "fp8"): "sglang_sgl_kernel_fp8_scaled_mm"}
 
 
@@ -112,6 +124,89 @@ def attention_rows(df: pl.DataFrame, length_col: str) -> dict[str, np.ndarray]:
     }
 
 
+def nccl_rows(path: Path) -> dict[str, np.ndarray]:
+    """NCCL collectives on half-precision buffers: ``nccl_<op>_{gpus,elements,latency}``."""
+    df = pl.read_parquet(path).filter(pl.col("nccl_dtype") == "half")
+    out = {}
+    for op in NCCL_OPS:
+        rows = df.filter(pl.col("op_name") == op).sort(["num_gpus", "message_size"])
+        out[f"nccl_{op}_gpus"] = rows["num_gpus"].to_numpy().astype(np.int16)
+        out[f"nccl_{op}_elements"] = rows["message_size"].to_numpy().astype(np.int64)
+        out[f"nccl_{op}_latency"] = rows["latency"].to_numpy().astype(np.float32)
+    return out
+
+
+def model_configs(root: Path) -> list[Path]:
+    """The HF config.json copies in the profiles (not the separate quantization configs)."""
+    return sorted(p for p in (root / "model_configs").glob("*_config.json") if not p.name.endswith("_quant_config.json"))
+
+
+def moe_shapes(root: Path) -> set[tuple[int, int, int, int]]:
+    """(hidden, expert intermediate, top-k, experts) of every MoE model config in the profiles."""
+    from costmodels.architecture import ModelArch
+
+    shapes = set()
+    for cfg in model_configs(root):
+        arch = ModelArch.from_hf_config(cfg)
+        if arch.moe is not None:
+            moe = arch.moe
+            shapes.add((arch.hidden_size, moe.expert_intermediate_size, moe.top_k, moe.num_experts))
+    return shapes
+
+
+def moe_rows(path: Path, shapes: set[tuple[int, int, int, int]]) -> dict[str, np.ndarray]:
+    """Fused-MoE rows (``moe_*``) of the given expert shapes at the dtypes servetune times, on
+    at most ``MAX_GPUS`` GPUs (the largest TP servetune builds).
+
+    Where a framework measured two kernels at one point (vLLM's Triton and FlashInfer fp8
+    paths split the TP/EP layouts between them), the median is kept, as for attention.
+    """
+    keys = ["hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size", "moe_ep_size", "moe_dtype",
+            "distribution", "num_tokens"]
+    df = pl.read_parquet(path).filter(pl.col("moe_dtype").is_in(list(MOE_DTYPES))
+                                      & pl.col("distribution").is_in(list(MOE_DISTRIBUTIONS))
+                                      & (pl.col("moe_tp_size") * pl.col("moe_ep_size") <= MAX_GPUS))
+    df = df.filter(pl.struct(["hidden_size", "inter_size", "topk", "num_experts"]).map_elements(
+        lambda r: (r["hidden_size"], r["inter_size"], r["topk"], r["num_experts"]) in shapes, return_dtype=pl.Boolean))
+    df = df.group_by(keys).agg(pl.col("latency").median()).sort(keys)
+    return {
+        "moe_hidden": df["hidden_size"].to_numpy().astype(np.int32),
+        "moe_inter": df["inter_size"].to_numpy().astype(np.int32),
+        "moe_topk": df["topk"].to_numpy().astype(np.int16),
+        "moe_experts": df["num_experts"].to_numpy().astype(np.int16),
+        "moe_tp": df["moe_tp_size"].to_numpy().astype(np.int16),
+        "moe_ep": df["moe_ep_size"].to_numpy().astype(np.int16),
+        "moe_dtype": df["moe_dtype"].replace_strict(MOE_DTYPES).to_numpy().astype(np.int8),
+        "moe_dist": df["distribution"].replace_strict(MOE_DISTRIBUTIONS).to_numpy().astype(np.int8),
+        "moe_tokens": df["num_tokens"].to_numpy().astype(np.int32),
+        "moe_latency": df["latency"].to_numpy().astype(np.float16),
+    }
+
+
+def mla_rows(df: pl.DataFrame, length_col: str) -> dict[str, np.ndarray]:
+    """MLA attention-module rows: (heads per GPU, KV dtype code, GEMM dtype code, batch, length,
+    latency ms), one kernel per (KV dtype, GEMM dtype): the one measured to the longest
+    length, then at the most points (vLLM's FlashMLA context rows stop at 128 tokens, its
+    FlashAttention prefill rows at 32768), ties broken by ``MLA_KERNELS``."""
+    df = df.filter((pl.col("mla_dtype") == "bfloat16") & pl.col("gemm_type").is_in(list(MLA_GEMM_DTYPES))
+                   & pl.col("kv_cache_dtype").is_in(list(KV_DTYPES)))
+    parts = []
+    for _, group in df.group_by(["kv_cache_dtype", "gemm_type"]):
+        reach = {k: (g[length_col].max(), g.height) for (k,), g in group.group_by(["kernel_source"])}
+        kernel = max(reach, key=lambda k: (reach[k], -MLA_KERNELS.index(k) if k in MLA_KERNELS else -len(MLA_KERNELS)))
+        parts.append(group.filter(pl.col("kernel_source") == kernel))
+    df = pl.concat(parts).group_by(["num_heads", "kv_cache_dtype", "gemm_type", "batch_size", length_col]).agg(
+        pl.col("latency").median()).sort(["kv_cache_dtype", "gemm_type", "num_heads", "batch_size", length_col])
+    return {
+        "heads": df["num_heads"].to_numpy().astype(np.int16),
+        "kv_dtype": df["kv_cache_dtype"].replace_strict(KV_DTYPES).to_numpy().astype(np.int8),
+        "gemm_dtype": df["gemm_type"].replace_strict(MLA_GEMM_DTYPES).to_numpy().astype(np.int8),
+        "batch": df["batch_size"].to_numpy().astype(np.int32),
+        "length": df[length_col].to_numpy().astype(np.int32),
+        "latency": df["latency"].to_numpy().astype(np.float16),
+    }
+
+
 def distil_one(root: Path, gpu: str, fw: str, version: str) -> dict[str, np.ndarray]:
     base = root / "systems" / "data" / gpu
     out: dict[str, np.ndarray] = {}
@@ -136,6 +231,17 @@ def distil_one(root: Path, gpu: str, fw: str, version: str) -> dict[str, np.ndar
     out["ar_gpus"] = ar["num_gpus"].to_numpy().astype(np.int16)
     out["ar_elements"] = ar["message_size"].to_numpy().astype(np.int64)
     out["ar_latency"] = ar["latency"].to_numpy().astype(np.float32)
+    nccl = sorted((base / "comm" / "nccl").glob("*/nccl_perf.parquet"))
+    out.update(nccl_rows(nccl[-1]))
+    moe = base / "moe" / fw / version / "moe_perf.parquet"
+    if moe.is_file():
+        out.update(moe_rows(moe, moe_shapes(root)))
+    mla = base / "mla" / fw / version
+    for name, length_col in (("gen", "step"), ("ctx", "isl")):
+        module = mla / f"mla_{'generation' if name == 'gen' else 'context'}_module_perf.parquet"
+        if module.is_file():
+            for key, arr in mla_rows(pl.read_parquet(module), length_col).items():
+                out[f"mla_{name}_{key}"] = arr
     meta = {"gpu": gpu, "framework": fw, "version": version, "device": gemm["device"][0],
             "source": "aiconfigurator-core 0.12.0 (Apache-2.0, NVIDIA)"}
     out["meta"] = np.array(json.dumps(meta))
@@ -175,7 +281,7 @@ def main(argv: list[str] | None = None) -> None:
     for (gpu, fw), version in current_versions(root).items():
         np.savez_compressed(args.out / f"{gpu}_{fw}.npz", **distil_one(root, gpu, fw, version))
     (args.out / "gpus.json").write_text(json.dumps(gpu_specs(root), indent=1) + "\n")
-    for cfg in sorted((root / "model_configs").glob("*_config.json")):
+    for cfg in model_configs(root):
         shutil.copyfile(cfg, args.out / "models" / cfg.name)
     shutil.copyfile(args.shared / "profiles" / "aiconfigurator" / "LICENSE", args.out / "LICENSE-aiconfigurator")
     if args.out == DATA_DIR:  # calibrate against the bundled tables just written

@@ -3,7 +3,9 @@
 Both sources answer the same four questions, per layer and in seconds: a GEMM of shape
 (m, n, k), decode attention for a batch at a context length, prefill (context) attention
 for a batch of fresh prompts, and an all-reduce of a number of bf16 elements. The step-time
-composer (``costmodels.compose``) does not care which source it talks to.
+composer (``costmodels.compose``) does not care which source it talks to. The profiled
+tables also answer NCCL collectives and hand their fused-MoE and MLA rows to
+``costmodels.moeops`` and ``costmodels.mlaops``; the roofline has no model of those.
 
 A head layout the attention tables lack is read from the nearest measured one at the
 batch with as many (sequence, head) units (``borrow_layout``), else its launch floor is
@@ -146,18 +148,37 @@ class ProfiledOps:
         batch, isl, sec = self._attention_rows("ctx", shape)
         return batch, isl, sec
 
+    def table(self, prefix: str) -> dict[str, np.ndarray]:
+        """The distilled columns ``<prefix>_*`` by their short names; CostModelError if the
+        framework's tables for this GPU hold none (e.g. no MLA module table for SGLang)."""
+        cut = len(prefix) + 1
+        cols = {k[cut:]: v for k, v in self._z.items() if k.startswith(prefix + "_")}
+        if not cols:
+            raise CostModelError(f"{self.label}: no {prefix} table measured for this GPU and framework")
+        return cols
+
     def allreduce(self, elements: np.ndarray, tp: int) -> np.ndarray:
         """Seconds for an all-reduce of ``elements`` bf16 values across ``tp`` GPUs."""
-        z = self._z
-        r = z["ar_gpus"] == tp
+        return self._message_curve("ar", "all-reduce", elements, tp)
+
+    def collective(self, op: str, elements: np.ndarray, gpus: int) -> np.ndarray:
+        """Seconds for an NCCL ``op`` (all_gather, reduce_scatter, alltoall) of ``elements``
+        half-precision values across ``gpus`` GPUs."""
+        return self._message_curve(f"nccl_{op}", f"NCCL {op}", elements, gpus)
+
+    def _message_curve(self, prefix: str, what: str, elements: np.ndarray, gpus: int) -> np.ndarray:
+        """Log-log interpolation in message size; past the largest message, linear in size
+        (bandwidth-bound)."""
+        t = self.table(prefix)
+        r = t["gpus"] == gpus
         if not r.any():
-            raise CostModelError(f"{self.label}: no all-reduce measured for tp={tp}; measured: "
-                                 f"{sorted(set(z['ar_gpus'].tolist()))}")
-        size = z["ar_elements"][r].astype(np.float64)
-        sec = z["ar_latency"][r].astype(np.float64) * MS
+            raise CostModelError(f"{self.label}: no {what} measured for {gpus} GPUs; measured: "
+                                 f"{sorted(set(t['gpus'].tolist()))}")
+        size = t["elements"][r].astype(np.float64)
+        sec = t["latency"][r].astype(np.float64) * MS
         x = np.log(np.maximum(np.asarray(elements, dtype=np.float64), size[0]))
         inside = np.interp(x, np.log(size), sec)
-        beyond = sec[-1] * np.exp(x - np.log(size[-1]))  # bandwidth-bound past the largest message
+        beyond = sec[-1] * np.exp(x - np.log(size[-1]))
         return np.where(x > np.log(size[-1]), beyond, inside)
 
 

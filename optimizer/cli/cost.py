@@ -21,24 +21,28 @@ def _fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
-def _build(model, gpu, tp, framework, gemm_dtype, kv_dtype, model_config, calibration, sps_csv):
+def _build(model, gpu, tp, framework, gemm_dtype, kv_dtype, model_config, calibration, sps_csv, **layout):
     from costmodels import CostModelError, build
 
     try:
         return build(model, gpu, tp=tp, framework=framework, gemm_dtype=gemm_dtype, kv_dtype=kv_dtype,
-                     model_config=model_config, calibration=calibration, sps_csv=sps_csv)
+                     model_config=model_config, calibration=calibration, sps_csv=sps_csv, **layout)
     except CostModelError as exc:
         _fail(str(exc))
 
 
 # shared options, one definition each
 Model = typer.Option(..., "--model", help="HF id or alias, e.g. meta-llama/Llama-3.1-8B")
-Gpu = typer.Option(..., "--gpu", help="a100 | h100 | h200, or a GPU spec YAML")
+Gpu = typer.Option(..., "--gpu", help="a100 | h100 | h200 | b200, or a GPU spec YAML")
 Tp = typer.Option(1, "--tp", help="tensor-parallel degree")
 Framework = typer.Option("vllm", "--framework", help="vllm | sglang | trtllm")
-GemmDtype = typer.Option("bf16", "--gemm-dtype", help="bf16 | fp8")
+GemmDtype = typer.Option("bf16", "--gemm-dtype", "--dtype", help="weights and GEMMs: bf16 | fp8")
 KvDtype = typer.Option("bf16", "--kv-dtype", help="bf16 | fp8")
-ModelConfig = typer.Option(None, "--model-config", help="HuggingFace config.json of another dense GQA model")
+ModelConfig = typer.Option(None, "--model-config", help="HuggingFace config.json of another model")
+MoeEp = typer.Option(1, "--moe-ep-size", help="expert-parallel degree of the MoE layers (divides --tp)")
+AttentionDp = typer.Option(1, "--attention-dp-size", help="attention data-parallel groups (divides --tp)")
+MoeDistribution = typer.Option("balanced", "--moe-distribution",
+                               help="routing skew of the fused-MoE table: balanced | power_law_1.01 | power_law_1.2")
 Calibration = typer.Option(None, "--calibration", help="calibration JSON from `servetune cost calibrate`")
 SpsCsv = typer.Option(None, "--sps-csv", help="use a measured SPS(B) CSV as the step-time source")
 Context = typer.Option(1024, "--context", help="KV tokens per sequence for decode step times")
@@ -128,11 +132,14 @@ def show(
     calibration: Path = Calibration, sps_csv: Path = SpsCsv, context: int = Context,
     gpu_memory_utilization: float = Utilization, block_size: int = BlockSize,
     max_num_batched_tokens: int = BatchedTokens, plot: Path = Plot, fmt: str = Format,
+    moe_ep_size: int = MoeEp, attention_dp_size: int = AttentionDp, moe_distribution: str = MoeDistribution,
 ) -> None:
-    """KV capacity, weight memory and step times at a few batch shapes."""
+    """KV capacity, weight memory and step times at a few batch shapes (with attention DP:
+    of one DP group)."""
     if fmt not in ("text", "json"):
         _fail(f"--format must be text or json, got {fmt!r}")
-    cost = _build(model, gpu, tp, framework, gemm_dtype, kv_dtype, model_config, calibration, sps_csv)
+    cost = _build(model, gpu, tp, framework, gemm_dtype, kv_dtype, model_config, calibration, sps_csv,
+                  moe_ep_size=moe_ep_size, attention_dp_size=attention_dp_size, moe_distribution=moe_distribution)
     info = summary(cost, gpu_memory_utilization, block_size, context, max_num_batched_tokens)
     if plot is not None:
         _plot(info["sps"], plot, f"{cost.name}, {context} KV tokens/seq")

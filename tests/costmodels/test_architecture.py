@@ -3,7 +3,7 @@ import json
 import pytest
 
 from costmodels import CostModelError, build, load_model
-from costmodels.architecture import BUILTIN, ModelArch
+from costmodels.architecture import ModelArch
 
 # (layers, kv heads, head_dim) from each model's config.json
 CLOSED_FORM = {
@@ -14,7 +14,7 @@ CLOSED_FORM = {
 }
 
 
-@pytest.mark.parametrize("name", BUILTIN)
+@pytest.mark.parametrize("name", CLOSED_FORM)
 @pytest.mark.parametrize("tp", [1, 2, 4, 8])
 def test_kv_bytes_per_token_closed_form(name, tp):
     layers, kv_heads, head_dim = CLOSED_FORM[name]
@@ -72,8 +72,10 @@ def test_config_missing_keys_and_moe_are_rejected(tmp_path):
     path.write_text(json.dumps({"hidden_size": 4096}))
     with pytest.raises(CostModelError, match="missing keys"):
         ModelArch.from_hf_config(path)
-    path.write_text(json.dumps({"num_local_experts": 8, "hidden_size": 4096}))
-    with pytest.raises(CostModelError, match="only dense"):
+    dense = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128,
+             "vocab_size": 100}
+    path.write_text(json.dumps(dense | {"num_local_experts": 8}))
+    with pytest.raises(CostModelError, match="mixture-of-experts .*needs num_experts_per_tok"):
         ModelArch.from_hf_config(path)
     with pytest.raises(CostModelError, match="does not exist"):
         ModelArch.from_hf_config(tmp_path / "nope.json")
