@@ -88,8 +88,9 @@ def build(
     arch = load_model(model, model_config)
     arch.check_tp(tp)
     layout = ParallelLayout(tp, moe_ep_size, attention_dp_size)
-    if arch.moe is None and moe_ep_size > 1:
-        raise CostModelError(f"{arch.name} has no experts; moe_ep_size must be 1, got {moe_ep_size}")
+    if arch.moe is None and (moe_ep_size > 1 or attention_dp_size > 1):
+        raise CostModelError(f"{arch.name} has no experts: moe_ep_size and attention_dp_size must be 1 (data "
+                             f"parallelism of a dense model is replicas), got {moe_ep_size}, {attention_dp_size}")
     spec = load_gpu(gpu)
     gemm_dtype, kv_dtype = normalize_dtype(gemm_dtype), normalize_dtype(kv_dtype)
     if gemm_dtype not in ("bf16", "fp8") or kv_dtype not in ("bf16", "fp8"):

@@ -27,6 +27,8 @@ import numpy as np
 import polars as pl
 import yaml
 
+from costmodels.architecture import ModelArch
+
 DATA_DIR = Path(__file__).resolve().parent / "data"
 GPUS = ("a100_sxm", "h100_sxm", "h200_sxm", "b200_sxm")
 FRAMEWORKS = ("vllm", "sglang", "trtllm")
@@ -143,8 +145,6 @@ def model_configs(root: Path) -> list[Path]:
 
 def moe_shapes(root: Path) -> set[tuple[int, int, int, int]]:
     """(hidden, expert intermediate, top-k, experts) of every MoE model config in the profiles."""
-    from costmodels.architecture import ModelArch
-
     shapes = set()
     for cfg in model_configs(root):
         arch = ModelArch.from_hf_config(cfg)

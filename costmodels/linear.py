@@ -35,7 +35,7 @@ def _gated_mlp(ops, tokens: np.ndarray, width: int, hidden: int, gated: bool) ->
     return ops.gemm(tokens, (2 if gated else 1) * width, hidden) + ops.gemm(tokens, hidden, width)
 
 
-def _mlp_comm(ops, arch: ModelArch, layout: ParallelLayout, tokens: np.ndarray, routed: bool) -> np.ndarray:
+def mlp_comm_seconds(ops, arch: ModelArch, layout: ParallelLayout, tokens: np.ndarray, routed: bool) -> np.ndarray:
     """Communication around one MLP (``routed``: an MoE layer) for T = ``tokens`` per DP group."""
     h, dp = arch.hidden_size, layout.attention_dp_size
     if dp == 1:
@@ -62,7 +62,7 @@ def linear_seconds(arch: ModelArch, ops, layout: ParallelLayout, tokens: np.ndar
     if atp > 1:
         attention = attention + ops.allreduce(tokens * h, atp)
     dense = _gated_mlp(ops, mlp_tokens, arch.intermediate_size // tp, h, arch.gated_mlp)
-    dense = dense + _mlp_comm(ops, arch, layout, tokens, routed=False)
+    dense = dense + mlp_comm_seconds(ops, arch, layout, tokens, routed=False)
     dense_elementwise = 3 * arch.intermediate_size // tp
     total = arch.num_layers * attention
     if arch.moe is None:
@@ -78,7 +78,7 @@ def linear_seconds(arch: ModelArch, ops, layout: ParallelLayout, tokens: np.ndar
         shared_width = m.shared_experts * m.shared_intermediate_size // tp
         if shared_width:
             routed = routed + _gated_mlp(ops, mlp_tokens, shared_width, h, arch.gated_mlp)
-        routed = routed + _mlp_comm(ops, arch, layout, tokens, routed=True)
+        routed = routed + mlp_comm_seconds(ops, arch, layout, tokens, routed=True)
         moe_layers, dense_layers = m.moe_layers(arch.num_layers), len(m.dense_layers)
         total = total + moe_layers * routed + dense_layers * dense
         # the fused kernel does its own activation; shared experts and dense layers do not

@@ -226,6 +226,11 @@ class RooflineOps:
         nbytes = 2.0 * np.asarray(elements, dtype=np.float64)
         return 2.0 * (tp - 1) / tp * nbytes / self.gpu.nvlink_bytes_per_s + self.allreduce_latency_s
 
+    def collective(self, op: str, elements: np.ndarray, gpus: int) -> np.ndarray:
+        """All-gather, reduce-scatter or all-to-all: each moves (gpus-1)/gpus of the buffer once."""
+        nbytes = 2.0 * np.asarray(elements, dtype=np.float64)
+        return (gpus - 1) / gpus * nbytes / self.gpu.nvlink_bytes_per_s + self.allreduce_latency_s
+
 
 def borrow_layout(batch: np.ndarray, length: np.ndarray, sec: np.ndarray, heads: int,
                   measured_heads: int) -> tuple[np.ndarray, np.ndarray]:

@@ -11,6 +11,8 @@ from costmodels import CostModelError, build, load_gpu, load_model, step_seconds
 from costmodels.architecture import ModelArch
 from costmodels.build import CUDA_GRAPH_BYTES, RUNTIME_BYTES
 from costmodels.compose import attention_shape
+from costmodels.layout import ParallelLayout
+from costmodels.linear import mlp_comm_seconds
 from costmodels.optables import ProfiledOps
 
 GIB = 2**30
@@ -166,3 +168,17 @@ def test_b200_spec_from_its_system_yaml():
     assert cost.source.startswith("profiled:aiconfigurator/b200_sxm/vllm-0.24.0")
     # decode at batch 1 reads every weight once: no faster than HBM allows
     assert step_seconds(cost.tables, 1, 1, 1, 1024.0, 0.0)[0] > cost.weight_bytes / 7.7e12
+
+
+def test_parallel_layouts_pay_their_collectives():
+    arch, ops = load_model("Qwen/Qwen3-235B-A22B-FP8"), ProfiledOps("h100_sxm", "trtllm", "fp8")
+    t, h = np.array([64.0]), 4096
+    assert mlp_comm_seconds(ops, arch, ParallelLayout(8, 8, 1), t, routed=True) == ops.allreduce(t * h, 8)
+    gathered = 8 * t * h  # each of 8 DP groups brings its 64 tokens
+    assert mlp_comm_seconds(ops, arch, ParallelLayout(8, 1, 8), t, routed=True) == (
+        ops.collective("all_gather", gathered, 8) + ops.collective("reduce_scatter", gathered, 8))
+    assert mlp_comm_seconds(ops, arch, ParallelLayout(8, 8, 8), t, routed=True) == 2 * ops.collective("alltoall", t * 8 * h, 8)
+    with pytest.raises(CostModelError, match="has no experts"):
+        build("meta-llama/Llama-3.1-8B", "h100", tp=2, attention_dp_size=2)
+    with pytest.raises(CostModelError, match="moe_ep_size=3 must divide tp=8"):
+        ParallelLayout(8, 3)
