@@ -202,11 +202,12 @@ class ModelArch:
 
         GQA: K and V, 2 * L * ``kv_heads_per_gpu`` * head_dim * bytes. MLA: one latent
         of kv_lora_rank + qk_rope_head_dim for all heads, L * (kv_lora_rank + qk_rope_head_dim)
-        * bytes, the same on every TP rank: vLLM sizes an MLA layer's cache with one KV head of
-        head_size kv_lora_rank + qk_rope_head_dim (``MLAAttentionSpec`` in
-        vllm/v1/kv_cache_interface.py; DeepseekV2MLAAttention passes that head_size in
-        vllm/model_executor/models/deepseek_v2.py), replicated across TP. Sliding-window
-        layers are counted whole, as vLLM does without its hybrid KV-cache manager.
+        * bytes, the same on every TP rank: vLLM sizes an MLA layer's cache page with one KV
+        head (``ModelConfig.get_num_kv_heads`` returns 1 under MLA) of head size
+        kv_lora_rank + qk_rope_head_dim (``ModelConfig.get_head_size`` in
+        vllm/config/model.py), not split by TP (``MLAAttentionSpec``,
+        vllm/v1/kv_cache_interface.py). Sliding-window layers are counted whole, as vLLM
+        does without its hybrid KV-cache manager.
         """
         self.check_tp(tp)
         nbytes = DTYPE_BYTES[normalize_dtype(kv_dtype)]
