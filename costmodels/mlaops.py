@@ -7,7 +7,9 @@ by the GEMM dtype (bf16 or fp8 block scales) and the KV-cache dtype. The generat
 (``step`` = the context length, measured at powers of two, where the GQA tables' ``step``
 counts the tokens cached before the new one, 2^k - 1) answers decode attention, the context table (``isl``)
 prefill; so for an MLA model the projections are in those two grids, not in the
-token-linear curve. vLLM and TRT-LLM ship module tables; SGLang does not, which is a
+token-linear curve. The prefill curve is keyed by attention pairs, so a chunk on top of
+a cached prefix pays its projections as a longer fresh prompt would (an overstatement
+that grows with the prefix; exact for fresh prompts). vLLM and TRT-LLM ship module tables; SGLang does not, which is a
 CostModelError, not a borrowed table.
 """
 
