@@ -208,7 +208,10 @@ Block = tuple[str, Any]  # ("h1" | "h2" | "p" | "ul" | "table" | "img", payload)
 _COMPARED = (("weighted_goodput", "weighted goodput (/s)", 3), ("request_goodput", "request goodput (req/s)", 3),
              ("slo_attainment", "SLO attainment", None), ("p99_ttft_ms", "p99 TTFT (ms)", 0),
              ("p99_tpot_ms", "p99 TPOT (ms)", 1), ("rejected_fraction", "rejected", None),
-             ("kv_peak_fraction", "KV high-water", None), ("preemption_rate", "preemptions / request", 3))
+             ("kv_peak_fraction", "KV high-water", None), ("kv_mean_fraction", "KV mean level", None),
+             ("preemption_rate", "preemptions / request", 3), ("p99_step_ms", "p99 step time (ms)", 1),
+             ("goodput_window_min", "worst-window goodput (req/s)", 3),
+             ("prefill_time_saved_s", "prefill time saved by the prefix cache (s)", 1))
 
 
 def build_review(r: ReviewInputs) -> list[Block]:

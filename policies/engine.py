@@ -180,6 +180,7 @@ from policies.kernel_state import (
     C_SPEC_DECODES,
     C_SPEC_DRAFTED,
     C_SPEC_VERIFIES,
+    C_STEP_HIST,
     C_STEPS,
     C_SWAP_OUTS,
     C_USED_END,
@@ -205,6 +206,7 @@ from policies.kernel_state import (
     FREE,
     G_HIST,
     G_RESIDUES,
+    G_STEP_HIST,
     GENERATED,
     HAND_OFF,
     HEADROOM,
@@ -316,7 +318,15 @@ from policies.kernel_state import (
     WAITING,
 )
 from policies.kernel_state import T as CLOCK
-from policies.result import Reject, SimResult, State
+from policies.result import (
+    STEP_HIST_BINS,
+    STEP_HIST_LOG_MIN,
+    STEP_HIST_MIN_S,
+    STEP_HIST_PER_DECADE,
+    Reject,
+    SimResult,
+    State,
+)
 from policies.waitqueue import heap_first_live, heap_pop, heap_push
 
 # Knob positions in the config vector (frozen into the kernel as constants).
@@ -1445,7 +1455,7 @@ def _end_step(rep, st, cfg, t_end, dt):
         else:
             _end_request(rep, st, r, S_FINISHED, R_NONE, t_end)
             if int(cfg[I_ADMISSION]) == ADMIT_PREDICTED:
-                _calibrate(ri, g, g[G_HIST:G_RESIDUES], cfg, r)
+                _calibrate(ri, g, g[G_HIST:G_STEP_HIST], cfg, r)
     g[N_BATCH] = 0
 
 
@@ -1487,11 +1497,23 @@ def _sample_until(g, gf, series, t_stop):
         g[SAMPLE_K] += 1
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _count_step(g, dt):
+    """Count a step of dt seconds in the step-time histogram: bin 0 below STEP_HIST_MIN_S,
+    then STEP_HIST_PER_DECADE log-spaced bins per decade, the last one open-ended
+    (``policies.result``). Every step passes here, fast-forwarded or not."""
+    k = 0
+    if dt >= STEP_HIST_MIN_S:
+        k = min(1 + int((math.log10(dt) - STEP_HIST_LOG_MIN) * STEP_HIST_PER_DECADE), STEP_HIST_BINS - 1)
+    g[G_STEP_HIST + k] += 1
+
+
 @njit(cache=True, nogil=True)
 def _book_step(g, gf, series, cfg, dt_compute, oor):
     """Book one formed step of dt_compute (+ copies) seconds; return its end and length.
     The caller then runs ``_end_step`` and moves the clock."""
     dt = dt_compute + gf[SWAP_S]
+    _count_step(g, dt)
     if oor:
         g[OUT_OF_RANGE] += 1
     t_end = gf[CLOCK] + dt
@@ -1588,6 +1610,7 @@ def _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables, cfg, hash
         used += need
         peak = max(peak, used)
         dt, oor = decode_run_step(tables, base, kv)
+        _count_step(g, dt)
         if oor:
             out_of_range += 1
         if t + dt > t_sample:
@@ -1682,6 +1705,7 @@ def _fast_forward_chunk(ri, g, gf, series, run, cached_held, prompt, ledger, ten
         ledger[fm.TS_COUNTER, tenant[p]] += cost / ledger[fm.TS_WEIGHT, tenant[p]]
         pairs = chunk * computed + chunk * (chunk + 1) // 2
         dt, oor = step_seconds(tables, d + chunk, d, d, kv, pairs)
+        _count_step(g, dt)
         if oor:
             out_of_range += 1
         if t + dt > t_sample:
@@ -1741,7 +1765,7 @@ def _end_fast_forward(rep, st, cfg):
         else:
             _end_request(rep, st, r, S_FINISHED, R_NONE, t_end)
             if int(cfg[I_ADMISSION]) == ADMIT_PREDICTED:
-                _calibrate(ri, g, g[G_HIST:G_RESIDUES], cfg, r)
+                _calibrate(ri, g, g[G_HIST:G_STEP_HIST], cfg, r)
 
 
 @njit(cache=True, nogil=True)
@@ -2284,7 +2308,8 @@ def write_outputs(rep, out_i, out_f, out_counts, out_fcounts, series, out_cached
     """Per-request outputs of the requests that ended on this replica, and its counters.
 
     out_i[4, n]: state, reject reason, tokens generated, preemptions; out_f[3, n]: first
-    token, finish, first scheduled; out_counts / out_fcounts: run counters (C_*, F_*);
+    token, finish, first scheduled; out_counts / out_fcounts: run counters (C_*, F_*; the
+    step-time histogram at C_STEP_HIST);
     series[SERIES_CAPACITY, 4]: (t, KV blocks used, running, waiting); out_cached[n]:
     cached prompt tokens at first schedule; out_service[T]: service charged per tenant;
     out_prefix[N_PREFIX]: prefix-cache figures (P_*).
@@ -2320,6 +2345,7 @@ def write_outputs(rep, out_i, out_f, out_counts, out_fcounts, series, out_cached
     out_counts[C_SPEC_VERIFIES] = g[SPEC_VERIFIES]
     out_counts[C_SPEC_DRAFTED] = g[SPEC_DRAFTED]
     out_counts[C_SPEC_ACCEPTED] = g[SPEC_ACCEPTED]
+    out_counts[C_STEP_HIST:C_STEP_HIST + STEP_HIST_BINS] = g[G_STEP_HIST:G_STEP_HIST + STEP_HIST_BINS]
     out_fcounts[F_BUSY] = gf[BUSY]
     out_fcounts[F_END] = gf[CLOCK]
     series[:] = rep.series
@@ -2539,6 +2565,7 @@ def _result(trace, out_i, out_f, counts, fcounts, series, cached, service, prefi
         spec_verifies=int(counts[C_SPEC_VERIFIES]),
         spec_drafted_tokens=int(counts[C_SPEC_DRAFTED]),
         spec_accepted_tokens=int(counts[C_SPEC_ACCEPTED]),
+        step_time_hist=counts[C_STEP_HIST:C_STEP_HIST + STEP_HIST_BINS].copy(),
     )
 
 

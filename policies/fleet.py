@@ -1022,11 +1022,12 @@ def simulate_fleet(trace, cost_models, config: PolicyConfig, seed: int = 0, *, r
     or 1). ``failures`` is a ``FailureSchedule`` of replica downtimes. ``acceptance`` and
     ``sharing`` as in ``engine.simulate``. Per-request fields cover the whole fleet
     (``replica``: where a finished request ended); counters are summed over replicas, the
-    KV peak is the sum of each replica's peak, the series sums the replicas' samples; the
-    fleet fields (``reroutes`` ... ``replica_*``) are filled. ``progress_budget`` (base,
-    per) bounds the event loop's iterations by base + per * progress (default:
-    ``engine.default_progress_budget`` of requests + failure events + replicas; each
-    replica's engine keeps its own default guard); past it the run raises
+    KV peak is the sum of each replica's peak, the series sums the replicas' samples, the
+    step-time histogram sums every replica's (each incarnation's added in ``_retire``); the
+    fleet fields (``reroutes`` ... ``replica_*``, ``migrations``, ``handoffs``) are filled.
+    ``progress_budget`` (base, per) bounds the event loop's iterations by base + per *
+    progress (default: ``engine.default_progress_budget`` of requests + failure events +
+    replicas; each replica's engine keeps its own default guard); past it the run raises
     ``SimulationStalled`` instead of hanging.
     """
     return simulate_fleet_many(trace, cost_models, [config], seed, replicas=replicas, failures=failures,
@@ -1141,6 +1142,8 @@ def _fleet_result(trace, out: FleetBuffers, weights: np.ndarray, schedule: Failu
         replica_prefix_query_tokens=out.prefix[:, P_QUERY_TOKENS].astype(np.int64),
         replica_kv_peak_blocks=out.counts[:, C_PEAK].copy(),
         replica_kv_capacity_blocks=out.counts[:, C_CAP].copy(),
+        migrations=int(out.fleet[FL_MIGRATIONS]),
+        handoffs=int(out.fleet[FL_HANDOFFS]),
     )
 
 

@@ -3,13 +3,16 @@
 Per-request values live in two field-major matrices indexed ``[FIELD, request]`` (each
 row is one contiguous array, i.e. structure of arrays): ``ri`` for integers and ``rf``
 for times. Index lists (running, batch, deadline heap, inbox) are the rows of ``lists``.
-Run-wide scalars live in ``g`` (integers; its tail holds the predicted-mode histogram and
-the fast-forward residues) and ``gf`` (floats). The read-only trace columns are the rows
-of ``si`` (integers) and ``sf`` (floats) in ``engine.Statics``. Numba freezes these
-module constants into the compiled code, so a name costs nothing at run time.
+Run-wide scalars live in ``g`` (integers; its tail holds the predicted-mode histogram, the
+step-time histogram and the fast-forward residues) and ``gf`` (floats). The read-only
+trace columns are the rows of ``si`` (integers) and ``sf`` (floats) in
+``engine.Statics``. Numba freezes these module constants into the compiled code, so a
+name costs nothing at run time.
 """
 
 from __future__ import annotations
+
+from policies.result import STEP_HIST_BINS
 
 # -- request lifecycle (ri[STATUS]) -------------------------------------------------------
 NOT_ARRIVED = 0
@@ -141,9 +144,11 @@ PROGRESS_PER = 68
 N_G = 69
 #: predicted mode: output/max_tokens ratio histogram bins (in g's tail, below).
 CALIBRATION_BINS = 64
-# g's tail: the predicted-mode histogram, then the fast-forward residues (block_size slots)
+# g's tail: the predicted-mode histogram, the step-time histogram (policies.result
+# STEP_HIST_*), then the fast-forward residues (block_size slots)
 G_HIST = N_G
-G_RESIDUES = G_HIST + CALIBRATION_BINS
+G_STEP_HIST = G_HIST + CALIBRATION_BINS
+G_RESIDUES = G_STEP_HIST + STEP_HIST_BINS
 
 # -- gf slots: run-wide floats -----------------------------------------------------------
 T = 0  # clock, seconds on the trace clock
@@ -183,7 +188,8 @@ C_ITERATIONS = 15  # iterations of advance's loop (the progress guard's count)
 C_RUNNING_END = 16  # requests running, queued and ended at the end (0, 0, all delivered unless the
 C_WAITING_END = 17  # run stopped on an error)
 C_ENDED_END = 18
-N_COUNTS = 19
+C_STEP_HIST = 19  # STEP_HIST_BINS slots: steps per step-time bin (summed like the counters)
+N_COUNTS = C_STEP_HIST + STEP_HIST_BINS
 F_BUSY = 0
 F_END = 1
 N_FCOUNTS = 2

@@ -6,10 +6,20 @@ Times are seconds on the trace clock; NaN where the event never happened.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import IntEnum
 
 import numpy as np
+
+#: Step-time histogram (``SimResult.step_time_hist``): log-spaced bins, STEP_HIST_PER_DECADE
+#: per decade from STEP_HIST_MIN_S over STEP_HIST_DECADES decades, with an underflow bin
+#: (0) below the range and an overflow bin (last) above it. Bin k in 1..STEP_HIST_BINS-2
+#: holds times in [MIN * 10**((k-1)/PER_DECADE), MIN * 10**(k/PER_DECADE)).
+STEP_HIST_MIN_S = 1e-5
+STEP_HIST_PER_DECADE = 64
+STEP_HIST_DECADES = 7
+STEP_HIST_BINS = STEP_HIST_DECADES * STEP_HIST_PER_DECADE + 2
 
 
 class State(IntEnum):
@@ -70,6 +80,9 @@ class SimResult:
     spec_verifies: int = 0  # of those, slots that verified at least one draft token
     spec_drafted_tokens: int = 0  # draft tokens verified
     spec_accepted_tokens: int = 0  # draft tokens accepted and kept (the rest were wasted)
+    # step times (issue 16): steps per bin of the log-spaced histogram above, summed over
+    # replicas; empty for a hand-built result
+    step_time_hist: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # i8[STEP_HIST_BINS]
     # fleet (issue 8); empty arrays for a single-replica run. Per request (length n): times
     # withdrawn from a failed replica and routed again; tokens whose KV a failure destroyed
     # and that were computed again.
@@ -86,7 +99,25 @@ class SimResult:
     replica_prefix_query_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     replica_kv_peak_blocks: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     replica_kv_capacity_blocks: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    migrations: int = 0  # running requests moved with their KV to another replica (Llumnix)
+    handoffs: int = 0  # P/D: requests sent from a prefill replica to a decode replica
 
     @property
     def n(self) -> int:
         return len(self.state)
+
+
+def step_time_bin_values() -> np.ndarray:
+    """One representative time (s) per histogram bin: the geometric middle of an inner bin,
+    whose times are within a factor 10**(1/(2*STEP_HIST_PER_DECADE)) of it (1.8%); the
+    range's lower end for the underflow bin and its upper end for the overflow bin."""
+    k = np.arange(STEP_HIST_BINS, dtype=np.float64)
+    values = STEP_HIST_MIN_S * 10.0 ** ((k - 0.5) / STEP_HIST_PER_DECADE)
+    values[0] = STEP_HIST_MIN_S
+    values[-1] = STEP_HIST_MIN_S * 10.0 ** STEP_HIST_DECADES
+    return values
+
+
+#: Relative error bound of a time read from an inner bin (see ``step_time_bin_values``).
+STEP_HIST_REL_ERROR = 10.0 ** (1.0 / (2 * STEP_HIST_PER_DECADE)) - 1.0
+STEP_HIST_LOG_MIN = math.log10(STEP_HIST_MIN_S)

@@ -6,11 +6,20 @@ arrival, E2E = finish − arrival, TPOT = (E2E − TTFT)/(n − 1) and 0 when n 
 generated). Rejected, failed, timed-out and cancelled requests are never good. A configured
 bound whose metric is NaN (no first token recorded) is not met.
 
-Every rate shares one window, first arrival to the last end time of any request, so the
-rates add up (accepted + rejected = offered). Rates over an empty window are 0; fractions
-with nothing to divide by are NaN (``None`` in ``to_dict``). Latency percentiles are over
-finished requests, NumPy's linear interpolation; TPOT percentiles, as in vLLM bench, only
-over finished requests with more than one output token.
+Two windows (issue 16). Offered and accepted load are over the trace's arrival window,
+first to last arrival (``arrival_window_s``): it is the same under every policy, and
+accepted + rejected = offered holds on it (``accepted_rps = offered_rps * (1 -
+rejected_fraction)``). Everything a policy delivers (throughput, goodput, per-tenant and
+per-class rates, Little's law) is over the run window ``duration_s``, first arrival to the
+last end time of any request, so those rates add up among themselves. Goodput is also
+given per fixed window of ``goodput_window_s`` seconds tiling the run window from the
+first arrival (the last one may be shorter): ``goodput_windows`` lists each window's good
+requests finishing in it per second of it, so their length-weighted mean is
+``request_goodput``; ``goodput_window_min`` / ``_p10`` are over the full-length windows
+only (NaN when the run is shorter than one window). Rates over an empty window are 0;
+fractions with nothing to divide by are NaN (``None`` in ``to_dict``). Latency
+percentiles are over finished requests, NumPy's linear interpolation; TPOT percentiles,
+as in vLLM bench, only over finished requests with more than one output token.
 
 A fleet run (issue 8) adds failure figures and one entry per replica. Failure windows are
 half-open [down, up): goodput during failures counts good requests finishing inside any
@@ -29,12 +38,14 @@ from typing import Any
 
 import numpy as np
 
-from policies.result import Reject, SimResult, State
+from policies.result import STEP_HIST_BINS, Reject, SimResult, State, step_time_bin_values
 from studies.slo import SLOSet
 from studies.traces import Trace
 
 LATENCY_METRICS = ("ttft", "tpot", "e2el", "queue")
 PERCENTILES = (50, 90, 99)
+STEP_PERCENTILES = (50, 95, 99)
+GOODPUT_WINDOW_S = 10.0  # default length of the fixed goodput windows
 
 
 @dataclass(frozen=True)
@@ -100,6 +111,32 @@ class Report:
     goodput_after_failures: float = math.nan
     # per replica index: routed, finished, prefix_hit_rate, kv_peak_blocks, kv_peak_fraction
     per_replica: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # issue 16: a complete report; windows as in the module docstring
+    arrival_window_s: float = 0.0  # first to last arrival: the window of offered_rps / accepted_rps
+    n_truncated: int = 0  # finished before their true output length: a cap (max_tokens, model length) ended them
+    prefill_time_saved_s: float = 0.0  # lone-prefill seconds the prefix-cache hits saved (SimResult's)
+    # step times: mean exact (busy / steps); percentiles from the kernel's log-spaced histogram,
+    # each within STEP_HIST_REL_ERROR (1.8%) of the true step-time percentile
+    mean_step_ms: float = math.nan
+    p50_step_ms: float = math.nan
+    p95_step_ms: float = math.nan
+    p99_step_ms: float = math.nan
+    # KV blocks used / capacity over time: the sampled series, each sample held until the next
+    kv_mean_fraction: float = math.nan
+    kv_p50_fraction: float = math.nan
+    kv_p95_fraction: float = math.nan
+    migrations: int = 0  # fleet: running requests moved with their KV
+    handoffs: int = 0  # fleet P/D: prefill -> decode transfers
+    goodput_window_s: float = GOODPUT_WINDOW_S
+    goodput_windows: list[float] = field(default_factory=list)  # good requests per second, per window
+    goodput_window_min: float = math.nan
+    goodput_window_p10: float = math.nan
+    # Little's law over the run window: L = time-average of running + waiting (series) against
+    # lambda * W = summed time in system (arrival to end) of every ended request / window;
+    # gap = L / (lambda W) - 1 (see ``_littles_law``)
+    mean_in_system: float = math.nan
+    littles_law_lw: float = math.nan
+    littles_law_gap: float = math.nan
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-serialisable values; NaN becomes ``None``."""
@@ -112,9 +149,15 @@ class Report:
              f"{self.n_offered:,} / {self.n_accepted:,} / {self.n_rejected:,} ({_pct(self.rejected_fraction)})"),
             ("load", "finished/timed out/cancelled/failed",
              f"{self.n_finished:,} / {self.n_timed_out:,} / {self.n_cancelled:,} / {self.n_failed:,}"),
-            ("load", "window (s)", _num(self.duration_s, 1)),
-            ("load", "offered rate (req/s)", _num(self.offered_rps, 3)),
+            ("load", "arrival / run window (s)", f"{_num(self.arrival_window_s, 1)} / {_num(self.duration_s, 1)}"),
+            ("load", "offered / accepted rate (req/s)", f"{_num(self.offered_rps, 3)} / {_num(self.accepted_rps, 3)}"),
+            ("load", "truncated by max_tokens / model length",
+             f"{self.n_truncated:,} ({_pct(_ratio(self.n_truncated, self.n_finished))} of finished)"),
+            ("load", "Little's law L / lambda*W (gap)",
+             f"{_num(self.mean_in_system, 2)} / {_num(self.littles_law_lw, 2)} ({_pct(self.littles_law_gap)})"),
             ("goodput", "request goodput (req/s)", _num(self.request_goodput, 3)),
+            ("goodput", f"per {self.goodput_window_s:g} s window min / p10 (req/s)",
+             f"{_num(self.goodput_window_min, 3)} / {_num(self.goodput_window_p10, 3)}"),
             ("goodput", "token goodput (tok/s)", _num(self.token_goodput, 1)),
             ("goodput", "weighted goodput (/s)", _num(self.weighted_goodput, 3)),
             ("goodput", "SLO attainment", f"{self.n_good:,} good, {_pct(self.slo_attainment)}"),
@@ -126,10 +169,15 @@ class Report:
             rows.append(("latency", f"{metric.upper()} ms mean/p50/p90/p99",
                          " / ".join(_num(v, 1 if abs(v) < 100 else 0) for v in values)))
         rows += [
+            ("latency", "step ms mean/p50/p95/p99", " / ".join(
+                _num(v, 2) for v in (self.mean_step_ms, self.p50_step_ms, self.p95_step_ms, self.p99_step_ms))),
             ("memory", "KV high-water", _pct(self.kv_peak_fraction)),
+            ("memory", "KV level mean / p50 / p95", " / ".join(
+                _pct(v) for v in (self.kv_mean_fraction, self.kv_p50_fraction, self.kv_p95_fraction))),
             ("memory", "preemptions", f"{self.preemptions:,} ({_num(self.preemption_rate, 3)} per accepted)"),
             ("memory", "prefix tokens saved", f"{self.prefix_tokens_saved:,} ({_pct(self.prefix_hit_rate)} of prompts)"),
-            ("fairness", "Jain index over tenants", _num(self.jain_index, 3)),
+            ("memory", "prefill time saved by the cache (s)", _num(self.prefill_time_saved_s, 3)),
+            ("fairness", "Jain index over tenants (weighted)", _num(self.jain_index, 3)),
         ]
         reasons = ", ".join(f"{name} {count:,}" for name, count in self.reject_reasons.items())
         rows.append(("rejects", "reject reasons", reasons or "none"))
@@ -144,6 +192,8 @@ class Report:
                 ("failures", "goodput during / after failures (req/s)",
                  f"{_num(self.goodput_during_failures, 3)} / {_num(self.goodput_after_failures, 3)}"),
             ]
+        if self.migrations or self.handoffs:
+            rows.append(("replicas", "migrations / P/D hand-offs", f"{self.migrations:,} / {self.handoffs:,}"))
         for j, entry in self.per_replica.items():
             rows.append(("replicas", f"replica {j}: routed / finished / prefix hit / KV peak",
                          f"{entry['routed']:,} / {entry['finished']:,} / {_pct(entry['prefix_hit_rate'])} / "
@@ -169,8 +219,11 @@ def good_requests(result: SimResult, trace: Trace, slos: SLOSet) -> np.ndarray:
     return _good(result, request_latencies(result, trace), bounds[trace.slo_class])
 
 
-def score(result: SimResult, trace: Trace, slos: SLOSet) -> Report:
-    """The goodput report of ``result``, a simulation of ``trace``, against ``slos``."""
+def score(result: SimResult, trace: Trace, slos: SLOSet, *, goodput_window_s: float = GOODPUT_WINDOW_S) -> Report:
+    """The goodput report of ``result``, a simulation of ``trace``, against ``slos``;
+    goodput is also given per window of ``goodput_window_s`` seconds (module docstring)."""
+    if not goodput_window_s > 0:
+        raise ValueError(f"goodput_window_s must be > 0, got {goodput_window_s}")
     _check(result, trace)
     n = trace.n
     state = result.state
@@ -183,6 +236,7 @@ def score(result: SimResult, trace: Trace, slos: SLOSet) -> Report:
     generated = result.tokens_generated
 
     duration = _window(result, trace)
+    arrivals = _arrival_window(trace)
     n_rejected = int(rejected.sum())
     n_accepted = n - n_rejected
     n_good = int(good.sum())
@@ -208,8 +262,8 @@ def score(result: SimResult, trace: Trace, slos: SLOSet) -> Report:
         n_failed=int((state == State.FAILED).sum()),
         n_good=n_good,
         duration_s=duration,
-        offered_rps=_per_second(n, duration),
-        accepted_rps=_per_second(n_accepted, duration),
+        offered_rps=_per_second(n, arrivals),
+        accepted_rps=_per_second(n_accepted, arrivals),
         rejected_fraction=_ratio(n_rejected, n),
         request_throughput=_per_second(int(finished.sum()), duration),
         output_throughput=_per_second(int(generated[finished].sum()), duration),
@@ -233,6 +287,15 @@ def score(result: SimResult, trace: Trace, slos: SLOSet) -> Report:
         verify_tokens_wasted=int(result.spec_drafted_tokens - result.spec_accepted_tokens),
         tokens_per_step=_ratio(int(generated.sum()), result.steps),
         **_failures(result, trace, good, duration),
+        arrival_window_s=arrivals,
+        n_truncated=int((finished & (generated < trace.output_tokens)).sum()),
+        prefill_time_saved_s=float(result.prefill_time_saved_s),
+        **_step_times(result),
+        **_kv_levels(result, _run_end(trace, duration)),
+        migrations=int(result.migrations),
+        handoffs=int(result.handoffs),
+        **_goodput_windows(result, trace, good, duration, goodput_window_s),
+        **_littles_law(result, trace, duration),
         per_replica=_replicas(result),
     )
 
@@ -261,6 +324,9 @@ def _check(result: SimResult, trace: Trace) -> None:
     bad = np.flatnonzero((result.state == State.FINISHED) & ~np.isfinite(result.finish_s))
     if len(bad):
         raise ValueError(f"request {bad[0]} is finished but has no finish time")
+    if len(result.step_time_hist) not in (0, STEP_HIST_BINS):
+        raise ValueError(f"SimResult.step_time_hist has {len(result.step_time_hist)} bins; give "
+                         f"{STEP_HIST_BINS} or none")
     _check_fleet(result, trace)
 
 
@@ -348,11 +414,111 @@ def _good(result: SimResult, lat: dict[str, np.ndarray], bounds: np.ndarray) -> 
 
 
 def _window(result: SimResult, trace: Trace) -> float:
+    """The run window: first arrival to the last end time of any request (policy-dependent)."""
     if trace.n == 0:
         return 0.0
     ends = result.finish_s[np.isfinite(result.finish_s)]
     last = ends.max() if len(ends) else trace.arrival_s[-1]
     return max(float(last - trace.arrival_s[0]), 0.0)
+
+
+def _arrival_window(trace: Trace) -> float:
+    """The trace's arrival window, first to last arrival: the same under every policy."""
+    return float(trace.arrival_s[-1] - trace.arrival_s[0]) if trace.n else 0.0
+
+
+def _run_end(trace: Trace, duration: float) -> float:
+    """When the run window ends on the trace clock."""
+    return float(trace.arrival_s[0]) + duration if trace.n else 0.0
+
+
+def _step_times(result: SimResult) -> dict[str, float]:
+    """Mean step time (exact) and its percentiles read from the step-time histogram.
+
+    A percentile q is the representative time (``policies.result.step_time_bin_values``)
+    of the bin holding the step of rank ceil(q/100 * steps), so it is within
+    ``STEP_HIST_REL_ERROR`` (1.8%) of the true nearest-rank percentile for steps inside
+    the histogram's range (10 us to 100 s). NaN without steps or a histogram.
+    """
+    figures = {"mean_step_ms": _ratio(result.busy_s * 1e3, result.steps)}
+    hist = result.step_time_hist
+    total = int(hist.sum()) if len(hist) else 0
+    cumulative = np.cumsum(hist)
+    values_ms = step_time_bin_values() * 1e3
+    for q in STEP_PERCENTILES:
+        rank = max(1, math.ceil(q / 100 * total))
+        figures[f"p{q}_step_ms"] = float(values_ms[np.searchsorted(cumulative, rank)]) if total else math.nan
+    return figures
+
+
+def _held_durations(t: np.ndarray, end: float) -> np.ndarray:
+    """How long each series sample holds: until the next sample, the last one until ``end``."""
+    return np.clip(np.diff(np.append(t, max(end, t[-1]))), 0.0, None)
+
+
+def _weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
+    """The smallest value whose weight share at or below it reaches q percent."""
+    order = np.argsort(values, kind="stable")
+    share = np.cumsum(weights[order])
+    return float(values[order][np.searchsorted(share, q / 100 * share[-1])])
+
+
+def _kv_levels(result: SimResult, end: float) -> dict[str, float]:
+    """KV level over time: time-weighted mean, median and p95 of blocks used / capacity in
+    the sampled series over the run window; NaN without samples or capacity."""
+    names = ("kv_mean_fraction", "kv_p50_fraction", "kv_p95_fraction")
+    if not len(result.series_t) or result.kv_capacity_blocks <= 0:
+        return dict.fromkeys(names, math.nan)
+    held = _held_durations(result.series_t, end)
+    if held.sum() <= 0:
+        return dict.fromkeys(names, math.nan)
+    level = result.series_kv_blocks / result.kv_capacity_blocks
+    mean = float((level * held).sum() / held.sum())
+    return dict(zip(names, (mean, _weighted_percentile(level, held, 50), _weighted_percentile(level, held, 95)),
+                    strict=True))
+
+
+def _goodput_windows(result: SimResult, trace: Trace, good: np.ndarray, duration: float,
+                     window_s: float) -> dict[str, Any]:
+    """Goodput per fixed window tiling the run window from the first arrival (module
+    docstring): good requests finishing in each window per second of it."""
+    figures: dict[str, Any] = {"goodput_window_s": float(window_s), "goodput_windows": [],
+                               "goodput_window_min": math.nan, "goodput_window_p10": math.nan}
+    if duration <= 0:
+        return figures
+    count = max(1, math.ceil(duration / window_s - 1e-9))  # a rounding-sized tail joins the last window
+    lengths = np.full(count, float(window_s))
+    lengths[-1] = duration - window_s * (count - 1)
+    offsets = result.finish_s[good] - trace.arrival_s[0]
+    index = np.minimum((offsets // window_s).astype(np.int64), count - 1)  # the run's end is in the last
+    rates = np.bincount(index, minlength=count) / lengths
+    figures["goodput_windows"] = [float(r) for r in rates]
+    full = rates[lengths >= window_s]
+    if len(full):
+        figures["goodput_window_min"] = float(full.min())
+        figures["goodput_window_p10"] = float(np.percentile(full, 10))
+    return figures
+
+
+def _littles_law(result: SimResult, trace: Trace, duration: float) -> dict[str, float]:
+    """Little's law (L = lambda W) over the run window, as a consistency check of the series
+    against the per-request times.
+
+    L is the time-average of running + waiting requests in the sampled series; lambda W is
+    the summed time in system (arrival to end) of every request that ended, over the
+    window. The series misses the moments a request spends before the step boundary that
+    admits it (or rejects it), in a fleet's queue and in flight between replicas, and it
+    is sampled, so L runs a little below lambda W; a gap of more than a few percent on a
+    steady trace means the two disagree.
+    """
+    names = ("mean_in_system", "littles_law_lw", "littles_law_gap")
+    if not len(result.series_t) or duration <= 0:
+        return dict.fromkeys(names, math.nan)
+    held = _held_durations(result.series_t, _run_end(trace, duration))
+    in_system = float(((result.series_running + result.series_waiting) * held).sum()) / duration
+    ended = np.isfinite(result.finish_s)
+    lw = float((result.finish_s[ended] - trace.arrival_s[ended]).sum()) / duration
+    return dict(zip(names, (in_system, lw, _ratio(in_system, lw) - 1.0), strict=True))
 
 
 def _latency_sample(metric: str, lat: dict[str, np.ndarray], finished: np.ndarray,
@@ -384,10 +550,13 @@ def _reject_reasons(result: SimResult, rejected: np.ndarray) -> dict[str, int]:
 
 def _tenants(result: SimResult, trace: Trace, finished: np.ndarray, good: np.ndarray,
              duration: float) -> tuple[dict[str, dict[str, Any]], float]:
-    """Per-tenant service and the Jain index over tenants that offered any request.
+    """Per-tenant service and the weighted Jain index over tenants that offered any request.
 
     Service counts a prompt once its prefill completed (a first token exists) plus every
-    output token generated, whatever the request's final state.
+    output token generated, whatever the request's final state. The Jain index is over
+    each tenant's service divided by its fair-share weight (``SimResult.tenant_weight``;
+    1 each when the result has none): (sum x)^2 / (k sum x^2) with x = service / weight,
+    so 1 means service in proportion to the weights.
     """
     k = len(trace.tenant_names)
     prefilled = np.isfinite(result.first_token_s) | finished
@@ -418,7 +587,7 @@ def _tenants(result: SimResult, trace: Trace, finished: np.ndarray, good: np.nda
         }
         for i, name in enumerate(trace.tenant_names)
     }
-    x = served[offered > 0]  # weight 1 per tenant until fairness weights land
+    x = served[offered > 0] / weight[offered > 0]
     squares = float((x * x).sum())
     jain = float(x.sum()) ** 2 / (len(x) * squares) if squares > 0 else math.nan
     return per_tenant, jain

@@ -100,7 +100,8 @@ def _inputs(**changes) -> ReviewInputs:
     deploy = Deployment("meta-llama/Llama-3.1-8B", tp=1, replicas=2, gpu="h100")
     best_cfg = preset("vllm-default").replace(max_num_batched_tokens=2048, max_num_seqs=128)
     report = {"weighted_goodput": 6.0, "request_goodput": 6.0, "slo_attainment": 0.95, "p99_ttft_ms": 900.0,
-              "p99_tpot_ms": 60.0, "rejected_fraction": 0.0, "kv_peak_fraction": 0.5, "preemption_rate": 0.0}
+              "p99_tpot_ms": 60.0, "rejected_fraction": 0.0, "kv_peak_fraction": 0.5, "preemption_rate": 0.0,
+              "kv_mean_fraction": 0.25, "p99_step_ms": 41.5, "goodput_window_min": 4.5, "prefill_time_saved_s": None}
     best = ConfigFigures("best (trial 17)", best_cfg, report,
                          Capacity(1.5, 6.3, replicas=2), diagnose(_signals(busy=0.95)), trial=17)
     vllm = ConfigFigures("vllm-default", preset("vllm-default"), {**report, "weighted_goodput": 4.0},
@@ -123,6 +124,9 @@ def test_review_states_gpus_headroom_limit_and_gains():
     assert "Compute-bound" in md.split("## What limits the best config")[1].split("##")[0]
     assert "Weighted goodput +50.0% over vllm-default (6.000 vs 4.000/s)." in md
     assert "sglang-default has no goodput on this trace" in md
+    assert "| KV mean level | 25.0% | 25.0% | 25.0% |" in md and "| p99 step time (ms) | 41.5 |" in md
+    assert "| worst-window goodput (req/s) | 4.500 |" in md
+    assert "| prefill time saved by the prefix cache (s) | n/a |" in md  # an older report without the figure
     assert "| max_num_batched_tokens | 2048 | 8192 | 8192 |" in md  # changed knobs only
     assert "| block_size |" in md and "| kv_headroom |" not in md  # sglang pages differ; headroom never
     assert "![Pareto front](plots/pareto.png)" in md

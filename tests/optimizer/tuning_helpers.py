@@ -57,6 +57,8 @@ def fake_report(goodput: float, **values) -> Report:
             data[f.name] = 0
         elif f.type.startswith("dict"):
             data[f.name] = {}
+        elif f.type.startswith("list"):
+            data[f.name] = []
         else:
             data[f.name] = 0.0
     derived = dict(weighted_goodput=goodput, request_goodput=goodput, token_goodput=goodput * 10,

@@ -109,7 +109,10 @@ def test_report_counts_rates_and_window():
     assert rep.weighted_goodput == pytest.approx(2 / window)
     assert rep.request_throughput == pytest.approx(5 / window)
     assert rep.output_throughput == pytest.approx((11 + 1 + 2 + 11 + 96) / window)
-    assert rep.offered_rps == pytest.approx(rep.accepted_rps + 1 / window)
+    arrivals = 2.0  # offered and accepted load: first to last arrival
+    assert rep.arrival_window_s == arrivals
+    assert rep.offered_rps == pytest.approx(7 / arrivals)
+    assert rep.offered_rps == pytest.approx(rep.accepted_rps + 1 / arrivals)
     assert rep.slo_attainment == pytest.approx(2 / 7)
     assert rep.rejected_fraction == pytest.approx(1 / 7)
     assert rep.reject_reasons == {"queue_full": 1}
