@@ -44,7 +44,7 @@ from optimizer.evaluate import Evaluator  # noqa: E402
 from optimizer.failplan import FailurePlan  # noqa: E402
 from optimizer.objective import objective_for  # noqa: E402
 from optimizer.spec import StudySpec  # noqa: E402
-from optimizer.study import best_goodput_trial, enqueue_baselines, make_sampler, run  # noqa: E402
+from optimizer.study import BOUNDS_ATTR, best_goodput_trial, enqueue_baselines, make_sampler, run  # noqa: E402
 from optimizer.targets import engine_context  # noqa: E402
 from policies.config import KNOB_BY_NAME, ConfigError, PolicyConfig, inert_knobs  # noqa: E402
 from policies.engine import simulate_many  # noqa: E402
@@ -126,7 +126,8 @@ def tune(name: str, trace, cost, slos, trials: int, seed: int, replicas: int = 1
     inert = inert_knobs(config, replicas)  # knobs that change nothing under the config are no change
     changed = {k: v for k, v in config.to_dict().items() if v != base[k] and k not in inert}
     return config, {"trials": stats.told, "best_trial": best.number, "baseline": best.user_attrs.get("baseline"),
-                    "router": config.router, "changed_vs_vllm_default": changed}
+                    "router": config.router, "changed_vs_vllm_default": changed,
+                    "bounds": study.user_attrs.get(BOUNDS_ATTR)}
 
 
 def run_scenario(name: str, data: dict[str, Any], cost, *, trials: int, seed: int = 0) -> dict[str, Any]:
@@ -192,6 +193,10 @@ def markdown(result: dict[str, Any]) -> str:
         changed = ", ".join(f"{k}={v}" for k, v in t["changed_vs_vllm_default"].items()) or "none"
         lines.append(f"Tuned: best of {t['trials']} trials (trial {t['best_trial']}"
                      f"{', a baseline: ' + t['baseline'] if t['baseline'] else ''}); vs vLLM defaults: {changed}.")
+        if t.get("bounds"):
+            ttft = t["bounds"]["p99_ttft_ms"]
+            lines.append(f"Every trial was held to rejecting at most {t['bounds']['rejected_fraction']:.1%} and a "
+                         f"p99 TTFT of {'no bound' if ttft is None else f'{ttft:,.0f} ms'} (the study's bounds).")
         if fleet is not None:
             lines.append(f"The tuned policy routes with {t['router']}.")
     columns = COLUMNS + (FAILURE_COLUMNS if "reference" in result else ())
@@ -207,8 +212,9 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def summary(results: list[dict[str, Any]]) -> str:
-    """One row per scenario: each standard policy's goodput (SLO attainment), the tuned one's
-    gain over the best default, and the best extra policy."""
+    """One row per scenario: each standard policy's goodput (SLO attainment, p99 TTFT), the
+    tuned one's gain over the best default, and the best extra policy; the p99 TTFT shows
+    whether a goodput was bought with a starved tail."""
     names = [*STANDARD, "tuned"]
     lines = ["| scenario | " + " | ".join(names) + " | tuned / best default | best other policy |",
              "|---|" + "---|" * (len(names) + 2)]
@@ -217,14 +223,20 @@ def summary(results: list[dict[str, Any]]) -> str:
             lines.append(f"| {r['scenario']} | " + " | ".join("-" for _ in names) + f" | - | pending: {r['pending']['*']} |")
             continue
         p = r["policies"]
-        cells = [f"{p[n]['weighted_goodput']:.2f} ({p[n]['slo_attainment']:.0%})" if n in p else "-" for n in names]
+        cells = [_summary_cell(p[n]) if n in p else "-" for n in names]
         best_default = max(p[n]["weighted_goodput"] for n in STANDARD)
         gain = f"{p['tuned']['weighted_goodput'] / best_default:.2f}x" if "tuned" in p and best_default > 0 else "-"
         extras = {n: v for n, v in p.items() if n not in names}
         other = max(extras, key=lambda n: extras[n]["weighted_goodput"], default=None)
-        best = f"{other} {extras[other]['weighted_goodput']:.2f} ({extras[other]['slo_attainment']:.0%})" if other else "-"
+        best = f"{other} {_summary_cell(extras[other])}" if other else "-"
         lines.append(f"| {r['scenario']} | " + " | ".join(cells) + f" | {gain} | {best} |")
     return "\n".join(lines)
+
+
+def _summary_cell(report: dict[str, Any]) -> str:
+    p99 = report.get("p99_ttft_ms")
+    tail = "no TTFT" if p99 is None else f"p99 TTFT {p99 / 1000:,.1f} s"
+    return f"{report['weighted_goodput']:.2f} ({report['slo_attainment']:.0%}, {tail})"
 
 
 def main() -> None:
@@ -261,7 +273,8 @@ def main() -> None:
         print(markdown(results[name]))
         print(f"({time.perf_counter() - t0:.1f} s)\n", flush=True)
     results = list(results.values())
-    table = "Weighted goodput per second (SLO attainment); details per scenario below.\n\n" + summary(results) + "\n"
+    table = ("Weighted goodput per second (SLO attainment, p99 TTFT of finished requests); details per scenario "
+             "below.\n\n" + summary(results) + "\n")
     print(table)
     sections = [header, table, *(markdown(r) for r in results)]
     args.out.mkdir(parents=True, exist_ok=True)

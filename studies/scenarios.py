@@ -156,8 +156,8 @@ SCENARIOS: dict[str, dict[str, Any]] = {
                  "policies": {"max-wait-1s": {"base": "vllm-default", "set": {"max_wait_s": 1.0}}}},
     # -- fleet ---------------------------------------------------------------------------------
     "worker-failure": {
-        "about": "4 replicas serve the chat mix on 8 shared 2k-token system prompts at 130 req/s, which the healthy "
-                 "fleet serves within its SLOs; replica 1 dies at 40 s and is back, empty, at 80 s: its requests are "
+        "about": "4 replicas serve the chat mix on 8 shared 2k-token system prompts at 130 req/s (the reference row "
+                 "is the healthy fleet); replica 1 dies at 40 s and is back, empty, at 80 s: its requests are "
                  "re-routed and prefilled again while 3 replicas carry ~43 req/s each", "seed": 12,
         "slo": CHAT_SLO, "replicas": 4, "router": "round_robin", "failures": {"windows": ["1@40:80"]},
         "workload": _poisson(130, 120, {**CHAT, "prefix": {"groups": 8, "prefix_tokens": 2048, "zipf": 1.0}}),

@@ -7,8 +7,8 @@ import json
 import polars as pl
 import pytest
 
-from tests.optimizer.test_kill_and_rerun import run_ok
-from tests.optimizer.test_tune_cli import MODEL, servetune, trace_file
+from tests.optimizer.test_kill_and_rerun import run_ok, trace_file
+from tests.optimizer.test_tune_cli import MODEL, servetune
 
 __all__ = ["trace_file"]
 

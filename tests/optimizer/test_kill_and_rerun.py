@@ -19,16 +19,16 @@ from optuna.trial import TrialState
 
 from tests.optimizer.test_tune_cli import (
     MODEL,
+    chat_trace_file,
     counted,
     load,
     open_storage_for,
     pg_url,
     servetune,
-    trace_file,
     wait_for,
 )
 
-__all__ = ["pg_url", "trace_file"]  # the fixtures, shared with the tune CLI tests
+__all__ = ["pg_url"]  # the fixture, shared with the tune CLI tests
 
 # tune, dying by SIGKILL the moment it starts writing trials.parquet: summary.json and the
 # engine file of the new generation are staged by then, so the swap is what a kill interrupts
@@ -42,6 +42,12 @@ from optimizer.cli import main
 sys.argv = ["servetune", *sys.argv[1:]]
 main()
 """
+
+
+@pytest.fixture
+def trace_file(tmp_path):
+    """400 requests: small, so that every tune here writes its outputs quickly."""
+    return chat_trace_file(tmp_path / "chat.csv", 400, seed=1)
 
 
 def tune_cmd(trace, run_dir, name, trials, *extra):
@@ -115,23 +121,24 @@ def test_tune_killed_at_each_stage_and_rerun_loses_nothing(trace_file, tmp_path)
               lambda: len(counted(load(open_storage_for(journal), study))) >= 12)  # the journal exists by now
     kept = completed(journal, study)
     assert outputs_of(folder) == first
+    budget = len(counted(load(open_storage_for(journal), study))) + 4  # beyond what the killed run reached
 
     # 3. while writing outputs: summary.json is staged, trials.parquet not; the folder shows
     # the old generation, never a mix
-    subprocess.run([sys.executable, "-c", KILL_WHILE_WRITING, *tune_cmd(trace_file, run_dir, name, 16)[3:]],
+    subprocess.run([sys.executable, "-c", KILL_WHILE_WRITING, *tune_cmd(trace_file, run_dir, name, budget)[3:]],
                    cwd=tmp_path, capture_output=True, timeout=600)
     assert outputs_of(folder) == first
-    assert len(counted(load(open_storage_for(journal), study))) == 16
+    assert len(counted(load(open_storage_for(journal), study))) == budget
 
     # the rerun keeps every completed trial, holds exactly the budget, leaves none RUNNING
-    run_ok(tune_cmd(trace_file, run_dir, name, 16), tmp_path)
+    run_ok(tune_cmd(trace_file, run_dir, name, budget), tmp_path)
     final = load(open_storage_for(journal), study)
-    assert len(counted(final)) == 16
+    assert len(counted(final)) == budget
     assert not final.get_trials(states=(TrialState.RUNNING, TrialState.WAITING))
     now = completed(journal, study)
     assert all(now[n] == v for n, v in kept.items())
     after = outputs_of(folder)
-    assert after["trials"].get("complete", 0) + after["trials"].get("pruned", 0) == 16
+    assert after["trials"].get("complete", 0) + after["trials"].get("pruned", 0) == budget
     leftovers = [p.name for p in (folder / ".outputs").iterdir() if p.name != "current"]
     assert leftovers == [os.readlink(folder / ".outputs" / "current")], "a killed generation was left behind"
 

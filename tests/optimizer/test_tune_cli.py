@@ -26,17 +26,21 @@ def servetune(*args):
     return [sys.executable, "-c", "from optimizer.cli import main; main()", *map(str, args)]
 
 
-@pytest.fixture
-def trace_file(tmp_path):
-    rng = np.random.default_rng(0)
-    n = 1500
+def chat_trace_file(path, n: int, seed: int = 0):
+    """``n`` chat requests at about 20 req/s (prompts 100-3000, outputs 10-300 tokens) as a CSV."""
+    rng = np.random.default_rng(seed)
     base = make_trace(n)
     trace = Trace(**{**{f: getattr(base, f) for f in ("tenant", "priority", "slo_class", "deadline_s",
                                                         "block_offsets", "block_hashes")},
                      "arrival_s": np.cumsum(rng.exponential(0.05, n)),
                      "prompt_tokens": rng.integers(100, 3000, n), "output_tokens": rng.integers(10, 300, n),
                      "max_tokens": np.full(n, 300)})
-    return write_csv_trace(tmp_path / "chat.csv", trace)
+    return write_csv_trace(path, trace)
+
+
+@pytest.fixture
+def trace_file(tmp_path):
+    return chat_trace_file(tmp_path / "chat.csv", 1500)
 
 
 @pytest.fixture
