@@ -42,3 +42,6 @@ def test_same_command_and_seed_give_identical_outputs(trace_file, tmp_path, flee
     assert first_yaml == second_yaml
     if fleet:
         assert first["deployment"]["failures"] is not None and first["deployment"]["replicas"] == 2
+    # the bounds every trial was held to: the default tail bound from the SLO (500 ms) and the default's tail
+    default_p99 = first["baselines"]["vllm-default"]["report"]["p99_ttft_ms"]
+    assert first["bounds"]["p99_ttft_ms"] == pytest.approx(2 * max(500.0, default_p99))
