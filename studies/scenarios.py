@@ -101,10 +101,12 @@ SCENARIOS: dict[str, dict[str, Any]] = {
                                                                         "hot_share": 0.8, "hot_shift_s": 20}}),
                       "policies": {"vllm+lpm": {"base": "vllm-default",
                                                 "set": {"enable_prefix_caching": True, "scheduling_policy": "lpm"}}}},
-    "prefix-cold-hot": {"about": "the hot-spot workload with the prefix cache off (cold) and on (hot)", "seed": 6,
-                        "slo": CHAT_SLO, "requires": ["enable_prefix_caching"],
-                        "workload": _poisson(20, 120, {**CHAT, "prefix": {"groups": 8, "prefix_tokens": 2048,
-                                                                          "hot_share": 0.8, "hot_shift_s": 20}}),
+    "prefix-cold-hot": {"about": "half the chat traffic reuses 4 hot 2k-token system prompts, half spreads over 5,000 "
+                                 "cold ones no KV pool holds: cold misses evict hot prefixes; cache off and on",
+                        "seed": 13, "slo": CHAT_SLO, "requires": ["enable_prefix_caching"],
+                        "workload": _poisson(20, 120,
+                                             {**CHAT, "name": "hot", "prefix": {"groups": 4, "prefix_tokens": 2048}},
+                                             {**CHAT, "name": "cold", "prefix": {"groups": 5000, "prefix_tokens": 2048}}),
                         "policies": {"vllm-cold": {"base": "vllm-default", "set": {"enable_prefix_caching": False}},
                                      "vllm-hot": {"base": "vllm-default", "set": {"enable_prefix_caching": True}}}},
     # -- tenants ---------------------------------------------------------------------------
