@@ -29,6 +29,20 @@ def test_every_builtin_scenario_is_well_formed_and_seeded():
     assert not np.array_equal(a.arrival_s[:50], other.arrival_s[:50])
 
 
+def test_every_builtin_scenario_is_a_distinct_workload():
+    """The matrix counts workloads, not names: no two scenarios replay the same trace
+    (prefix-cold-hot once reused hotspot-shift's seed and trace)."""
+    digests = {}
+    for name, data in SCENARIOS.items():
+        trace = build_trace(name, data)
+        digest = hash(tuple(np.asarray(getattr(trace, c)).tobytes()
+                            for c in ("arrival_s", "prompt_tokens", "output_tokens", "max_tokens", "output_estimate",
+                                      "block_hashes")))
+        assert digest not in digests, f"{name} replays the same trace as {digests.get(digest)}"
+        digests[digest] = name
+    assert len(digests) == len(SCENARIOS) >= 17
+
+
 def test_phases_run_back_to_back_as_tenants():
     trace = build_trace("recovery", SCENARIOS["recovery"])
     assert set(trace.tenant_names) == {"after", "overload"}
