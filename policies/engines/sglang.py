@@ -129,12 +129,13 @@ class SGLang(Target):
         if flag.knob == "gpu_memory_utilization":
             # the simulated pool subtracts the activation reserve at the step budget; SGLang's doesn't
             chunk = max(int(args.get("chunked-prefill-size", _tier(ctx)[1])), 0)
-            total = round(float(value) + ctx.reserve_share(chunk), 6)
+            static, reserve = float(value), ctx.reserve_share(chunk)
+            total = round(static + reserve, 6)
             if total > 1.0:  # SGLang starts (the static pool fits) and runs out of memory at run time
                 raise EngineError(
-                    f"mem-fraction-static {float(value):g} leaves {1 - float(value):.3f} of GPU memory besides "
+                    f"mem-fraction-static {static:g} leaves {1 - static:.3f} of GPU memory besides "
                     f"weights and KV, but a {chunk}-token chunk's activations, CUDA graphs and runtime need "
-                    f"{ctx.reserve_share(chunk):.3f}: SGLang would run out of memory at the first full chunk; "
+                    f"{reserve:.3f}: SGLang would run out of memory at the first full chunk; "
                     "lower mem-fraction-static or chunked-prefill-size")
             return total
         return super().decode(flag, value, ctx, args)
