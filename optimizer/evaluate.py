@@ -11,7 +11,7 @@ A fleet is ``replicas`` engines of TP ``tp`` (``optimizer.space.Fleet``; the spe
 default). Its cost model is built once per TP. One replica runs the single-replica engine
 (``policies.engine``); more than one, or any failure plan, runs the fleet kernel
 (``policies.fleet``: the config's router, migration and prefill/decode split under one
-clock, replica j seeded ``seed + j``), one ``simulate_fleet_many`` per fleet over the
+clock, every replica on the run's seed), one ``simulate_fleet_many`` per fleet over the
 batch's configs. The study's failure plan (``optimizer.failplan``) becomes a schedule per
 (rate scale, replicas), compressed with the trace; the cache key holds that schedule, so
 runs under different failures never share an entry.

@@ -97,8 +97,8 @@ trace order, and every per-request array is sized n):
   its counters.
 
 Requests moving between replicas (``policies.fleet``); what a request takes along is its
-carried rows (``new_carried``, ``carry``: tokens generated, preemptions, first times and,
-with its KV, computed tokens):
+carried rows (``new_carried``, ``carry``: tokens generated, preemptions, first times, the
+sampler's state and, with its KV, computed tokens):
 
 * ``withdraw(rep, st, r, keep_kv, carried_i, carried_f)``: take r off the replica (inbox,
   queue or running), freeing its blocks, prefix references, reservation, queue entry and
@@ -418,8 +418,10 @@ P_HIT_TOKENS, P_QUERY_TOKENS, P_SAVED_S, P_EVICTIONS = 0, 1, 2, 3
 N_PREFIX = 4
 # What a request takes from one replica to the next (``carry``): rows of carried_i / carried_f.
 K_COMPUTED, K_GENERATED, K_PREEMPTS, K_CACHED_FIRST = 0, 1, 2, 3
-K_FIRST_SCHED, K_FIRST_TOKEN = 0, 1
-N_KI, N_KF = 4, 2
+# The sampler's state goes too: SmartSpec's acceptance counts, and (by construction) the
+# draws, keyed by (run seed, request, token index) wherever the request runs.
+K_FIRST_SCHED, K_FIRST_TOKEN, K_SPEC_HITS, K_SPEC_TRIALS = 0, 1, 2, 3
+N_KI, N_KF = 4, 4
 
 # Speculative per-slot rows, after L_SPEC in ``lists`` (allocated only when speculating).
 SP_REQS, SP_TOK, SP_LIM, SP_SLACK, SP_ELL, SP_ACCEPTED, SP_SCRATCH, SP_HEAP = range(8)
@@ -2186,15 +2188,17 @@ def max_len(rep):
 # -- requests moving between replicas (the fleet) ------------------------------------------
 @njit(cache=True, nogil=True)
 def new_carried(n):
-    """Empty carried rows for n requests: nothing computed, generated or scheduled yet."""
+    """Empty carried rows for n requests: nothing computed, generated, scheduled or observed yet."""
     carried_f = np.full((N_KF, n), np.nan)
+    carried_f[K_SPEC_HITS:K_SPEC_TRIALS + 1] = 0.0
     return np.zeros((N_KI, n), dtype=np.int64), carried_f
 
 
 @njit(cache=True, nogil=True)
 def carry(rep, r, keep_kv, carried_i, carried_f):
     """Write what r takes from this replica to its next one: the tokens it generated (they
-    were streamed), its counters and first times, and its computed KV only with ``keep_kv``."""
+    were streamed), its counters, first times and sampler state, and its computed KV only
+    with ``keep_kv``."""
     ri, rf = rep.ri, rep.rf
     carried_i[K_COMPUTED, r] = ri[COMPUTED, r] if keep_kv else 0
     carried_i[K_GENERATED, r] = ri[GENERATED, r]
@@ -2202,6 +2206,8 @@ def carry(rep, r, keep_kv, carried_i, carried_f):
     carried_i[K_CACHED_FIRST, r] = ri[CACHED_FIRST, r]
     carried_f[K_FIRST_SCHED, r] = rf[FIRST_SCHED, r]
     carried_f[K_FIRST_TOKEN, r] = rf[FIRST_TOKEN, r]
+    carried_f[K_SPEC_HITS, r] = rf[SPEC_HITS, r]
+    carried_f[K_SPEC_TRIALS, r] = rf[SPEC_TRIALS, r]
 
 
 @njit(cache=True, nogil=True)
@@ -2250,6 +2256,8 @@ def deliver_carried(rep, st, r, t, carried_i, carried_f):
     ri[CACHED_FIRST, r] = carried_i[K_CACHED_FIRST, r]
     rf[FIRST_SCHED, r] = carried_f[K_FIRST_SCHED, r]
     rf[FIRST_TOKEN, r] = carried_f[K_FIRST_TOKEN, r]
+    rf[SPEC_HITS, r] = carried_f[K_SPEC_HITS, r]
+    rf[SPEC_TRIALS, r] = carried_f[K_SPEC_TRIALS, r]
     heap = rep.lists[L_DHEAP]
     if heap[0] + inbox_pending(rep) >= ri.shape[1]:
         _compact_deadlines(rep, st)
@@ -2476,7 +2484,7 @@ _SHARING_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _sharing_inputs(trace, cost_model: CostModel) -> SharingInputs:
-    entry, n_full, n_entries = pcm.prefix_layout(trace.block_offsets, trace.block_hashes,
+    entry, n_full, n_entries = pcm.prefix_layout(trace.block_offsets, pcm.identity_hashes(trace),
                                                  trace.prompt_tokens, trace.block_tokens)
     n_tenants, n_classes = len(trace.tenant_names), len(trace.slo_class_names)
     lane_of, lane_tenant = qm.lanes(trace.tenant, trace.slo_class, n_tenants, n_classes, True, True)

@@ -29,8 +29,9 @@ it request by request:
   an event, and so is each decode replica's while the queue holds requests.
 
 The rules the contract leaves open are decided as the reference's docstring lists them.
-Replica j runs with seed ``seed + j``: a round-robin fleet of independent replicas is
-exactly the tuner's split-and-merge, and one replica is exactly ``engine.simulate``.
+Every replica runs with the run's seed: the only random draws (speculative verifies) are
+keyed by (seed, request, token index), so a request draws the same outcomes wherever it
+runs and a migrated one continues its own stream. One replica is exactly ``engine.simulate``.
 
 State is structure-of-arrays: per request ``fi`` (owner, promise, destination in flight)
 and the engine's carried rows (what a request takes from replica to replica), per replica
@@ -60,6 +61,7 @@ from numba import njit, prange, typed
 from costmodels.costmodel import CostModel
 from policies import engine
 from policies import fairness as fm
+from policies import prefix_cache as pcm
 from policies import routing as rt
 from policies import speculative as spm
 from policies.config import KNOB_INDEX, PolicyConfig, check_fleet
@@ -307,7 +309,7 @@ def _new_fleet(statics, tables, block_hashes, kv_bytes, swap_bw, fail_t, fail_re
     owners = typed.List()
     nodes = typed.List()
     for j in range(n_rep):
-        rep = engine.new_replica(statics[j], cfg, caps[j], hosts[j], kv_bytes[j], swap_bw[j], seed + j,
+        rep = engine.new_replica(statics[j], cfg, caps[j], hosts[j], kv_bytes[j], swap_bw[j], seed,
                                  series_every, fast_forward, tenant_params, class_params, t0)
         if pd and j < prefill:
             engine.hand_off_after_first_token(rep)
@@ -857,7 +859,7 @@ def _fail(fl, j, t):
 def _recover(fl, j, t):
     """Replica j is back at t, empty: a new incarnation."""
     _, st, tables = fl.nodes[j]
-    rep = engine.new_replica(st, fl.cfg, fl.caps[j], fl.hosts[j], fl.kv_bytes[j], fl.swap_bw[j], fl.seed + j,
+    rep = engine.new_replica(st, fl.cfg, fl.caps[j], fl.hosts[j], fl.kv_bytes[j], fl.swap_bw[j], fl.seed,
                              fl.series_every, fl.fast_forward, fl.tenant_params, fl.class_params, t)
     if fl.fg[FG_PD] != 0 and fl.fr[FR_POOL, j] == 0:
         engine.hand_off_after_first_token(rep)
@@ -1068,9 +1070,9 @@ def simulate_fleet_many(trace, cost_models, configs: Sequence[PolicyConfig], see
     hosts = np.array([[host for _, host in row] for row in limits], dtype=np.int64)
     routers = [rt.new_router_state(n_rep, statics[0].n_entries, config.hash_virtual_nodes) for config in configs]
     outs = [_buffers(trace.n, n_rep, n_tenants, incarnations) for _ in configs]
-    # a writable copy of the hashes, as engine.statics copies the offsets: one kernel type whether
-    # the trace's columns are read-only (a loaded Trace) or not
-    args = (statics, tables, np.array(trace.block_hashes, dtype=np.int64), kv_bytes, swap_bw,
+    # the hashes the caches key on (a writable copy, as engine.statics copies the offsets: one
+    # kernel type whether the trace's columns are read-only or not), so the ring keys on them too
+    args = (statics, tables, pcm.identity_hashes(trace), kv_bytes, swap_bw,
             fail_t.astype(np.float64), fail_replica.astype(np.int64), fail_up.astype(np.bool_))
     every = engine.default_series_every(trace)
     fast_forward = engine._fast_forward_enabled()

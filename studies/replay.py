@@ -13,7 +13,8 @@ trace say so, so that its simulation is the simulation of the run they make:
 - outputs run to their exact length (``ignore_eos``; at least one token) and the client
   sends that length as ``max_tokens``, so the server knows each request's output length,
   as no production client lets it;
-- no request carries a priority or gives up at a deadline: the tools send neither.
+- no request carries a priority, a ``cache_salt`` or gives up at a deadline: the tools
+  send none of them, so the replayed requests share every cached prefix.
   Tenants and SLO classes stay, for scoring.
 
 SGLang's replay ignores ``input_length``: it writes 128 ``hi`` tokens per block id
@@ -70,6 +71,7 @@ def as_replayed(trace: Trace) -> Trace:
         priority=np.full(trace.n, DEFAULT_PRIORITY, dtype=np.int32),
         block_offsets=offsets, block_hashes=hashes, output_tokens=exact, max_tokens=exact, max_tokens_source=np.full(trace.n, CAP_GIVEN, dtype=np.int8),
         output_estimate=exact, output_estimator=ESTIMATE_IS_CAP,
+        cache_salt=np.zeros(trace.n, dtype=np.int32), cache_salt_names=("",),
         meta={**trace.meta, "replayed": True})
 
 

@@ -61,6 +61,11 @@ class Trace:
     ``deadline_s`` is absolute, on the same clock as ``arrival_s`` (NaN = no deadline):
     the client gives up if the request has not finished by then.
 
+    ``cache_salt`` (i4, index into ``cache_salt_names``; default all 0 with the one name
+    ``""``) is the request's security domain, the per-request ``cache_salt`` both engines
+    take: cached KV is shared only between requests of one salt, ``""`` being no salt
+    (``policies.prefix_cache.identity_hashes``).
+
     ``max_tokens_source`` (i1, ``CAP_*``; default all ``CAP_GIVEN``, since the caller
     gave ``max_tokens``) says where each cap came from. ``output_estimate`` (i8) is the
     output length the scheduler predicts; with ``output_estimator == "cap"`` (the
@@ -86,6 +91,8 @@ class Trace:
     output_estimate: np.ndarray | None = None  # i8, the scheduler's output-length estimate
     max_tokens_source: np.ndarray | None = None  # i1, CAP_* per request
     output_estimator: str = ESTIMATE_IS_CAP
+    cache_salt: np.ndarray | None = None  # i4, index into cache_salt_names
+    cache_salt_names: tuple[str, ...] = ("",)
 
     _DTYPES = {
         "arrival_s": np.float64,
@@ -98,6 +105,7 @@ class Trace:
         "deadline_s": np.float64,
         "output_estimate": np.int64,
         "max_tokens_source": np.int8,
+        "cache_salt": np.int32,
     }
 
     def __post_init__(self) -> None:
@@ -110,6 +118,8 @@ class Trace:
             object.__setattr__(self, "output_estimate", self.max_tokens)
         if self.max_tokens_source is None:
             object.__setattr__(self, "max_tokens_source", np.full(n, CAP_GIVEN, dtype=np.int8))
+        if self.cache_salt is None:
+            object.__setattr__(self, "cache_salt", np.zeros(n, dtype=np.int32))
         for name, dtype in self._DTYPES.items():
             arr = np.ascontiguousarray(getattr(self, name), dtype=dtype)
             if arr.ndim != 1 or len(arr) != n:
@@ -143,6 +153,7 @@ class Trace:
              f"an integer in [1, {MAX_TOKENS}] (or NO_CAP)"),
             ("tenant", (self.tenant < 0) | (self.tenant >= len(self.tenant_names)), "a known tenant"),
             ("slo_class", (self.slo_class < 0) | (self.slo_class >= len(self.slo_class_names)), "a known SLO class"),
+            ("cache_salt", (self.cache_salt < 0) | (self.cache_salt >= len(self.cache_salt_names)), "a known salt"),
             ("deadline_s", self.deadline_s < self.arrival_s, "NaN or a time >= arrival_s"),
         )
         for name, bad, expected in checks:
@@ -206,7 +217,8 @@ class Trace:
         otherwise. ``output_estimate`` given means ``output_estimator="given"`` unless named
         in ``fields``. Other defaults: tenant, priority and SLO class 0, no deadline, no
         prefix blocks. ``fields`` are the scalar fields (``block_tokens``, ``tenant_names``,
-        ``slo_class_names``, ``source``, ``meta``, ``output_estimator``).
+        ``slo_class_names``, ``source``, ``meta``, ``output_estimator``) and the optional
+        ``cache_salt`` column with its ``cache_salt_names``.
         """
         output_tokens = np.asarray(output_tokens, dtype=np.int64)
         n = len(output_tokens)
@@ -261,6 +273,11 @@ class Trace:
     def slo_class_labels(self) -> np.ndarray:
         """SLO class name of every request."""
         return np.asarray(self.slo_class_names, dtype=object)[self.slo_class]
+
+    @property
+    def cache_salt_labels(self) -> np.ndarray:
+        """Cache salt of every request (``""``: none)."""
+        return np.asarray(self.cache_salt_names, dtype=object)[self.cache_salt]
 
 
 def _outside(values: np.ndarray, low: int) -> np.ndarray:

@@ -15,13 +15,16 @@ Columns (documented in ``docs/traces.md``; only the first three are required):
 ``tenant``                name; empty = ``default``
 ``priority``              integer, larger = more urgent; empty = 0
 ``slo_class``             name; empty = ``default``
+``cache_salt``            the request's security domain (vLLM's and SGLang's per-request
+                          ``cache_salt``): cached KV is shared only within one salt;
+                          empty = none
 ``deadline_s``            absolute seconds on the arrival clock; empty/NaN = none
 ``block_hashes``          prefix-block ids: a list (Parquet, JSONL) or space-separated
                           integers (CSV); empty = none
 ``block_tokens``          tokens per block, the same in every row; default 512
 ========================  =========================================================
 
-Parquet files also carry the tenant and SLO class name order, the source and the
+Parquet files also carry the tenant, SLO class and cache salt name order, the source and the
 estimator's name in their key-value metadata (key ``servetune``), so codes round-trip
 exactly (metadata that is not that JSON object is refused by name); in CSV and JSONL,
 names are numbered in order of first appearance and an ``output_estimate`` column reads
@@ -54,12 +57,12 @@ from studies.traces import (
 )
 
 COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens", "max_tokens", "tenant", "priority",
-           "slo_class", "deadline_s", "block_hashes", "block_tokens", "output_estimate")
+           "slo_class", "deadline_s", "block_hashes", "block_tokens", "output_estimate", "cache_salt")
 JSON_SCHEMA = {
     "arrival_s": pl.Float64, "prompt_tokens": pl.Int64, "output_tokens": pl.Int64,
     "max_tokens": pl.Int64, "tenant": pl.String, "priority": pl.Int64, "slo_class": pl.String,
     "deadline_s": pl.Float64, "block_hashes": pl.List(pl.Int64), "block_tokens": pl.Int64,
-    "output_estimate": pl.Int64,
+    "output_estimate": pl.Int64, "cache_salt": pl.String,
 }
 METADATA_KEY = "servetune"
 SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
@@ -103,6 +106,7 @@ def read(path: Path, *, strict: bool = False) -> Trace:
     rows.check("deadline_s", [(deadline < arrival, "a time >= arrival_s, or nothing for none")])
     tenant, tenant_names = _codes(rows.strings("tenant", "default"), saved.get("tenant_names"))
     slo_class, slo_names = _codes(rows.strings("slo_class", "default"), saved.get("slo_class_names"))
+    cache_salt, salt_names = _codes(rows.strings("cache_salt", ""), saved.get("cache_salt_names"))
     columns = {
         "arrival_s": arrival,
         "prompt_tokens": prompt,
@@ -114,12 +118,14 @@ def read(path: Path, *, strict: bool = False) -> Trace:
         "priority": _priorities(rows),
         "slo_class": slo_class,
         "deadline_s": deadline,
+        "cache_salt": cache_salt,
     }
     offsets, hashes = rows.block_lists("block_hashes", prompt, block_tokens)
     meta = {"format": "native", **saved.get("meta", {})}
     trace = rows.to_trace(columns, time_column="arrival_s", strict=strict, meta=meta,
                           block_offsets=offsets, block_hashes=hashes, block_tokens=block_tokens,
-                          tenant_names=tenant_names, slo_class_names=slo_names, **estimator)
+                          tenant_names=tenant_names, slo_class_names=slo_names, cache_salt_names=salt_names,
+                          **estimator)
     return trace.replace(source=saved["source"]) if saved.get("source") else trace
 
 
@@ -131,6 +137,7 @@ def _names(value) -> bool:
 _SAVED = {
     "tenant_names": (_names, "a list of distinct names"),
     "slo_class_names": (_names, "a list of distinct names"),
+    "cache_salt_names": (_names, "a list of distinct names"),
     "block_tokens": (lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_TOKENS,
                      f"an integer in [1, {MAX_TOKENS}]"),
     "source": (lambda v: isinstance(v, str), "a string"),
@@ -202,6 +209,9 @@ def write(trace: Trace, path: Path) -> Path:
         "block_hashes": _lists(trace),
         "block_tokens": np.full(trace.n, trace.block_tokens, dtype=np.int64),
     })
+    salted = trace.cache_salt_names != ("",)
+    if salted:
+        frame = frame.with_columns(pl.Series("cache_salt", trace.cache_salt_labels, dtype=pl.String))
     with_estimate = trace.output_estimator != ESTIMATE_IS_CAP
     if with_estimate:
         frame = frame.with_columns(pl.Series("output_estimate", trace.output_estimate))
@@ -209,6 +219,8 @@ def write(trace: Trace, path: Path) -> Path:
         saved = {"tenant_names": list(trace.tenant_names), "slo_class_names": list(trace.slo_class_names),
                  "block_tokens": trace.block_tokens, "source": trace.source,
                  "meta": _jsonable(trace.meta)}
+        if salted:
+            saved["cache_salt_names"] = list(trace.cache_salt_names)
         if with_estimate:
             saved["output_estimator"] = trace.output_estimator
         frame.write_parquet(path, metadata={METADATA_KEY: json.dumps(saved)})

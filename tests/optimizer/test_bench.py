@@ -20,6 +20,7 @@ from optimizer.evaluate import Evaluator
 from optimizer.outputs import file_replay, write_bench_replay
 from optimizer.spec import load_spec
 from optimizer.study import _write_manifest
+from policies.prefix_cache import identity_hashes
 from studies.formats import mooncake, native
 from studies.replay import as_replayed
 from studies.traces import Trace
@@ -82,6 +83,15 @@ def test_blocks_a_trace_lacks_get_fresh_unshared_ids():
     assert replayed.block_counts.tolist() == [3, 1]  # ceil(prompt / 512): vLLM builds prompts from the ids
     assert replayed.block_hashes[0] == 7 and len(set(replayed.block_hashes.tolist())) == 4
     assert replayed.max_tokens.tolist() == [5, 5]  # the replay sends each output's length
+
+
+def test_the_replay_sends_no_cache_salt_so_its_simulation_shares_every_prefix():
+    salted = Trace.from_columns([0.0, 1.0], [1024, 1024], [5, 5], block_offsets=[0, 2, 4], block_hashes=[7, 8, 7, 8],
+                                cache_salt=np.array([0, 1], dtype=np.int32), cache_salt_names=("a", "b"))
+    replayed = as_replayed(salted)
+    assert replayed.cache_salt_names == ("",) and not replayed.cache_salt.any()
+    keyed = identity_hashes(replayed)
+    assert keyed[:2].tolist() == keyed[2:].tolist() == [7, 8]
 
 
 def test_bench_script_replays_each_distinct_slo_class(run_folder):

@@ -51,14 +51,14 @@ def small_trace() -> Trace:
     return poisson_trace(300, rate=40.0, seed=1)
 
 
-def new_replica(trace, cost, config, seed=0):
+def new_replica(trace, cost, config, seed=0, acceptance=None):
     """One engine replica for ``trace`` (``policies.engine.new_replica``), its statics and the
-    tenants' weights, as the fleet builds it."""
+    tenants' weights, as the fleet builds it (``acceptance``: the speculative model)."""
     from policies import engine
     from policies.fairness import T_WEIGHT
 
     cap, host = engine.validate(trace, cost, config)
-    st = engine.statics(trace, cost, [config])
+    st = engine.statics(trace, cost, [config], acceptance)
     tenant_params, class_params = engine._side_params(trace, config, None)
     rep = engine.new_replica(st, config.to_vector(), cap, host, cost.kv_bytes_per_token, cost.swap_bytes_per_s, seed,
                              engine.default_series_every(trace), True, tenant_params, class_params,

@@ -24,6 +24,7 @@ from policies.kernel_state import (
     NTR_MIN_FACTOR,
     NTR_RETRACT_STEPS,
 )
+from policies.prefix_cache import identity_hashes
 from policies.result import Reject, State
 from policies.speculative import (
     MODE_DSPARK,
@@ -113,8 +114,8 @@ class Reference:
         # sharing: prefix cache, queue order, tenant ledger, quotas
         self.order = ORDERS.index(config.scheduling_policy)
         self.caching = config.enable_prefix_caching
-        offsets = trace.block_offsets
-        hashes = [trace.block_hashes[offsets[i]:offsets[i + 1]].tolist() if self.caching else []
+        offsets, keyed = trace.block_offsets, identity_hashes(trace)  # salts applied, as the engine keys them
+        hashes = [keyed[offsets[i]:offsets[i + 1]].tolist() if self.caching else []
                   for i in range(trace.n)]
         self.cache = RefPrefixCache(hashes, [r.prompt for r in self.reqs], trace.block_tokens, self.bs)
         self.n_classes = len(trace.slo_class_names)
@@ -679,7 +680,10 @@ class Reference:
         is what it brings from another replica (``withdraw``)."""
         assert not self.inbox or self.inbox[-1][0] <= t, "deliveries out of time order"
         r = self.reqs[i]
-        for name, value in (carried or {}).items():
+        carried = dict(carried or {})
+        self.counts.hits[i] = carried.pop("spec_hits", 0.0)  # the sampler's state comes along
+        self.counts.trials[i] = carried.pop("spec_trials", 0.0)
+        for name, value in carried.items():
             setattr(r, name, value)
         r.status = "new"
         self.inbox.append((t, r))
@@ -748,7 +752,8 @@ class Reference:
         r.host = 0
         r.status = "moved"
         return {"computed": r.computed if keep_kv else 0, "generated": r.generated, "preempts": r.preempts,
-                "first_sched": r.first_sched, "first_token": r.first_token, "cached_first": r.cached_first}
+                "first_sched": r.first_sched, "first_token": r.first_token, "cached_first": r.cached_first,
+                "spec_hits": self.counts.hits.pop(i, 0.0), "spec_trials": self.counts.trials.pop(i, 0.0)}
 
     def holds(self) -> list[int]:
         """Requests on this replica: delivered, waiting or running."""

@@ -94,6 +94,7 @@ import numpy as np
 
 from costmodels.steptable import step_seconds
 from policies.config import check_fleet
+from policies.prefix_cache import identity_hashes
 from policies.result import Reject, State
 
 from .reference import Reference, blocks
@@ -140,7 +141,8 @@ class Fleet:
         self.alive = [True] * n_rep
         n = trace.n
         off = trace.block_offsets
-        self.hashes = [trace.block_hashes[off[i]:off[i + 1]].tolist() for i in range(n)]
+        keyed = identity_hashes(trace)
+        self.hashes = [keyed[off[i]:off[i + 1]].tolist() for i in range(n)]
         self.owner: list[Reference | None] = [None] * n  # the replica a request is on, if any
         self.carry: list[dict | None] = [None] * n  # what a queued / moving request brings along
         self.queue: list[tuple[int, float]] = []  # fleet queue: (request, time queued)
@@ -163,7 +165,7 @@ class Fleet:
 
     def new_replica(self, j: int, t: float) -> Reference:
         cap, host = self.limits[j]
-        rep = Reference(self.trace, self.costs[j], self.c, cap, host, *self.side, None, self.seed + j)
+        rep = Reference(self.trace, self.costs[j], self.c, cap, host, *self.side, None, self.seed)
         rep.t = t
         rep.hand_off = self.pd and self.pool[j] == 0
         rep.admitted = []

@@ -14,8 +14,19 @@ from policies import engine
 from policies.config import ConfigError, PolicyConfig
 from policies.failures import FailureError, FailureSchedule
 from policies.fleet import simulate_fleet, simulate_fleet_many
-from policies.kernel_state import C_PREFILL_TOKENS, C_USED_END, COMPUTED, GENERATED, L_DHEAP, USED
+from policies.kernel_state import (
+    C_PREFILL_TOKENS,
+    C_SPEC_ACCEPTED,
+    C_USED_END,
+    COMPUTED,
+    GENERATED,
+    L_DHEAP,
+    SPEC_HITS,
+    SPEC_TRIALS,
+    USED,
+)
 from policies.result import Reject, State
+from policies.speculative import AcceptanceModel
 
 from .conftest import cost_model, make_trace, new_replica, poisson_trace
 
@@ -63,6 +74,40 @@ def test_a_withdrawn_request_finishes_on_the_next_replica_with_or_without_its_kv
     assert counts[C_PREFILL_TOKENS] == (0 if keep_kv else 300 + generated)
     a_i, _, a_counts = _outputs(trace, a, weights)
     assert a_i[engine.O_STATE, 0] == 0 and a_counts[C_USED_END] == 0, "A reports nothing for it and holds no KV"
+
+
+@pytest.mark.parametrize("mode", ["fixed", "smartspec"])
+def test_a_migrated_request_continues_its_token_count_and_sampler_state(mode):
+    """A speculating request moved mid-decode takes its whole state or nothing: on B its
+    token count goes on from A's, and so does its sampler: the SmartSpec acceptance counts
+    arrive as A left them, and (fixed k) B draws the same verify outcomes for the same
+    token indices, so A and B together accept exactly the drafts a run left on A accepts."""
+    trace = make_trace([0.0], [300], [400])
+    cost = cost_model(8000)
+    config = CONFIG.replace(speculative_mode=mode, num_speculative_tokens=3)
+    cfg, acceptance = config.to_vector(), AcceptanceModel([0.8, 0.6, 0.4], spread=0.3)
+    alone, st, weights = new_replica(trace, cost, config, 7, acceptance)
+    engine.deliver(alone, 0, 0.0)
+    engine.advance(alone, st, cost.tables, cfg, np.inf)
+    a, _, _ = new_replica(trace, cost, config, 7, acceptance)
+    b, _, _ = new_replica(trace, cost, config, 7, acceptance)
+    engine.deliver(a, 0, 0.0)
+    engine.advance(a, st, cost.tables, cfg, 0.2)
+    generated, hits, trials = a.ri[GENERATED, 0], a.rf[SPEC_HITS, 0], a.rf[SPEC_TRIALS, 0]
+    assert 1 < generated < 400
+    assert mode == "fixed" or trials > 0, "SmartSpec has observed verifies on A"
+    carried_i, carried_f = engine.new_carried(trace.n)
+    engine.withdraw(a, st, 0, True, carried_i, carried_f)
+    engine.deliver_carried(b, st, 0, engine.clock(a), carried_i, carried_f)
+    assert (b.ri[GENERATED, 0], b.rf[SPEC_HITS, 0], b.rf[SPEC_TRIALS, 0]) == (generated, hits, trials)
+    engine.advance(b, st, cost.tables, cfg, np.inf)
+    b_i, _, b_counts = _outputs(trace, b, weights)
+    _, _, a_counts = _outputs(trace, a, weights)
+    _, _, alone_counts = _outputs(trace, alone, weights)
+    assert b_i[engine.O_STATE, 0] == State.FINISHED and b_i[engine.O_GENERATED, 0] == 400
+    assert b_counts[C_PREFILL_TOKENS] == 0, "its KV came along: nothing computed twice"
+    if mode == "fixed":
+        assert a_counts[C_SPEC_ACCEPTED] + b_counts[C_SPEC_ACCEPTED] == alone_counts[C_SPEC_ACCEPTED] > 0
 
 
 def test_withdrawing_from_the_inbox_keeps_the_other_deliveries():
@@ -181,16 +226,29 @@ def test_one_replica_is_the_engine_field_for_field(name):
     assert list(fleet.replica_routed) == [trace.n] and fleet.reroutes.sum() == 0
 
 
+def test_a_request_draws_the_same_verify_outcomes_on_any_replica():
+    """Replica 0 is down from the start, so replica 1 serves the whole trace: speculating,
+    it runs exactly as the lone engine on the run's seed (the draws belong to the request,
+    not to the replica it lands on)."""
+    trace, cost, config = _trace(), cost_model(2500, 600), CONFIGS["speculative"]
+    down = FailureSchedule.from_rows([(0, 0.0, math.inf)])
+    fleet = simulate_fleet(trace, cost, config, seed=9, replicas=2, failures=down)
+    single = engine.simulate(trace, cost, config, seed=9)
+    assert fleet.spec_accepted_tokens == single.spec_accepted_tokens > 0
+    for name_ in PER_REQUEST:
+        np.testing.assert_array_equal(getattr(fleet, name_), getattr(single, name_), err_msg=name_)
+
+
 @pytest.mark.parametrize("name", ["vllm", "sglang-cache"])
 def test_round_robin_over_independent_replicas_is_the_split_and_merge(name):
     """Request i goes to replica i mod R, which runs it exactly as a lone engine running its
-    share of the trace with seed + R."""
+    share of the trace with the same seed."""
     trace, cost, config, replicas = _trace(), cost_model(1500), CONFIGS[name], 3
     fleet = simulate_fleet(trace, cost, config, seed=2, replicas=replicas)
     totals = dict.fromkeys(("steps", "busy_s", "prefill_tokens_computed", "kv_capacity_blocks", "kv_peak_blocks"), 0)
     for j in range(replicas):
         rows = np.arange(j, trace.n, replicas)
-        alone = engine.simulate(trace.take(rows), cost, config, seed=2 + j)
+        alone = engine.simulate(trace.take(rows), cost, config, seed=2)
         for counter in totals:
             totals[counter] += getattr(alone, counter)
         for name_ in PER_REQUEST:
