@@ -8,7 +8,11 @@ every config; SimResults (per-request arrays, megabytes on a large trace) only f
 most recent ``keep_results`` ones.
 
 A fleet is ``replicas`` engines of TP ``tp`` (``optimizer.space.Fleet``; the spec's by
-default). Its cost model is built once per TP. One replica runs the single-replica engine
+default), each laid out for expert and attention data parallelism when the model is MoE.
+Its cost model is built once per layout (``costmodels.layout.ParallelLayout``); an
+attention-DP instance runs as ``attention_dp`` schedulers on the cost model of one group
+(which assumes its peers' batches like its own: the MoE layer sees all of them), so the
+simulator runs ``Fleet.schedulers`` replicas. One scheduler runs the single-replica engine
 (``policies.engine``); more than one, or any failure plan, runs the fleet kernel
 (``policies.fleet``: the config's router, migration and prefill/decode split under one
 clock, every replica on the run's seed), one ``simulate_fleet_many`` per fleet over the
@@ -18,8 +22,9 @@ runs under different failures never share an entry.
 
 The engines, scorer and cost-model builder are injectable (``engine``: any object with
 ``simulate``/``simulate_many``, and ``validate`` optionally; ``fleet_engine``: any with
-``simulate_fleet_many``; any ``score(result, trace, slos)``; any ``tp -> CostModel``), so
-the search logic is testable without the real kernels or profiles.
+``simulate_fleet_many``; any ``score(result, trace, slos)``; any ``tp -> CostModel``, called with the
+``ParallelLayout`` instead for an EP / attention-DP layout), so the search logic is
+testable without the real kernels or profiles.
 """
 
 from __future__ import annotations
@@ -57,10 +62,10 @@ class Evaluator:
         self.trace, self.holdout_trace = split_holdout(loaded, spec.holdout)
         self.target = engine_target(spec.engine)
         self._build = cost_model_for if cost_model_for is not None else (lambda tp: build_cost_model(spec, tp))
-        self._cost_models: dict[int, Any] = {} if cost_model is None else {self.fleet.tp: cost_model}
+        self._cost_models: dict[Any, Any] = {} if cost_model is None else {self.fleet.tp: cost_model}
         for tp in spec.search_space.tp_choices:  # a TP the model cannot run fails now, not mid-study
             self.cost_model_at(tp)
-        self.cost_model = self.cost_model_at(self.fleet.tp)
+        self.cost_model = self.cost_model_of(self.fleet)
         self.engine = engine if engine is not None else importlib.import_module("policies.engine")
         self._fleet_engine = fleet_engine
         self.scorer = scorer if scorer is not None else importlib.import_module("studies.metrics").score
@@ -86,31 +91,54 @@ class Evaluator:
 
     def cost_model_at(self, tp: int):
         """The cost model of the study's model and GPU at TP ``tp`` (built once)."""
-        if tp not in self._cost_models:
+        return self._cost_model(tp, f"tp={tp}")
+
+    def cost_model_of(self, fleet: Fleet):
+        """The cost model of one scheduler of ``fleet``: its TP's, or its layout's (built once)."""
+        if fleet.moe_ep == 1 and fleet.attention_dp == 1:
+            return self.cost_model_at(fleet.tp)
+        return self._cost_model(fleet.layout, f"layout {fleet.layout.label}")
+
+    def _cost_model(self, key, where: str):
+        """``self._build(key)`` once per key (a TP degree or a ParallelLayout)."""
+        if key not in self._cost_models:
             try:
-                self._cost_models[tp] = self._build(tp)
+                self._cost_models[key] = self._build(key)
             except CostModelError as exc:
-                raise SpecError(f"tp={tp}: {exc}") from None
-        return self._cost_models[tp]
+                raise SpecError(f"{where}: {exc}") from None
+        return self._cost_models[key]
 
     def infeasibility(self, config: PolicyConfig, fleet: Fleet | None = None) -> str | None:
         """Why ``config`` cannot serve this trace on ``fleet`` (pruned before simulating), or None."""
         fleet = fleet or self.fleet
         broken = self.target.violations(config, self.spec.context)
+        if not self.target.what_if:
+            broken += self.target.layout_violations(self.deployment(fleet), self.spec.context)
         if broken:
             return f"{self.target.display} {self.target.version} refuses it: " + "; ".join(broken)
-        cost_model = self.cost_model_at(fleet.tp)
+        try:
+            cost_model = self.cost_model_of(fleet)
+        except SpecError as exc:  # a layout whose weights do not fit, say: this fleet only
+            if fleet.moe_ep == 1 and fleet.attention_dp == 1:
+                raise
+            return str(exc)
         reason = infeasibility(config, cost_model, self._request_tokens, self.trace.prompt_tokens)
         if reason is not None:
             return reason
         try:
-            check_fleet(config, fleet.replicas)
-            self.failures_at(1.0, fleet.replicas)
+            check_fleet(config, fleet.schedulers)
+            self.failures_at(1.0, fleet.schedulers)
             if hasattr(self.engine, "validate"):
                 self.engine.validate(self.trace, cost_model, config)
         except (ConfigError, FailureError) as exc:
             return str(exc)
         return None
+
+    def deployment(self, fleet: Fleet):
+        """``fleet`` as the engine deployment of the study's model (``policies.engines.Deployment``)."""
+        from policies.engines import Deployment
+
+        return Deployment(self.spec.model, fleet.tp, fleet.replicas, fleet.moe_ep, fleet.attention_dp)
 
     def failures_at(self, rate_scale: float, replicas: int) -> FailureSchedule | None:
         """The failure windows a fleet of ``replicas`` runs with at ``rate_scale`` (None:
@@ -172,12 +200,12 @@ class Evaluator:
         """SimResult of one config on another trace (the traffic a bench replays): not
         cached, and without the study's failure plan, which no replay reproduces."""
         fleet = fleet or self.fleet
-        cost_model, seed = self.cost_model_at(fleet.tp), self.spec.seed
+        cost_model, seed = self.cost_model_of(fleet), self.spec.seed
         options = {} if self.spec.speculative is None else {"acceptance": self.spec.speculative.acceptance}
-        if fleet.replicas == 1:
+        if fleet.schedulers == 1:
             return self.engine.simulate(trace, cost_model, config, seed=seed, **options)
-        return self.fleet_engine.simulate_fleet_many(trace, cost_model, [config], seed=seed, replicas=fleet.replicas,
-                                                     failures=None, **options)[0]
+        return self.fleet_engine.simulate_fleet_many(trace, cost_model, [config], seed=seed,
+                                                     replicas=fleet.schedulers, failures=None, **options)[0]
 
     def _pairs(self, configs, fleets) -> list[tuple[PolicyConfig, Fleet]]:
         if fleets is None:
@@ -205,16 +233,16 @@ class Evaluator:
         self.simulations += len(unique)
 
     def _simulate_fleet(self, trace, rate_scale: float, fleet: Fleet, configs: list[PolicyConfig]) -> list:
-        cost_model, seed = self.cost_model_at(fleet.tp), self.spec.seed
+        cost_model, seed = self.cost_model_of(fleet), self.spec.seed
         # the declared drafter's acceptance profile (an engine without speculation needs none)
         options = {} if self.spec.speculative is None else {"acceptance": self.spec.speculative.acceptance}
-        failures = self.failures_at(rate_scale, fleet.replicas)
-        if fleet.replicas == 1 and failures is None:
+        failures = self.failures_at(rate_scale, fleet.schedulers)
+        if fleet.schedulers == 1 and failures is None:
             if len(configs) == 1:
                 return [self.engine.simulate(trace, cost_model, configs[0], seed=seed, **options)]
             return self.engine.simulate_many(trace, cost_model, configs, seed=seed, **options)
-        return self.fleet_engine.simulate_fleet_many(trace, cost_model, configs, seed=seed, replicas=fleet.replicas,
-                                                     failures=failures, **options)
+        return self.fleet_engine.simulate_fleet_many(trace, cost_model, configs, seed=seed,
+                                                     replicas=fleet.schedulers, failures=failures, **options)
 
     def _trim(self, protect: int) -> None:
         """Drop the oldest SimResults beyond ``keep_results`` (never the newest ``protect``)."""
@@ -222,8 +250,9 @@ class Evaluator:
             self._results.popitem(last=False)
 
     def _key(self, config: PolicyConfig, fleet: Fleet, rate_scale: float) -> bytes:
-        key = config.to_vector().tobytes() + np.array([rate_scale, fleet.tp, fleet.replicas]).tobytes()
-        failures = self.failures_at(rate_scale, fleet.replicas)
+        key = config.to_vector().tobytes() + np.array([rate_scale, fleet.tp, fleet.replicas, fleet.moe_ep,
+                                                       fleet.attention_dp]).tobytes()
+        failures = self.failures_at(rate_scale, fleet.schedulers)
         if failures is not None:
             key += b"failures" + b"".join(np.asarray(c).tobytes()
                                          for c in (failures.replica, failures.t_down, failures.t_up))
@@ -263,9 +292,12 @@ def split_holdout(trace, holdout: float):
     return window(trace, t0, split, rebase=False), window(trace, split, None, rebase=True)
 
 
-def build_cost_model(spec: StudySpec, tp: int):
-    """The spec's model on its GPU and framework at TP ``tp``."""
+def build_cost_model(spec: StudySpec, tp):
+    """The spec's model on its GPU and framework at TP ``tp`` (an int or a ``ParallelLayout``)."""
     from costmodels import build
+    from costmodels.layout import ParallelLayout
 
-    return build(spec.model, spec.gpu, tp=tp, framework=spec.framework, calibration=spec.calibration,
-                 model_config=spec.model_config, gemm_dtype=spec.dtype, kv_dtype=spec.kv_cache_dtype)
+    layout = tp if isinstance(tp, ParallelLayout) else ParallelLayout(tp)
+    return build(spec.model, spec.gpu, tp=layout.tp, framework=spec.framework, calibration=spec.calibration,
+                 model_config=spec.model_config, gemm_dtype=spec.dtype, kv_dtype=spec.kv_cache_dtype,
+                 moe_ep_size=layout.moe_ep_size, attention_dp_size=layout.attention_dp_size)

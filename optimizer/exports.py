@@ -46,19 +46,21 @@ class ExportError(ValueError):
 
 @dataclass(frozen=True)
 class Deployment:
-    """Where a config runs: the model, TP degree, data-parallel replicas, the GPU type, and
-    the speculative-decoding drafter the study declared (None: none named)."""
+    """Where a config runs: the model, TP degree, data-parallel replicas, the GPU type, the
+    speculative-decoding drafter the study declared (None: none named), and a MoE model's
+    instance layout (``policies.engines.Deployment``: expert parallel, attention DP groups)."""
 
     model: str
     tp: int = 1
     replicas: int = 1
     gpu: str = "h100"
     drafter: Drafter | None = None
+    moe_ep: int = 1
+    attention_dp: int = 1
 
     def __post_init__(self) -> None:
         try:
-            EngineDeployment(self.model, int(self.tp) if isinstance(self.tp, np.integer) else self.tp,
-                             int(self.replicas) if isinstance(self.replicas, np.integer) else self.replicas)
+            self.engine  # noqa: B018 (validates)
         except EngineError as exc:
             raise ExportError(str(exc)) from None
 
@@ -68,7 +70,11 @@ class Deployment:
 
     @property
     def engine(self) -> EngineDeployment:
-        return EngineDeployment(self.model, int(self.tp), int(self.replicas))
+        def plain(value):
+            return int(value) if isinstance(value, np.integer) else value
+
+        return EngineDeployment(self.model, plain(self.tp), plain(self.replicas), plain(self.moe_ep),
+                                plain(self.attention_dp))
 
 
 @dataclass(frozen=True)

@@ -142,8 +142,8 @@ def record(trial, spec: StudySpec, config: PolicyConfig, report, limits: Bounds,
     gpus = fleet.gpus
     trial.set_user_attr("config", config.to_dict())
     trial.set_user_attr("report", report.to_dict())
-    trial.set_user_attr("tp", fleet.tp)
-    trial.set_user_attr("replicas", fleet.replicas)
+    for name, value in fleet.to_dict().items():
+        trial.set_user_attr(name, value)
     trial.set_user_attr("gpus", gpus)
     capacity_rps = None
     if capacity is not None:

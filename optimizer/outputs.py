@@ -68,7 +68,7 @@ from optimizer.review import (
     routing_label,
     write_review,
 )
-from optimizer.space import Fleet
+from optimizer.space import Fleet, fleet_of
 from optimizer.study import BOUNDS_ATTR
 from policies.config import FLEET_KNOBS, PolicyConfig
 from policies.result import State
@@ -183,11 +183,13 @@ def trial_config(trial: FrozenTrial, spec, baselines: Mapping[str, PolicyConfig]
 
 def trial_fleet(trial: FrozenTrial, spec) -> Fleet:
     """The fleet a trial ran on: stored on it, else its searched params, else the spec's."""
-    values = {"tp": spec.fleet.tp, "replicas": spec.fleet.replicas}
+    values = spec.fleet.to_dict()
     for name in values:
-        stored = trial.user_attrs.get(name, trial.params.get(name))
+        stored = trial.user_attrs.get(name)
         if stored is not None:
             values[name] = int(stored)
+    if not any(name in trial.user_attrs for name in values):  # never run: its searched params
+        return fleet_of(trial.params, spec.fleet)
     return Fleet(**values)
 
 
@@ -567,8 +569,7 @@ def write_bench_replay(run_dir: Path, spec, evaluator, replay: FileReplay, fleet
     replayed = as_replayed(evaluator.full_trace)
     result = evaluator.simulate_on(replayed, replay.config, fleet)
     name = evaluator.target.name
-    deployment = {"model": spec.model, "gpu": spec.gpu, "tp": fleet.tp, "replicas": fleet.replicas,
-                  "framework": spec.framework}
+    deployment = {"model": spec.model, "gpu": spec.gpu, **fleet.to_dict(), "framework": spec.framework}
     return write_bench(run_dir, engine=name, config_file=replay.name, server=f"{name} serve --config {replay.name}",
                        deployment=deployment, trace=replayed, slos=spec.slos,
                        simulated=RequestTimes.simulated(result, replayed), study=spec.study_name,
@@ -647,7 +648,8 @@ def verdict(recommended: Evaluated, baselines: Sequence[Evaluated], target: floa
 def deployment_of(spec, fleet: Fleet | None = None) -> Deployment:
     """Where a config runs: the spec's model and GPU on ``fleet`` (default: the spec's)."""
     fleet = fleet or spec.fleet
-    return Deployment(spec.model, tp=fleet.tp, replicas=fleet.replicas, gpu=spec.gpu, drafter=spec.speculative)
+    return Deployment(spec.model, tp=fleet.tp, replicas=fleet.replicas, gpu=spec.gpu, drafter=spec.speculative,
+                      moe_ep=fleet.moe_ep, attention_dp=fleet.attention_dp)
 
 
 def _figures(e: Evaluated) -> ConfigFigures:
@@ -724,10 +726,10 @@ def _notes(best: FrozenTrial, recommended: Evaluated, evaluated: Sequence[Evalua
     if recommended.fleet != spec.fleet:
         notes.append(f"The recommendation runs on {recommended.fleet.describe()}; the baselines on the "
                      f"deployment's {spec.fleet.describe()}.")
-    if any(e.fleet.replicas > 1 for e in evaluated):
+    if any(e.fleet.schedulers > 1 for e in evaluated):
         notes.append("Replicas are simulated as one fleet under one clock, each request routed by the config's "
                      "router as it arrives: "
-                     + "; ".join(f"{e.name}: {routing_label(e.config, e.fleet.replicas)}" for e in evaluated)
+                     + "; ".join(f"{e.name}: {routing_label(e.config, e.fleet.schedulers)}" for e in evaluated)
                      + ". The fleet's KV high-water is the sum of the replicas' peaks.")
     if spec.failures is not None:
         notes.append(f"Every simulation ran with the study's failures ({spec.failures.describe()}), compressed "
@@ -741,8 +743,9 @@ def _notes(best: FrozenTrial, recommended: Evaluated, evaluated: Sequence[Evalua
 
 def _fleet_dict(fleet: Fleet, config: PolicyConfig, report: Mapping[str, Any]) -> dict[str, Any]:
     """The fleet a config ran on: GPUs, the router simulated, per-replica and failure figures."""
-    out: dict[str, Any] = {"tp": fleet.tp, "replicas": fleet.replicas, "gpus": fleet.gpus,
-                           "routing": routing_label(config, fleet.replicas)}
+    layout = {k: v for k, v in fleet.to_dict().items() if k in ("tp", "replicas") or v > 1}  # EP / DP if any
+    out: dict[str, Any] = {**layout, "gpus": fleet.gpus,
+                           "routing": routing_label(config, fleet.schedulers)}
     if report.get("per_replica"):
         out["per_replica"] = report["per_replica"]
     if report.get("failure_windows"):

@@ -29,6 +29,16 @@ short for ``choices``), ``tp = {low = 1, high = 4}`` (the valid degrees in that 
 ``replicas = {low = 1, high = 8}``; ``value`` and ``search = false`` fix them as for
 knobs. ``others`` does not touch them.
 
+A MoE model's fleet also has an instance layout (``Fleet.moe_ep``, ``Fleet.attention_dp``),
+searched by default whatever the objective, since it changes step time and KV pools but
+not the GPU count: ``attention_dp`` (attention data-parallel groups per instance, over the
+TP degrees up to the highest TP searched, capped at each trial's TP) and
+``expert_parallel`` (experts split over all of an instance's GPUs, or not); ``[space]``
+fixes them with ``value`` / ``search = false`` or narrows ``choices``. A dense model has
+neither. Each engine refuses the layouts it cannot run (``Target.layout_violations``:
+pruned trials) and caps the replicas one file deploys (``Target.replicas_per_file``:
+vLLM's data-parallel ranks of a MoE model are one instance, its attention DP).
+
 Fleet knobs (``policies.config.FLEET_KNOBS``: router and its thresholds, hash ring, migration,
 prefill/decode split) are searched only in trials whose fleet has more than one replica;
 one replica keeps the base values, which it ignores. ``prefill_replicas`` is searched from
@@ -84,24 +94,61 @@ _FLEET_KEYS = {"low", "high", "log", "choices", "value", "search"}
 
 @dataclass(frozen=True)
 class Fleet:
-    """The GPUs a config runs on: ``replicas`` engines of TP degree ``tp`` each."""
+    """The GPUs a config runs on: ``replicas`` engine instances of ``tp`` GPUs each.
+
+    Within an instance of a MoE model, ``attention_dp`` data-parallel attention groups (one
+    scheduler and KV pool each, ``tp / attention_dp`` GPUs apiece) share expert layers
+    split ``moe_ep`` ways (``costmodels.layout.ParallelLayout``); the simulator runs
+    ``schedulers`` = replicas x attention_dp of them behind the fleet's router.
+    """
 
     tp: int = 1
     replicas: int = 1
+    moe_ep: int = 1
+    attention_dp: int = 1
 
     def __post_init__(self) -> None:
-        for name, high in (("tp", max(TP_DEGREES)), ("replicas", MAX_REPLICAS)):
+        for name, high in (("tp", max(TP_DEGREES)), ("replicas", MAX_REPLICAS), ("moe_ep", max(TP_DEGREES)),
+                           ("attention_dp", max(TP_DEGREES))):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | np.integer) or not 1 <= value <= high:
                 raise SpaceError(f"{name} must be an integer in [1, {high}], got {value!r}")
             object.__setattr__(self, name, int(value))
+        for name in ("moe_ep", "attention_dp"):
+            if self.tp % getattr(self, name):
+                raise SpaceError(f"{name}={getattr(self, name)} must divide tp={self.tp}")
+        if self.schedulers > MAX_REPLICAS:
+            raise SpaceError(f"{self.replicas} replicas x attention_dp {self.attention_dp} = {self.schedulers} "
+                             f"schedulers, more than the simulator's {MAX_REPLICAS}")
 
     @property
     def gpus(self) -> int:
         return self.tp * self.replicas
 
+    def to_dict(self) -> dict[str, int]:
+        """The fleet's fields (a trial's user_attrs; ``Fleet(**d)`` reads them back)."""
+        return {name: getattr(self, name) for name in ("tp", "replicas", "moe_ep", "attention_dp")}
+
+    @property
+    def schedulers(self) -> int:
+        """Schedulers (each with its own batch and KV pool) the simulator runs."""
+        return self.replicas * self.attention_dp
+
+    @property
+    def layout(self):
+        """One instance's ``costmodels.layout.ParallelLayout``."""
+        from costmodels.layout import ParallelLayout
+
+        return ParallelLayout(self.tp, self.moe_ep, self.attention_dp)
+
     def describe(self) -> str:
-        return f"{self.replicas} x TP {self.tp} = {self.gpus} GPU(s)"
+        layout = "".join(f", {label} {v}" for label, v in (("EP", self.moe_ep), ("attention DP", self.attention_dp))
+                         if v > 1)
+        return f"{self.replicas} x TP {self.tp}{layout} = {self.gpus} GPU(s)"
+
+
+#: Fleet dimensions of a MoE model's instance layout, searched besides tp and replicas.
+LAYOUT_PARAMS = ("attention_dp", "expert_parallel")
 
 
 @dataclass(frozen=True)
@@ -203,7 +250,7 @@ class SearchSpace:
         answers a param the same way however often a trial asks, so ``suggest_fleet``
         afterwards returns the same fleet.
         """
-        replicas = self.suggest_fleet(trial).replicas
+        replicas = self.suggest_fleet(trial).schedulers
         values = self.base.to_dict()
         for p in self.params:
             if p.active(values, replicas):
@@ -213,9 +260,8 @@ class SearchSpace:
 
     def suggest_fleet(self, trial) -> Fleet:
         """Ask the trial for the searched fleet dimensions; the rest keep the base fleet."""
-        values = {"tp": self.base_fleet.tp, "replicas": self.base_fleet.replicas}
-        values.update({p.name: int(p.suggest(trial)) for p in self.fleet_params})
-        return Fleet(**values)
+        values = {p.name: p.suggest(trial) for p in self.fleet_params}
+        return fleet_of(values, self.base_fleet)
 
     @property
     def tp_choices(self) -> tuple[int, ...]:
@@ -239,16 +285,41 @@ class SearchSpace:
     def _expressible(self, config: PolicyConfig, fleet: Fleet | None) -> list[tuple[Param, Any]]:
         values = config.to_dict()
         fleet = fleet or self.base_fleet
-        pairs = [(p.within(fleet.replicas), values[p.name]) for p in self.params if p.active(values, fleet.replicas)]
-        pairs += [(p, getattr(fleet, p.name)) for p in self.fleet_params]
+        schedulers = fleet.schedulers
+        pairs = [(p.within(schedulers), values[p.name]) for p in self.params if p.active(values, schedulers)]
+        pairs += [(p, fleet_param_value(fleet, p.name)) for p in self.fleet_params]
         return [(p, value) for p, value in pairs if p.params_for(value)]
 
     def describe(self) -> list[tuple[str, str]]:
         """(knob, what the search does with it) for every knob, in KNOBS order."""
         by_name = {p.name: p for p in (*self.params, *self.fleet_params)}
-        fixed = {**self.fixed, "tp": self.base_fleet.tp, "replicas": self.base_fleet.replicas}
+        fleet_names = ("tp", "replicas", *(n for n in LAYOUT_PARAMS if n in by_name))
+        fixed = {**self.fixed, **{n: fleet_param_value(self.base_fleet, n) for n in fleet_names}}
         return [(name, by_name[name].describe() if name in by_name else f"fixed = {fixed[name]!r}")
-                for name in (*(k.name for k in KNOBS), "tp", "replicas")]
+                for name in (*(k.name for k in KNOBS), *fleet_names)]
+
+
+def fleet_param_value(fleet: Fleet, name: str) -> Any:
+    """The value of fleet param ``name`` (``tp``, ``replicas`` or a ``LAYOUT_PARAMS`` one) on ``fleet``."""
+    if name == "expert_parallel":
+        return fleet.moe_ep > 1
+    return getattr(fleet, name)
+
+
+def fleet_of(values: Mapping[str, Any], base: Fleet) -> Fleet:
+    """The fleet of a trial's fleet params (``base``'s values for the rest).
+
+    ``expert_parallel`` splits the experts over all of an instance's GPUs; an
+    ``attention_dp`` above the trial's TP takes all of it (one GPU per group): the choices
+    are the same for every TP, as Optuna's are, and the TP degrees are powers of 2.
+    """
+    tp, replicas = int(values.get("tp", base.tp)), int(values.get("replicas", base.replicas))
+    attention_dp = min(int(values.get("attention_dp", base.attention_dp)), tp)
+    expert_parallel = values.get("expert_parallel", base.moe_ep > 1)
+    moe_ep = tp if expert_parallel else 1
+    if "tp" not in values and "expert_parallel" not in values:
+        moe_ep = base.moe_ep
+    return Fleet(tp, replicas, moe_ep, attention_dp)
 
 
 def speculative_defaults(drafter_tokens: int, modes: Sequence[str] = SPECULATIVE_MODES) -> dict[str, dict[str, Any]]:
@@ -283,14 +354,24 @@ def build_space(overrides: Mapping[str, Any] | None = None, base: PolicyConfig |
     if others not in ("default", "fixed"):
         raise SpaceError(f'[space] others must be "default" or "fixed", got {others!r}')
     fleet = fleet or Fleet()
-    fleet_params, fleet = _fleet_params({k: overrides.pop(k) for k in ("tp", "replicas") if k in overrides},
-                                        fleet, search_fleet, tp_degrees)
-    unknown = sorted(set(overrides) - set(KNOB_BY_NAME))
-    if unknown:
-        raise SpaceError(f"[space] has unknown knob(s) {unknown}; known: {sorted(KNOB_BY_NAME)}")
     from policies.engines import target as target_named
 
     target = target or target_named("servetune")
+    moe = context is not None and context.moe
+    fleet_overrides = {k: overrides.pop(k) for k in ("tp", "replicas", *LAYOUT_PARAMS) if k in overrides}
+    if not moe and set(fleet_overrides) & set(LAYOUT_PARAMS):
+        raise SpaceError(f"[space] names {sorted(set(fleet_overrides) & set(LAYOUT_PARAMS))}: only a MoE model has "
+                         "expert or attention data parallelism (a dense model's data parallelism is replicas)")
+    per_file = None if context is None else target.replicas_per_file(context)
+    if per_file is not None:
+        if fleet.replicas > per_file:
+            raise SpaceError(f"{target.display} deploys at most {per_file} replica(s) of this model per file, got "
+                             f"{fleet.replicas}: its data-parallel ranks are attention_dp within one instance")
+        fleet_overrides.setdefault("replicas", {"value": fleet.replicas})
+    fleet_params, fleet = _fleet_params(fleet_overrides, fleet, search_fleet, tp_degrees, moe)
+    unknown = sorted(set(overrides) - set(KNOB_BY_NAME))
+    if unknown:
+        raise SpaceError(f"[space] has unknown knob(s) {unknown}; known: {sorted(KNOB_BY_NAME)}")
     carried = set(target.knobs) | (set(SPECULATIVE_KNOBS) if drafter_tokens is not None else set())
     foreign = sorted(k for k in overrides if k not in carried and (k not in FLEET_KNOBS or not target.what_if))
     if foreign:
@@ -342,7 +423,7 @@ def build_space(overrides: Mapping[str, Any] | None = None, base: PolicyConfig |
 
 
 def _fleet_params(overrides: dict[str, Any], fleet: Fleet, search: bool,
-                  tp_degrees: Callable[[], Sequence[int]] | None) -> tuple[tuple[Param, ...], Fleet]:
+                  tp_degrees: Callable[[], Sequence[int]] | None, moe: bool = False) -> tuple[tuple[Param, ...], Fleet]:
     """The searched fleet dimensions, and the fleet the unsearched ones keep."""
     params = []
     values = {"tp": fleet.tp, "replicas": fleet.replicas}
@@ -386,7 +467,44 @@ def _fleet_params(overrides: dict[str, Any], fleet: Fleet, search: bool,
             params.append(Param(name, "categorical", choices=degrees))
         else:
             params.append(Param(name, "int", settings["low"], settings["high"], bool(settings.get("log", False))))
-    return tuple(params), Fleet(**values)
+    base = Fleet(values["tp"], values["replicas"], fleet.moe_ep if values["tp"] == fleet.tp else 1,
+                 min(fleet.attention_dp, values["tp"]))
+    highest_tp = max([values["tp"], *(c for p in params if p.name == "tp" for c in p.choices)])
+    if moe and highest_tp > 1:  # one GPU has nothing to split
+        layout, base = _layout_params(overrides, base, highest_tp)
+        params += layout
+    return tuple(params), base
+
+
+def _layout_params(overrides: Mapping[str, Any], fleet: Fleet, highest_tp: int) -> tuple[list[Param], Fleet]:
+    """A MoE model's layout params, searched unless fixed: ``attention_dp`` over the TP degrees
+    up to the highest TP searched, ``expert_parallel`` on or off; and the fleet they fix."""
+    params, fixed = [], {}
+    defaults = {"attention_dp": tuple(d for d in TP_DEGREES if d <= highest_tp), "expert_parallel": (False, True)}
+    for name, choices in defaults.items():
+        where = f"[space.{name}]"
+        override = overrides.get(name, {})
+        if isinstance(override, list | tuple):
+            override = {"choices": list(override)}
+        if not isinstance(override, Mapping) or set(override) - {"choices", "value", "search"}:
+            raise SpaceError(f"{where} must be a list of values or a table with choices, value or search = false, "
+                             f"got {override!r}")
+        if "value" in override:
+            fixed[name] = override["value"]
+            continue
+        if override.get("search", True) is False:
+            continue
+        picked = tuple(override.get("choices", choices))
+        if not picked or any(c not in choices for c in picked) or len(set(picked)) != len(picked):
+            raise SpaceError(f"{where}: choices {list(picked)} must be distinct values of {list(choices)}")
+        params.append(Param(name, "categorical", choices=picked))
+    for name, value in fixed.items():
+        if value not in defaults[name]:
+            raise SpaceError(f"[space.{name}] value {value!r} is not one of {list(defaults[name])}")
+    try:
+        return params, fleet_of(fixed, fleet)
+    except SpaceError as exc:
+        raise SpaceError(f"[space] layout: {exc}") from None
 
 
 def _fleet_value(name: str, value: Any, where: str) -> int:

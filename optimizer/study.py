@@ -354,8 +354,8 @@ def run(study: optuna.Study, spec: StudySpec, evaluator, *, on_trial: Callable |
 def _tell_pruned(study, trial, config, fleet, reason: str, stats: RunStats, on_trial) -> None:
     t0 = time.perf_counter()
     trial.set_user_attr("config", config.to_dict())
-    trial.set_user_attr("tp", fleet.tp)
-    trial.set_user_attr("replicas", fleet.replicas)
+    for name, value in fleet.to_dict().items():
+        trial.set_user_attr(name, value)
     trial.set_user_attr("pruned", reason)
     frozen = study.tell(trial, state=TrialState.PRUNED)
     stats.optuna_s += time.perf_counter() - t0

@@ -53,11 +53,12 @@ class BenchRun:
         """The study's cost model (``calibration``: a file, False for none; default the study's)."""
         from costmodels import build
 
-        spec = self.spec
+        spec, deployment = self.spec, self.manifest["deployment"]
         chosen = spec.calibration if calibration is None else calibration
-        return build(spec.model, spec.gpu, tp=int(self.manifest["deployment"]["tp"]), framework=spec.framework,
+        return build(spec.model, spec.gpu, tp=int(deployment["tp"]), framework=spec.framework,
                      calibration=chosen, model_config=spec.model_config, gemm_dtype=spec.dtype,
-                     kv_dtype=spec.kv_cache_dtype)
+                     kv_dtype=spec.kv_cache_dtype, moe_ep_size=int(deployment.get("moe_ep", 1)),
+                     attention_dp_size=int(deployment.get("attention_dp", 1)))
 
     def traffic(self, measured: RequestTimes) -> Trace:
         """The trace the client sent (module docstring); BenchResultError when ``measured``
@@ -92,10 +93,12 @@ class BenchRun:
         return out
 
     def simulate(self, trace: Trace, cost_model):
-        """The config file replayed on ``trace`` (one replica, or the fleet kernel)."""
+        """The config file replayed on ``trace`` (one scheduler, or the fleet kernel)."""
         spec = self.spec
         options = {} if spec.speculative is None else {"acceptance": spec.speculative.acceptance}
-        replicas = int(self.manifest["deployment"]["replicas"])
+        deployment = self.manifest["deployment"]
+        # one scheduler per attention-DP group of each replica (optimizer.space.Fleet.schedulers)
+        replicas = int(deployment["replicas"]) * int(deployment.get("attention_dp", 1))
         if replicas > 1:
             from policies.fleet import simulate_fleet
 

@@ -48,8 +48,9 @@ def export_command(
 
 
 def _export(run_dir: Path, backend: str | None, number: int | None, storage: str | None) -> str:
-    from optimizer.exports import Deployment, ExportError, engine_yaml, policy_toml
+    from optimizer.exports import ExportError, engine_yaml, policy_toml
     from optimizer.outputs import (
+        deployment_of,
         directions,
         find_trial,
         open_run,
@@ -70,6 +71,4 @@ def _export(run_dir: Path, backend: str | None, number: int | None, storage: str
     note = f"servetune study {spec.study_name}, trial {chosen.number}"
     if engine.what_if:
         return policy_toml(config, note, what_if=True)
-    fleet = trial_fleet(chosen, spec)
-    deployment = Deployment(spec.model, tp=fleet.tp, replicas=fleet.replicas, gpu=spec.gpu, drafter=spec.speculative)
-    return engine_yaml(engine, config, deployment, spec.context, note=note)
+    return engine_yaml(engine, config, deployment_of(spec, trial_fleet(chosen, spec)), spec.context, note=note)

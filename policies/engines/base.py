@@ -40,7 +40,9 @@ class EngineContext:
     is the share of GPU memory kept out of it besides the weights: ``reserved_fraction``
     (CUDA graphs, logits, runtime) plus ``activation_fraction_per_token`` per profiled
     token, which vLLM's utilisation includes and SGLang's static fraction does not.
-    ``context_len`` is the model's ``max_position_embeddings`` (0: unknown).
+    ``context_len`` is the model's ``max_position_embeddings`` (0: unknown); ``moe``
+    whether it has expert layers, which changes what an engine's data parallelism is
+    (``layout_violations``).
     """
 
     gpu: str
@@ -54,6 +56,7 @@ class EngineContext:
     #: what the simulation's cost model assumed: weights (``bf16`` or ``fp8``) and KV cache
     dtype: str = "bf16"
     kv_dtype: str = "bf16"
+    moe: bool = False
 
     def kv_pool_tokens(self, utilization: float, profile_tokens: int) -> int:
         if self.kv_tokens is None:
@@ -137,19 +140,37 @@ class Flag:
 
 @dataclass(frozen=True)
 class Deployment:
-    """Where a config runs: the model name the file serves, TP degree, data-parallel replicas."""
+    """Where a config runs: the model name the file serves and its parallel layout.
+
+    ``replicas`` independent engine instances of ``tp`` GPUs each; within one instance the
+    layout of ``costmodels.layout.ParallelLayout``: attention in ``attention_dp`` data-
+    parallel groups (one scheduler and KV pool each), experts split ``moe_ep`` ways. The
+    simulator runs ``replicas x attention_dp`` schedulers; each engine module spells the
+    layout in its own flags (``deployment_args``) and refuses the ones it cannot run
+    (``layout_violations``).
+    """
 
     model: str
     tp: int = 1
     replicas: int = 1
+    moe_ep: int = 1
+    attention_dp: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model.strip():
             raise EngineError(f"deployment model must be a non-empty name, got {self.model!r}")
-        for name in ("tp", "replicas"):
+        for name in ("tp", "replicas", "moe_ep", "attention_dp"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise EngineError(f"deployment {name} must be an integer >= 1, got {value!r}")
+        for name in ("moe_ep", "attention_dp"):
+            if self.tp % getattr(self, name):
+                raise EngineError(f"deployment {name}={getattr(self, name)} must divide tp={self.tp}")
+
+    @property
+    def plain(self) -> bool:
+        """Plain tensor parallelism in each instance (no expert or attention data parallelism)."""
+        return self.moe_ep == 1 and self.attention_dp == 1
 
 
 @dataclass(frozen=True)
@@ -217,6 +238,7 @@ class Target:
         """The config file's mapping (hyphenated long flags); refuses what the engine would."""
         resolved = self.resolve(config, ctx)
         self.check(resolved, ctx)
+        self.check_layout(deployment, ctx)
         args = {**self.deployment_args(deployment), **self.dtype_args(ctx)}
         for flag in self.flags:
             flag.write(self.encode(flag, resolved, ctx), args)
@@ -224,8 +246,8 @@ class Target:
 
     def from_args(self, args: Mapping[str, Any], ctx: EngineContext) -> PolicyConfig:
         """The config a file runs: the inverse of ``to_args``; unknown keys are refused."""
-        known = ({k for f in self.flags for k in f.keys()} | set(self.deployment_keys) | set(self.speculative_keys)
-                 | {key for key, _ in self.dtype_keys.values()})
+        known = ({k for f in self.flags for k in f.keys()} | set(self.deployment_keys) | set(self.layout_keys)
+                 | set(self.speculative_keys) | {key for key, _ in self.dtype_keys.values()})
         unknown = sorted(set(args) - known)
         if unknown:
             raise EngineError(f"{self.display} config has key(s) servetune does not simulate: {unknown}")
@@ -285,12 +307,50 @@ class Target:
         return {key: value for field_name, (key, value) in self.dtype_keys.items()
                 if getattr(ctx, field_name) == "fp8"}
 
+    #: YAML keys of the expert / attention data-parallel layout (besides deployment_keys)
+    layout_keys: ClassVar[tuple[str, ...]] = ()
+
     def deployment_args(self, deployment: Deployment) -> dict[str, Any]:
+        """The model and the parallel layout in the engine's flags (plain TP x replicas here;
+        engines with expert and attention data parallelism override it)."""
         model, tp, dp = self.deployment_keys
         args: dict[str, Any] = {model: deployment.model, tp: deployment.tp}
         if deployment.replicas > 1:
             args[dp] = deployment.replicas
         return args
 
+    def deployment_from_args(self, args: Mapping[str, Any], ctx: EngineContext) -> Deployment:
+        """The deployment a file describes: the inverse of ``deployment_args``."""
+        model, tp, dp = self.deployment_keys
+        return Deployment(str(args.get(model, "")), int_arg(args, tp), int_arg(args, dp))
+
+    def layout_violations(self, deployment: Deployment, ctx: EngineContext) -> list[str]:
+        """The engine's refusals of ``deployment``'s layout, each naming its rule and source.
+
+        A dense model has no expert layers to split or to share between attention groups:
+        its data parallelism is replicas (servetune's cost model refuses the rest too)."""
+        if not ctx.moe and not deployment.plain:
+            return [f"{deployment.model} has no experts: expert parallel {deployment.moe_ep} and attention data "
+                    f"parallel {deployment.attention_dp} must be 1 (data parallelism of a dense model is replicas)"]
+        return []
+
+    def check_layout(self, deployment: Deployment, ctx: EngineContext) -> None:
+        """Raise EngineError listing every layout rule ``deployment`` breaks."""
+        broken = self.layout_violations(deployment, ctx)
+        if broken:
+            raise EngineError(f"{self.display} {self.version} refuses this layout: " + "; ".join(broken))
+
+    def replicas_per_file(self, ctx: EngineContext) -> int | None:
+        """The most independent replicas one config file deploys (None: any)."""
+        return None
+
 
 _DEFAULT = object()  # a flag the file leaves out
+
+
+def int_arg(args: Mapping[str, Any], key: str, default: int = 1) -> int:
+    """An integer flag of a file (``default`` where it is left out)."""
+    value = args.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise EngineError(f"--{key} must be an integer, got {value!r}")
+    return value

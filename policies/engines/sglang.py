@@ -11,6 +11,18 @@ the least urgent). Its radix cache (prefix caching) is on unless ``disable-radix
 ``gpu_memory_utilization = mem-fraction-static + the activation reserve`` (the cost
 model's sizing) and the export subtracts the reserve again.
 
+Parallel layouts (``Deployment``; rules in ``SGLang.layout_violations``): ``tp-size`` is
+an instance's GPUs; ``attn-dp-size`` splits its attention into that many data-parallel
+groups, one scheduler and KV pool each, while the MoE layers span all ``tp-size`` GPUs
+(srt/arg_groups/fields/parallel.py:81-90; the deprecated ``--enable-dp-attention
+--dp-size N`` resolves to it: arg_groups/parallel_hook.py:39-61); ``ep-size`` splits the
+experts (the expert width is split ``tp-size / ep-size`` ways: srt/runtime_context.py:154);
+``dp-size`` counts independent replicas. The data-parallel controller dispatches requests
+over all ``dp-size x attn-dp-size`` schedulers by ``load-balance-method``
+(managers/data_parallel_controller.py:123-224; runtime_context.py num_dp_ranks). A config's
+knobs are per scheduler; under attention DP SGLang divides three of its flags by the group
+count or scales them, which the file undoes (``_PER_RANK``).
+
 Source references are to the installed SGLang 0.5.23 package (``site-packages/sglang``).
 """
 
@@ -21,7 +33,7 @@ from typing import Any
 
 from costmodels.costmodel import CostModelError
 from policies.config import PolicyConfig
-from policies.engines.base import Deployment, EngineContext, EngineError, Flag, Target
+from policies.engines.base import Deployment, EngineContext, EngineError, Flag, Target, int_arg
 
 VERSION = "0.5.23"
 
@@ -49,6 +61,28 @@ class SGLang(Target):
     """SGLang's scheduler (srt/managers/scheduler.py)."""
 
     deployment_keys = ("model-path", "tp-size", "dp-size")
+    layout_keys = ("ep-size", "attn-dp-size")
+
+    def deployment_args(self, deployment: Deployment) -> dict[str, Any]:
+        args = super().deployment_args(deployment)
+        if deployment.attention_dp > 1:
+            args["attn-dp-size"] = deployment.attention_dp
+        if deployment.moe_ep > 1:
+            args["ep-size"] = deployment.moe_ep
+        return args
+
+    def deployment_from_args(self, args, ctx: EngineContext) -> Deployment:
+        plain = super().deployment_from_args(args, ctx)
+        return Deployment(plain.model, plain.tp, plain.replicas, moe_ep=int_arg(args, "ep-size"),
+                          attention_dp=int_arg(args, "attn-dp-size"))
+
+    def layout_violations(self, deployment: Deployment, ctx: EngineContext) -> list[str]:
+        broken = super().layout_violations(deployment, ctx)
+        if deployment.attention_dp > 1 and deployment.replicas > 1:
+            broken.append(f"--dp-size {deployment.replicas} with --attn-dp-size {deployment.attention_dp}: "
+                          "data-parallel replicas combined with attention data parallelism are not supported "
+                          "[srt/arg_groups/parallel_hook.py:287-292]")
+        return broken
     # srt/server_args.py: --quantization fp8; --kv-cache-dtype takes fp8_e4m3 / fp8_e5m2
     dtype_keys = {"dtype": ("quantization", "fp8"), "kv_dtype": ("kv-cache-dtype", "fp8_e4m3")}
 
@@ -148,8 +182,9 @@ class SGLang(Target):
 
     def to_args(self, config: PolicyConfig, deployment: Deployment, ctx: EngineContext) -> dict[str, Any]:
         args = super().to_args(config, deployment, ctx)
-        if deployment.replicas == 1:
-            args.pop("load-balance-method", None)  # routes nothing on one replica
+        if deployment.replicas * deployment.attention_dp == 1:
+            args.pop("load-balance-method", None)  # routes nothing to one scheduler
+        args.update(_per_rank(args, deployment.attention_dp, inverse=True))
         if args.get("schedule-policy") == "priority":  # not a valid policy at run time: fcfs + the flags
             args["schedule-policy"] = "fcfs"
             args.update(self._PRIORITY_KEYS)
@@ -167,7 +202,36 @@ class SGLang(Target):
                               "(SGLang also allows lof: srt/arg_groups/validation_hook.py:281-286)")
         if priority:
             args["schedule-policy"] = "priority"  # read back as servetune's priority order
+        groups = int_arg(args, "attn-dp-size")
+        if groups > 1:  # the engine's defaults of the flags it then resolves per rank
+            args.setdefault("chunked-prefill-size", _tier(ctx)[1])
+            args.setdefault("schedule-conservativeness", SCHEDULE_CONSERVATIVENESS)
+        args.update(_per_rank(args, groups, inverse=False))
         return super().from_args(args, ctx)
+
+
+#: Flags SGLang resolves per scheduler under attention DP of d groups, as (divide by d,
+#: scale): chunked-prefill-size // d (arg_groups/parallel_hook.py:327-333), max-running-
+#: requests // d (mem_cache/kv_cache_configurator.py:3128), schedule-conservativeness x 0.3
+#: (parallel_hook.py:316-321). The knobs are per scheduler; the file holds the flag values.
+_PER_RANK = {"chunked-prefill-size": (True, 1.0), "max-running-requests": (True, 1.0),
+             "schedule-conservativeness": (False, 0.3)}
+
+
+def _per_rank(args: Mapping[str, Any], groups: int, inverse: bool) -> dict[str, Any]:
+    """``args``' per-rank flags as one scheduler runs them (``inverse``: as the file writes them)."""
+    if groups <= 1:
+        return {}
+    out = {}
+    for key, (divided, scale) in _PER_RANK.items():
+        if key not in args:
+            continue
+        value = args[key]
+        if divided:
+            out[key] = value * groups if inverse else value // groups
+        else:
+            out[key] = round(value / scale if inverse else value * scale, 6)
+    return out
 
 
 def _pool_tokens(ctx: EngineContext, utilization: float, chunk: int) -> int:

@@ -7,6 +7,18 @@ chunked to fit; a KV allocation that fails preempts the newest running request (
 no KV watermark, no admission rule beyond "its blocks allocate" and no swap in V1, so
 those servetune knobs sit at ``none`` / 0 / ``recompute`` for every vLLM config.
 
+Parallel layouts (``Deployment``; rules in ``VLLM.layout_violations``): the data-parallel
+ranks of a dense model are independent engines behind one API server (replicas:
+v1/engine/core.py:1550-1552); those of a MoE model run as ``DPEngineCoreProc`` (core.py:
+1546-1549), which steps every rank together, idle ones on a dummy batch (core.py:2495-2507),
+while the expert layers span all ``tensor-parallel-size x data-parallel-size`` GPUs
+(model_executor/layers/fused_moe/config.py:1198-1230). servetune models that as attention
+data parallelism within one instance: ``attention_dp = data-parallel-size``, the instance's
+``tp`` = TP x DP, each rank one scheduler with its own ``max-num-seqs``, token budget and
+KV pool (the scheduler config is per engine core). ``enable-expert-parallel`` makes the
+expert-parallel size TP x DP (fused_moe/config.py:1228-1230: ``ep_size = tp_size`` after
+flattening), so ``moe_ep`` is 1 or the instance's ``tp``.
+
 Source references are to the installed vLLM 0.33.0 package (``site-packages/vllm``).
 """
 
@@ -16,7 +28,7 @@ from typing import Any
 
 from costmodels.costmodel import CostModelError
 from policies.config import PolicyConfig
-from policies.engines.base import EngineContext, EngineError, Flag, Target
+from policies.engines.base import Deployment, EngineContext, EngineError, Flag, Target, int_arg
 
 VERSION = "0.33.0"
 
@@ -32,6 +44,42 @@ SCHEDULING_POLICIES = {"fcfs": "fcfs", "priority": "priority"}  # vllm/config/sc
 
 class VLLM(Target):
     """vLLM's V1 engine."""
+
+    layout_keys = ("enable-expert-parallel",)
+
+    def deployment_args(self, deployment: Deployment) -> dict[str, Any]:
+        dp = deployment.attention_dp
+        args: dict[str, Any] = {"model": deployment.model, "tensor-parallel-size": deployment.tp // dp}
+        if dp > 1 or deployment.replicas > 1:
+            args["data-parallel-size"] = dp * deployment.replicas
+        if deployment.moe_ep > 1:
+            args["enable-expert-parallel"] = True
+        return args
+
+    def deployment_from_args(self, args, ctx: EngineContext) -> Deployment:
+        tp, dp = int_arg(args, "tensor-parallel-size"), int_arg(args, "data-parallel-size")
+        expert_parallel = args.get("enable-expert-parallel", False)
+        if not isinstance(expert_parallel, bool):
+            raise EngineError(f"--enable-expert-parallel must be true or false, got {expert_parallel!r}")
+        model = str(args.get("model", ""))
+        if not ctx.moe:  # independent ranks (v1/engine/core.py:1550-1552): replicas
+            return Deployment(model, tp, dp, moe_ep=tp if expert_parallel else 1)
+        return Deployment(model, tp * dp, 1, moe_ep=tp * dp if expert_parallel else 1, attention_dp=dp)
+
+    def layout_violations(self, deployment: Deployment, ctx: EngineContext) -> list[str]:
+        broken = super().layout_violations(deployment, ctx)
+        if ctx.moe and deployment.replicas > 1:
+            broken.append(f"{deployment.replicas} replicas of a MoE model: vLLM steps a MoE model's data-parallel "
+                          "ranks together as one instance [vllm/v1/engine/core.py:1546-1549, DPEngineCoreProc], so "
+                          "one file deploys one instance; its ranks are attention_dp")
+        if deployment.moe_ep not in (1, deployment.tp):
+            broken.append(f"expert parallel {deployment.moe_ep} of {deployment.tp} GPUs: enable-expert-parallel "
+                          "splits the experts over all TP x DP GPUs [vllm/model_executor/layers/fused_moe/config.py:"
+                          "1228-1230]")
+        return broken
+
+    def replicas_per_file(self, ctx: EngineContext) -> int | None:
+        return 1 if ctx.moe else None
 
     def defaults(self, ctx: EngineContext) -> PolicyConfig:
         tiers = _BATCH_TIERS[-1:] if _is_a100(ctx.gpu) else _BATCH_TIERS

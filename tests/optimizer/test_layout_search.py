@@ -1,0 +1,129 @@
+"""A MoE model's instance layout (expert parallel, attention data parallel) as searched fleet
+dimensions: only for MoE models, per engine, simulated as one scheduler per attention
+group on that layout's cost model, and exported in the engine's own flags."""
+
+import optuna
+import pytest
+import yaml
+
+from costmodels.layout import ParallelLayout
+from optimizer.evaluate import Evaluator
+from optimizer.outputs import deployment_of, trial_fleet, write_run_outputs
+from optimizer.space import Fleet, SpaceError, build_space, fleet_of
+from optimizer.spec import load_spec
+from optimizer.study import create_or_resume, enqueue_baselines, run
+from optimizer.targets import engine_context
+from policies.config import PolicyConfig
+from policies.engines import target
+from tests.optimizer.test_fleet_tuning import RecordingFleet
+from tests.optimizer.tuning_helpers import burst_cost_model, fake_score, make_trace, write_csv_trace
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+MOE, DENSE = "Qwen/Qwen3-30B-A3B", "meta-llama/Llama-3.1-8B"
+
+
+def _space(model, engine, overrides=None, fleet=None, **options):
+    fleet = fleet or Fleet(8, 1)
+    ctx = engine_context(model, "h100", 1, engine)
+    return build_space(overrides, target(engine).defaults(ctx), fleet, target=target(engine), context=ctx, **options)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_only_a_moe_model_searches_its_layout(engine):
+    dense = dict(_space(DENSE, engine).describe())
+    assert "attention_dp" not in dense and "expert_parallel" not in dense
+    with pytest.raises(SpaceError, match="only a MoE model has expert or attention data parallelism"):
+        _space(DENSE, engine, {"attention_dp": [1, 2]})
+    moe = dict(_space(MOE, engine).describe())
+    assert moe["attention_dp"] == "{1, 2, 4, 8}" and moe["expert_parallel"] == "{False, True}"
+    assert dict(_space(MOE, engine, fleet=Fleet(2, 1)).describe())["attention_dp"] == "{1, 2}"
+
+
+def test_layout_params_map_onto_the_trials_tp():
+    base = Fleet(8, 1)
+    assert fleet_of({"tp": 4, "attention_dp": 8, "expert_parallel": True}, base) == Fleet(4, 1, 4, 4)
+    assert fleet_of({"tp": 2, "attention_dp": 1, "expert_parallel": False}, base) == Fleet(2, 1, 1, 1)
+    assert fleet_of({}, Fleet(8, 1, 2, 1)) == Fleet(8, 1, 2, 1)  # nothing searched: the base layout kept
+    fleet = Fleet(8, 1, 8, 4)
+    assert (fleet.gpus, fleet.schedulers, fleet.layout) == (8, 4, ParallelLayout(8, 8, 4))
+    with pytest.raises(SpaceError, match="attention_dp=4 must divide tp=2"):
+        Fleet(2, 1, 1, 4)
+    with pytest.raises(SpaceError, match="8192 schedulers, more than the simulator's 1024"):
+        Fleet(8, 1024, 1, 8)
+
+
+def test_a_study_fixes_or_narrows_the_layout():
+    fixed = _space(MOE, "sglang", {"attention_dp": {"value": 4}, "expert_parallel": {"value": True}})
+    assert fixed.fleet_params == () and fixed.base_fleet == Fleet(8, 1, 8, 4)
+    narrowed = _space(MOE, "sglang", {"attention_dp": [1, 8], "expert_parallel": {"search": False}})
+    assert [(p.name, p.choices) for p in narrowed.fleet_params] == [("attention_dp", (1, 8))]
+    for bad, message in (({"attention_dp": [3]}, r"choices \[3\] must be distinct values of \[1, 2, 4, 8\]"),
+                         ({"attention_dp": {"value": 16}}, "value 16 is not one of"),
+                         ({"expert_parallel": {"low": 0}}, "must be a list of values or a table")):
+        with pytest.raises(SpaceError, match=message):
+            _space(MOE, "sglang", bad)
+
+
+def test_vllm_deploys_one_instance_of_a_moe_model_per_file():
+    # vLLM steps a MoE model's data-parallel ranks together (v1/engine/core.py:1546-1549):
+    # its data parallelism is attention_dp, so goodput-gpus does not search replicas
+    space = _space(MOE, "vllm", fleet=Fleet(1, 1), search_fleet=True, tp_degrees=lambda: (1, 2, 4, 8))
+    described = dict(space.describe())
+    assert described["replicas"] == "fixed = 1" and described["tp"] == "{1, 2, 4, 8}"
+    assert "[1, 8]" in dict(_space(MOE, "sglang", fleet=Fleet(1, 1), search_fleet=True,
+                                   tp_degrees=lambda: (1, 2, 4, 8)).describe())["replicas"]
+    with pytest.raises(SpaceError, match="at most 1 replica"):
+        _space(MOE, "vllm", fleet=Fleet(4, 2))
+
+
+def test_an_attention_dp_layout_runs_one_scheduler_per_group_on_its_own_cost_model(tmp_path):
+    built = []
+
+    def cost_model_for(layout):
+        built.append(layout)
+        return burst_cost_model()
+
+    spec = load_spec(trace=write_csv_trace(tmp_path / "t.csv"), model=MOE, gpu="h100", slo="ttft:500", tp=8,
+                     engine="sglang", seed=3)
+    fleet = RecordingFleet()
+    evaluator = Evaluator(spec, trace=make_trace(50), cost_model_for=cost_model_for, engine=fleet,
+                          fleet_engine=fleet, scorer=fake_score)
+    config = PolicyConfig(max_num_seqs=16)
+    evaluator.reports([config, config, config], fleets=[Fleet(8, 1), Fleet(8, 1, 8, 4), Fleet(8, 1, 8, 1)])
+    assert built == [8, ParallelLayout(8, 8, 4), ParallelLayout(8, 8, 1)]  # the plain TP keyed by its degree
+    assert [call[0] for call in fleet.fleet_calls] == [4]  # 4 schedulers behind the DP controller
+    assert fleet.calls == 2  # the plain and the EP-only instance: one scheduler each
+    # SGLang refuses dp-size replicas beside attention DP: pruned before simulating
+    assert "parallel_hook.py:287-292" in evaluator.infeasibility(config, Fleet(4, 2, 1, 2))
+
+
+def test_a_layout_study_exports_the_recommended_layout_in_the_engines_flags(tmp_path):
+    """Qwen3-30B-A3B on SGLang, TP 2 or 4 per instance: the real cost models of each layout."""
+    trace = make_trace(60, gap_s=0.05, prompt=400, output=40)
+    spec = load_spec(trace=write_csv_trace(tmp_path / "t.csv", trace), model=MOE, gpu="h100",
+                     slo="ttft:2000,tpot:100", run_dir=tmp_path / "run", objective="goodput-gpus", engine="sglang",
+                     trials=8, batch_size=4, seed=4, space={"others": "fixed", "tp": [2, 4], "replicas": {"value": 1}})
+    evaluator = Evaluator(spec, trace=trace)
+    study = create_or_resume(spec)
+    enqueue_baselines(study, spec, evaluator.baselines())
+    run(study, spec, evaluator)
+    trials = [t for t in study.get_trials() if "tp" in t.user_attrs]
+    fleets = {trial_fleet(t, spec) for t in trials}
+    assert any(f.attention_dp > 1 for f in fleets) and any(f.moe_ep > 1 for f in fleets)
+    for t in trials:
+        assert Fleet(**{k: t.user_attrs[k] for k in ("tp", "replicas", "moe_ep", "attention_dp")}) == \
+            trial_fleet(t, spec)
+    # a layout changes the KV pool each scheduler holds: attention DP replicates the attention
+    # weights per group, and each group caches only its own requests' KV
+    plain, grouped = evaluator.cost_model_of(Fleet(4, 1)), evaluator.cost_model_of(Fleet(4, 1, 4, 4))
+    assert grouped.weight_bytes > plain.weight_bytes
+    assert grouped.kv_bytes_per_token == 4 * plain.kv_bytes_per_token
+
+    outputs = write_run_outputs(spec.run_dir, study, spec, evaluator)
+    best = outputs.summary["best"]["fleet"]
+    recommended = Fleet(best["tp"], best["replicas"], best.get("moe_ep", 1), best.get("attention_dp", 1))
+    args = yaml.safe_load((spec.run_dir / "sglang.yaml").read_text())
+    engine = target("sglang")
+    assert engine.deployment_from_args(args, spec.context) == deployment_of(spec, recommended).engine
+    assert engine.layout_violations(deployment_of(spec, recommended).engine, spec.context) == []
