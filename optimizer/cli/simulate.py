@@ -244,7 +244,7 @@ def _engine_file(path: Path, ctx: EngineContext) -> PolicyConfig:
     import yaml
 
     from optimizer.exports import ExportError, read_engine_file
-    from policies.engines import target
+    from policies.engines import EngineError, target
 
     try:
         data = yaml.safe_load(path.read_text())
@@ -255,9 +255,15 @@ def _engine_file(path: Path, ctx: EngineContext) -> PolicyConfig:
     if engine is None:
         raise ConfigError(f"{path}: neither a vLLM (model: ...) nor an SGLang (model-path: ...) config file")
     try:
-        return read_engine_file(target(engine), path.read_text(), ctx)
-    except ExportError as exc:
+        deployment = target(engine).deployment_from_args(data, ctx)
+        config = read_engine_file(target(engine), path.read_text(), ctx)
+    except (ExportError, EngineError) as exc:
         raise ConfigError(f"{path}: {exc}") from None
+    if not deployment.plain:  # run as plain TP x replicas it would be another deployment
+        raise ConfigError(f"{path}: deploys expert parallel {deployment.moe_ep} / attention data parallel "
+                          f"{deployment.attention_dp} on {deployment.tp} GPUs, which `servetune simulate` does not "
+                          "lay out (it runs --tp x --replicas); a study's bench replay simulates such a file")
+    return config
 
 
 def _parse_override(item: str) -> tuple[str, object]:

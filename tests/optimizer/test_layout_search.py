@@ -127,3 +127,16 @@ def test_a_layout_study_exports_the_recommended_layout_in_the_engines_flags(tmp_
     engine = target("sglang")
     assert engine.deployment_from_args(args, spec.context) == deployment_of(spec, recommended).engine
     assert engine.layout_violations(deployment_of(spec, recommended).engine, spec.context) == []
+
+
+def test_simulate_refuses_a_layout_file_it_would_run_as_plain_tp(tmp_path):
+    from optimizer.cli.simulate import ConfigError, _engine_file
+
+    ctx = engine_context(MOE, "h100", 8, "sglang")
+    path = tmp_path / "sglang.yaml"
+    path.write_text(f"model-path: {MOE}\ntp-size: 8\nattn-dp-size: 4\n")
+    with pytest.raises(ConfigError, match="attention data parallel 4 on 8 GPUs, which `servetune simulate` does not"):
+        _engine_file(path, ctx)
+    path.write_text(f"model-path: {MOE}\ntp-size: 8\n")
+    plain = _engine_file(path, ctx)  # the same file without attention DP: read as it runs
+    assert plain.max_num_batched_tokens == target("sglang").defaults(ctx).max_num_batched_tokens
