@@ -26,14 +26,15 @@ def engine_context(model: str, gpu: str, tp: int = 1, framework: str = "vllm", r
     gpu_spec = load_gpu(gpu)
     try:
         arch = load_model(model, model_config)
-        context_len, moe = arch.context_len, arch.moe is not None
+        context_len, moe, quant = arch.context_len, arch.moe is not None, arch.quant
     except CostModelError:
-        context_len, moe = 0, False
+        context_len, moe, quant = 0, False, ""
     cost_model = _lazy_cost_model(model, gpu, tp, framework, model_config, dtype, kv_dtype)
     shares = _reserve_shares(cost_model()) if context_len else {}
     return EngineContext(gpu=gpu, gpu_memory_gib=gpu_spec.memory_bytes / 2**30, context_len=context_len,
                          kv_tokens=lambda utilization, tokens: cost_model().kv_capacity_tokens(utilization, tokens),
-                         tp=tp, replicas=replicas, dtype=dtype, kv_dtype=kv_dtype, moe=moe, **shares)
+                         tp=tp, replicas=replicas, dtype=dtype, kv_dtype=kv_dtype, moe=moe,
+                         weight_quant=quant, **shares)
 
 
 def context_of(cost_model, gpu: str, context_len: int, tp: int = 1, replicas: int = 1) -> EngineContext:

@@ -57,6 +57,8 @@ class EngineContext:
     dtype: str = "bf16"
     kv_dtype: str = "bf16"
     moe: bool = False
+    #: the checkpoint's own weight quantization (``costmodels.architecture.weight_quant``), "" for none
+    weight_quant: str = ""
 
     def kv_pool_tokens(self, utilization: float, profile_tokens: int) -> int:
         if self.kv_tokens is None:
@@ -303,9 +305,13 @@ class Target:
 
     def dtype_args(self, ctx: EngineContext) -> dict[str, Any]:
         """The flags that make the engine run the weights and KV dtypes the study simulated
-        (none for bf16, each engine's default for a bf16 checkpoint)."""
+        (none for bf16, each engine's default for a bf16 checkpoint). A checkpoint already
+        quantized to FP8 runs its own method, which a ``quantization`` flag naming another
+        is refused against (vllm/config/model.py:1452-1462, sglang srt/configs/
+        model_config.py:2105-2148): its weights need no flag."""
+        prequantized = ctx.weight_quant.startswith("fp8")
         return {key: value for field_name, (key, value) in self.dtype_keys.items()
-                if getattr(ctx, field_name) == "fp8"}
+                if getattr(ctx, field_name) == "fp8" and not (field_name == "dtype" and prequantized)}
 
     #: YAML keys of the expert / attention data-parallel layout (besides deployment_keys)
     layout_keys: ClassVar[tuple[str, ...]] = ()

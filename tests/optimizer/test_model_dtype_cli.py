@@ -87,6 +87,18 @@ def test_the_exported_file_runs_the_simulated_dtypes(engine, weights, kv):
     assert "quantization" not in plain and "kv-cache-dtype" not in plain
 
 
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_a_checkpoint_already_in_fp8_runs_its_own_quantization(engine):
+    # DeepSeek-V3's checkpoint is FP8 (block scales): a --quantization naming another method is
+    # refused (vllm/config/model.py:1452-1462, sglang srt/configs/model_config.py:2105-2148;
+    # engine-check refused vLLM's fp8_per_tensor), so the file leaves the weights' flag out
+    ctx = engine_context("deepseek-ai/DeepSeek-V3", "h200", 8, dtype="fp8", kv_dtype="fp8")
+    assert ctx.weight_quant == "fp8_block"
+    args = target(engine).to_args(preset(f"{engine}-default", ctx), Deployment("deepseek-ai/DeepSeek-V3", 8).engine, ctx)
+    assert "quantization" not in args and args["kv-cache-dtype"] == {"vllm": "fp8", "sglang": "fp8_e4m3"}[engine]
+    assert target(engine).from_args(args, ctx) == target(engine).resolve(preset(f"{engine}-default", ctx), ctx)
+
+
 def test_a_study_carries_its_dtypes_to_the_file_it_writes(trace_file, tmp_path):
     spec = load_spec(trace=trace_file, model="meta-llama/Llama-3.1-8B", gpu="h100", slo="ttft:2000", engine="vllm",
                      dtype="fp8", kv_dtype="fp8", run_dir=tmp_path / "run")
