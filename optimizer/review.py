@@ -222,6 +222,8 @@ def build_review(r: ReviewInputs) -> list[Block]:
         ("h1", r.title),
         ("p", f"Traffic: {r.trace_description}. Model {d.model} on {d.gpu.upper()}, "
               f"{d.replicas} replica(s) x TP {d.tp} = {d.gpus} GPU(s)"
+              + "".join(f", {label} {v}" for label, v in (("expert parallel", d.moe_ep),
+                                                          ("attention DP groups", d.attention_dp)) if v > 1)
               + (f", {routing_label(best.config, d.replicas)}" if d.replicas > 1 else "")
               + (f", failures: {r.failures}" if r.failures else "")
               + f". SLOs: {r.slos.describe()}. Target: SLO attainment >= {r.target_attainment:.0%}."),

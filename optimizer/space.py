@@ -165,6 +165,7 @@ class Param:
     when: tuple[tuple[str, tuple | str], ...] = ()  # (parent, allowed values or ON)
     fleet: bool = False  # searched only when the trial's fleet has more than one replica
     below_replicas: bool = False  # high capped at the trial's replicas - 1
+    one_replica: bool = False  # a fleet param searched only when the trial runs one replica
 
     @property
     def gate(self) -> str:
@@ -215,6 +216,8 @@ class Param:
             text += f" when {parent} != 0" if allowed == ON else f" when {parent} in {list(allowed)}"
         if self.fleet:
             text += " when replicas > 1"
+        if self.one_replica:
+            text += " when replicas = 1"
         return text
 
 
@@ -260,7 +263,10 @@ class SearchSpace:
 
     def suggest_fleet(self, trial) -> Fleet:
         """Ask the trial for the searched fleet dimensions; the rest keep the base fleet."""
-        values = {p.name: p.suggest(trial) for p in self.fleet_params}
+        values: dict[str, Any] = {}
+        for p in self.fleet_params:  # tp and replicas come first
+            if not (p.one_replica and values.get("replicas", self.base_fleet.replicas) > 1):
+                values[p.name] = p.suggest(trial)
         return fleet_of(values, self.base_fleet)
 
     @property
@@ -287,7 +293,8 @@ class SearchSpace:
         fleet = fleet or self.base_fleet
         schedulers = fleet.schedulers
         pairs = [(p.within(schedulers), values[p.name]) for p in self.params if p.active(values, schedulers)]
-        pairs += [(p, fleet_param_value(fleet, p.name)) for p in self.fleet_params]
+        pairs += [(p, fleet_param_value(fleet, p.name)) for p in self.fleet_params
+                  if not (p.one_replica and fleet.replicas > 1)]
         return [(p, value) for p, value in pairs if p.params_for(value)]
 
     def describe(self) -> list[tuple[str, str]]:
@@ -368,7 +375,8 @@ def build_space(overrides: Mapping[str, Any] | None = None, base: PolicyConfig |
             raise SpaceError(f"{target.display} deploys at most {per_file} replica(s) of this model per file, got "
                              f"{fleet.replicas}: its data-parallel ranks are attention_dp within one instance")
         fleet_overrides.setdefault("replicas", {"value": fleet.replicas})
-    fleet_params, fleet = _fleet_params(fleet_overrides, fleet, search_fleet, tp_degrees, moe)
+    fleet_params, fleet = _fleet_params(fleet_overrides, fleet, search_fleet, tp_degrees, moe,
+                                        None if context is None else target.attention_dp_replicas(context))
     unknown = sorted(set(overrides) - set(KNOB_BY_NAME))
     if unknown:
         raise SpaceError(f"[space] has unknown knob(s) {unknown}; known: {sorted(KNOB_BY_NAME)}")
@@ -423,8 +431,10 @@ def build_space(overrides: Mapping[str, Any] | None = None, base: PolicyConfig |
 
 
 def _fleet_params(overrides: dict[str, Any], fleet: Fleet, search: bool,
-                  tp_degrees: Callable[[], Sequence[int]] | None, moe: bool = False) -> tuple[tuple[Param, ...], Fleet]:
-    """The searched fleet dimensions, and the fleet the unsearched ones keep."""
+                  tp_degrees: Callable[[], Sequence[int]] | None, moe: bool = False,
+                  dp_replicas: bool | None = True) -> tuple[tuple[Param, ...], Fleet]:
+    """The searched fleet dimensions, and the fleet the unsearched ones keep (``dp_replicas``:
+    whether attention DP runs beside several replicas; otherwise searched on one only)."""
     params = []
     values = {"tp": fleet.tp, "replicas": fleet.replicas}
     for name in ("tp", "replicas"):
@@ -472,7 +482,7 @@ def _fleet_params(overrides: dict[str, Any], fleet: Fleet, search: bool,
     highest_tp = max([values["tp"], *(c for p in params if p.name == "tp" for c in p.choices)])
     if moe and highest_tp > 1:  # one GPU has nothing to split
         layout, base = _layout_params(overrides, base, highest_tp)
-        params += layout
+        params += [replace(p, one_replica=p.name == "attention_dp" and dp_replicas is False) for p in layout]
     return tuple(params), base
 
 

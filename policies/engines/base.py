@@ -350,6 +350,10 @@ class Target:
         """The most independent replicas one config file deploys (None: any)."""
         return None
 
+    def attention_dp_replicas(self, ctx: EngineContext) -> bool:
+        """Whether one file deploys attention DP beside several replicas."""
+        return True
+
 
 _DEFAULT = object()  # a flag the file leaves out
 

@@ -76,6 +76,9 @@ class SGLang(Target):
         return Deployment(plain.model, plain.tp, plain.replicas, moe_ep=int_arg(args, "ep-size"),
                           attention_dp=int_arg(args, "attn-dp-size"))
 
+    def attention_dp_replicas(self, ctx: EngineContext) -> bool:
+        return False  # srt/arg_groups/parallel_hook.py:287-292 (layout_violations)
+
     def layout_violations(self, deployment: Deployment, ctx: EngineContext) -> list[str]:
         broken = super().layout_violations(deployment, ctx)
         if deployment.attention_dp > 1 and deployment.replicas > 1:

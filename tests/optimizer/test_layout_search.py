@@ -36,8 +36,8 @@ def test_only_a_moe_model_searches_its_layout(engine):
     with pytest.raises(SpaceError, match="only a MoE model has expert or attention data parallelism"):
         _space(DENSE, engine, {"attention_dp": [1, 2]})
     moe = dict(_space(MOE, engine).describe())
-    assert moe["attention_dp"] == "{1, 2, 4, 8}" and moe["expert_parallel"] == "{False, True}"
-    assert dict(_space(MOE, engine, fleet=Fleet(2, 1)).describe())["attention_dp"] == "{1, 2}"
+    assert moe["attention_dp"].startswith("{1, 2, 4, 8}") and moe["expert_parallel"] == "{False, True}"
+    assert dict(_space(MOE, engine, fleet=Fleet(2, 1)).describe())["attention_dp"].startswith("{1, 2}")
 
 
 def test_layout_params_map_onto_the_trials_tp():
@@ -75,6 +75,25 @@ def test_vllm_deploys_one_instance_of_a_moe_model_per_file():
                                    tp_degrees=lambda: (1, 2, 4, 8)).describe())["replicas"]
     with pytest.raises(SpaceError, match="at most 1 replica"):
         _space(MOE, "vllm", fleet=Fleet(4, 2))
+
+
+def test_sglang_searches_attention_dp_only_on_one_replica():
+    # arg_groups/parallel_hook.py:287-292 refuses dp-size replicas beside attn-dp-size: a
+    # trial of several replicas is not asked for attention DP (no trial pruned for it)
+    space = _space(MOE, "sglang", fleet=Fleet(1, 1), search_fleet=True, tp_degrees=lambda: (1, 2, 4, 8))
+    assert dict(space.describe())["attention_dp"] == "{1, 2, 4, 8} when replicas = 1"
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    fleets = []
+    for _ in range(80):
+        trial = study.ask()
+        fleets.append(space.suggest_fleet(trial))
+        assert ("attention_dp" in trial.params) == (fleets[-1].replicas == 1)
+        study.tell(trial, 0.0)
+    assert all(f.attention_dp == 1 for f in fleets if f.replicas > 1)
+    assert any(f.attention_dp > 1 for f in fleets) and any(f.replicas > 1 for f in fleets)
+    assert space.params_for(PolicyConfig(), Fleet(4, 2, 4, 1)).keys() >= {"tp", "replicas", "expert_parallel"}
+    assert "attention_dp" not in space.params_for(PolicyConfig(), Fleet(4, 2, 4, 1))
+    assert "when replicas" not in dict(_space(MOE, "vllm").describe())["attention_dp"]
 
 
 def test_an_attention_dp_layout_runs_one_scheduler_per_group_on_its_own_cost_model(tmp_path):
@@ -127,6 +146,9 @@ def test_a_layout_study_exports_the_recommended_layout_in_the_engines_flags(tmp_
     engine = target("sglang")
     assert engine.deployment_from_args(args, spec.context) == deployment_of(spec, recommended).engine
     assert engine.layout_violations(deployment_of(spec, recommended).engine, spec.context) == []
+    review = (spec.run_dir / "capacity-review.md").read_text()
+    stated = [f"expert parallel {recommended.moe_ep}", f"attention DP groups {recommended.attention_dp}"]
+    assert [s in review for s in stated] == [recommended.moe_ep > 1, recommended.attention_dp > 1]
 
 
 def test_simulate_refuses_a_layout_file_it_would_run_as_plain_tp(tmp_path):
