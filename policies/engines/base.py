@@ -14,7 +14,10 @@ exported file all come from its module, so they cannot disagree:
   knobs kept, every other knob at the engine's own behaviour, coupled knobs implied;
 - ``violations(config, ctx)``: the engine's start-up checks, each citing its source line;
 - ``to_args`` / ``from_args``: the config file's mapping and its exact inverse, so a file
-  read back simulates as the config it was written from.
+  read back simulates as the config it was written from;
+- ``deployment_args`` / ``deployment_from_args`` / ``layout_violations``: where the file
+  runs (TP, replicas and a MoE model's expert / attention data-parallel layout) in the
+  engine's flags, read back, and the layouts the engine refuses.
 """
 
 from __future__ import annotations
