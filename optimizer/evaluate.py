@@ -44,6 +44,7 @@ from optimizer.spec import SpecError, StudySpec
 from policies.config import ConfigError, PolicyConfig, check_fleet
 from policies.engines import target as engine_target
 from policies.failures import FailureError, FailureSchedule
+from policies.workspace import out_of_memory
 
 
 class Evaluator:
@@ -139,6 +140,14 @@ class Evaluator:
         from policies.engines import Deployment
 
         return Deployment(self.spec.model, fleet.tp, fleet.replicas, fleet.moe_ep, fleet.attention_dp)
+
+    def out_of_memory(self, config: PolicyConfig, fleet: Fleet | None = None) -> str | None:
+        """Why ``config``'s run at the trace rate (already scored) ran out of activation
+        memory, as the target engine fails (``policies.workspace``), or None."""
+        fleet = fleet or self.fleet
+        report = self._reports[self._key(config, fleet, 1.0)]
+        return out_of_memory(report.peak_step_tokens, report.peak_step_s, self.cost_model_at(fleet.tp), config,
+                             self.target.oom_consequence)
 
     def failures_at(self, rate_scale: float, replicas: int) -> FailureSchedule | None:
         """The failure windows a fleet of ``replicas`` runs with at ``rate_scale`` (None:

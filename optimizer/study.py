@@ -6,9 +6,11 @@ The study stores its spec (``user_attrs["servetune_spec"]``) and fingerprint, so
 needs only the study name and storage, and a different question under the same name, or
 a run folder that belongs to another study, is refused instead of mixed in.
 
-The loop asks a batch of trials, builds their configs, prunes the ones that cannot run,
-simulates the rest in one parallel ``simulate_many`` call and tells each result as soon
-as its batch finishes, so a killed run loses at most the batch in flight. The trial
+The loop asks a batch of trials, builds their configs, prunes the ones that cannot run
+(the engine refuses them at start-up, or the trace cannot fit), simulates the rest in one
+parallel ``simulate_many`` call and tells each result as soon as its batch finishes, so a
+killed run loses at most the batch in flight; a run that ran out of activation memory
+(``policies.workspace``) is pruned with the step, the memory and the time instead. The trial
 budget is global: every process counts the study's non-failed trials, so several workers
 share one budget; a trial asked past the budget (two workers racing) is told FAIL with
 ``user_attrs["over_budget"]``. Every trial names its owning process from the moment it is
@@ -422,6 +424,10 @@ def _evaluate_and_tell(study, spec, evaluator, batch, limits, stats: RunStats, o
     capacities = capacity_many(evaluator, configs, spec.capacity_target, fleets=fleets) \
         if spec.objective == "capacity" else [None] * len(configs)
     for (trial, config, fleet), report, capacity in zip(runnable, reports, capacities, strict=True):
+        oom = evaluator.out_of_memory(config, fleet)
+        if oom is not None:  # the engine would have died mid-run: not a config to recommend
+            _tell_pruned(study, trial, config, fleet, f"{evaluator.target.display} {oom}", stats, on_trial)
+            continue
         t0 = time.perf_counter()
         values = objectives.record(trial, spec, config, report, limits, fleet=fleet, capacity=capacity)
         frozen = study.tell(trial, values)

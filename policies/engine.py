@@ -173,6 +173,7 @@ from policies.kernel_state import (
     C_N_SAMPLES,
     C_OUT_OF_RANGE,
     C_PEAK,
+    C_PEAK_STEP,
     C_PREFILL_TOKENS,
     C_RESERVED_END,
     C_RUNNING_END,
@@ -197,6 +198,7 @@ from policies.kernel_state import (
     ERROR,
     F_BUSY,
     F_END,
+    F_PEAK_STEP_S,
     FAST_FORWARD,
     FINISH,
     FIRST_SCHED,
@@ -259,6 +261,8 @@ from policies.kernel_state import (
     PC_REQ,
     PC_STATS,
     PEAK,
+    PEAK_STEP,
+    PEAK_STEP_S,
     PRED_BIN,
     PREEMPTED_NOW,
     PREEMPTS,
@@ -1510,12 +1514,22 @@ def _count_step(g, dt):
     g[G_STEP_HIST + k] += 1
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _note_step_tokens(g, gf, tokens):
+    """Keep the most tokens one step computed and when a step first computed that many (the
+    step starting at the clock): the run's activation peak (``policies.workspace``)."""
+    if tokens > g[PEAK_STEP]:
+        g[PEAK_STEP] = tokens
+        gf[PEAK_STEP_S] = gf[CLOCK]
+
+
 @njit(cache=True, nogil=True)
 def _book_step(g, gf, series, cfg, dt_compute, oor):
     """Book one formed step of dt_compute (+ copies) seconds; return its end and length.
     The caller then runs ``_end_step`` and moves the clock."""
     dt = dt_compute + gf[SWAP_S]
     _count_step(g, dt)
+    _note_step_tokens(g, gf, g[B_TOKENS])
     if oor:
         g[OUT_OF_RANGE] += 1
     t_end = gf[CLOCK] + dt
@@ -1628,6 +1642,8 @@ def _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables, cfg, hash
         sum_j_dt += j * dt
         j += 1
         slot = slot - 1 if slot > 0 else block_size - 1
+    if j > 0:
+        _note_step_tokens(g, gf, k)  # every step of the stretch decodes the k running requests
     g[FREE] = free
     g[USED] = used
     g[PEAK] = peak
@@ -1731,6 +1747,7 @@ def _fast_forward_chunk(ri, g, gf, series, run, cached_held, prompt, ledger, ten
     g[STEPS] += j
     g[PREFILL_TOKENS] += j * chunk
     g[OUT_OF_RANGE] += out_of_range
+    _note_step_tokens(g, gf, d + chunk)
     gf[BUSY] = busy
     gf[CLOCK] = t
     return j, j == run_len
@@ -1853,6 +1870,7 @@ def new_replica(st, cfg, cap_blocks, host_blocks, kv_bytes, swap_bw, seed, serie
     gf[KV_BYTES] = kv_bytes
     gf[SWAP_BW] = swap_bw
     gf[NEXT_DELIVERY] = np.inf
+    gf[PEAK_STEP_S] = np.nan
     caching = cfg[I_PREFIX_CACHING] != 0.0
     g[KV_BLOCK_SIZE] = block_size
     g[ENTRY_BLOCKS] = _blocks(st.block_tokens, block_size)
@@ -2353,9 +2371,11 @@ def write_outputs(rep, out_i, out_f, out_counts, out_fcounts, series, out_cached
     out_counts[C_SPEC_VERIFIES] = g[SPEC_VERIFIES]
     out_counts[C_SPEC_DRAFTED] = g[SPEC_DRAFTED]
     out_counts[C_SPEC_ACCEPTED] = g[SPEC_ACCEPTED]
+    out_counts[C_PEAK_STEP] = g[PEAK_STEP]
     out_counts[C_STEP_HIST:C_STEP_HIST + STEP_HIST_BINS] = g[G_STEP_HIST:G_STEP_HIST + STEP_HIST_BINS]
     out_fcounts[F_BUSY] = gf[BUSY]
     out_fcounts[F_END] = gf[CLOCK]
+    out_fcounts[F_PEAK_STEP_S] = gf[PEAK_STEP_S]
     series[:] = rep.series
     out_service[:] = rep.ledger[fm.TS_SERVICE, :out_service.shape[0]]
     out_prefix[P_HIT_TOKENS] = gf[PREFIX_HIT]
@@ -2574,6 +2594,8 @@ def _result(trace, out_i, out_f, counts, fcounts, series, cached, service, prefi
         spec_drafted_tokens=int(counts[C_SPEC_DRAFTED]),
         spec_accepted_tokens=int(counts[C_SPEC_ACCEPTED]),
         step_time_hist=counts[C_STEP_HIST:C_STEP_HIST + STEP_HIST_BINS].copy(),
+        peak_step_tokens=int(counts[C_PEAK_STEP]),
+        peak_step_s=float(fcounts[F_PEAK_STEP_S]),
     )
 
 

@@ -93,12 +93,14 @@ from policies.kernel_state import (
     C_ERROR,
     C_N_SAMPLES,
     C_PEAK,
+    C_PEAK_STEP,
     C_STEPS,
     COMPUTED,
     DONE,
     ERROR,
     F_BUSY,
     F_END,
+    F_PEAK_STEP_S,
     N_COUNTS,
     N_FCOUNTS,
     PREEMPTS,
@@ -882,8 +884,10 @@ def _retire(fl, j, t_stop):
     prefix = np.zeros(N_PREFIX)
     service = np.zeros(out.service.shape[1])
     engine.write_outputs(rep, out.out_i, out.out_f, counts, fcounts, out.series[inc], out.cached, service, prefix)
+    if counts[C_PEAK_STEP] > out.counts[j, C_PEAK_STEP]:  # an earlier incarnation's equal peak came first
+        out.fcounts[j, F_PEAK_STEP_S] = fcounts[F_PEAK_STEP_S]
     for c in range(N_COUNTS):
-        if c == C_CAP or c == C_PEAK or c == C_ERROR:
+        if c == C_CAP or c == C_PEAK or c == C_ERROR or c == C_PEAK_STEP:
             out.counts[j, c] = max(out.counts[j, c], counts[c])
         elif c != C_N_SAMPLES:
             out.counts[j, c] += counts[c]
@@ -1126,7 +1130,10 @@ def _fleet_result(trace, out: FleetBuffers, weights: np.ndarray, schedule: Failu
         raise RuntimeError(f"fleet kernel: {what}; please report this trace and config")
     counts = out.counts.sum(axis=0)
     counts[C_ERROR] = out.counts[:, C_ERROR].max()
-    fcounts = np.array([out.fcounts[:, F_BUSY].sum(), out.fcounts[:, F_END].max()])
+    counts[C_PEAK_STEP] = out.counts[:, C_PEAK_STEP].max()
+    at_peak = out.counts[:, C_PEAK_STEP] == counts[C_PEAK_STEP]
+    peak_s = out.fcounts[at_peak, F_PEAK_STEP_S].min() if counts[C_PEAK_STEP] > 0 else np.nan
+    fcounts = np.array([out.fcounts[:, F_BUSY].sum(), out.fcounts[:, F_END].max(), peak_s])
     series = _merged_series(out)
     counts[C_N_SAMPLES] = len(series)
     result = engine._result(trace, out.out_i, out.out_f, counts, fcounts, series, out.cached, out.service.sum(axis=0),

@@ -141,7 +141,8 @@ ITERATIONS = 65  # iterations of advance's loop so far
 ADVANCES = 66  # calls of advance (each may idle once, to its limit)
 PROGRESS_BASE = 67
 PROGRESS_PER = 68
-N_G = 69
+PEAK_STEP = 69  # most tokens one step computed (its activation workspace: policies.workspace)
+N_G = 70
 #: predicted mode: output/max_tokens ratio histogram bins (in g's tail, below).
 CALIBRATION_BINS = 64
 # g's tail: the predicted-mode histogram, the step-time histogram (policies.result
@@ -166,7 +167,8 @@ PREFIX_QUERY = 11  # prompt tokens looked up
 PREFIX_SAVED_S = 12  # lone-prefill seconds the hits saved
 SPEC_EST = 13  # two slots: speculative run-wide acceptance counts (hits, trials)
 NEXT_DELIVERY = 15  # delivery time of the inbox head (inf when the inbox is empty)
-N_GF = 16
+PEAK_STEP_S = 16  # start of the first step that computed PEAK_STEP tokens
+N_GF = 17
 
 # -- counters returned to Python (out_counts) ----------------------------------------------
 C_STEPS = 0
@@ -188,11 +190,13 @@ C_ITERATIONS = 15  # iterations of advance's loop (the progress guard's count)
 C_RUNNING_END = 16  # requests running, queued and ended at the end (0, 0, all delivered unless the
 C_WAITING_END = 17  # run stopped on an error)
 C_ENDED_END = 18
-C_STEP_HIST = 19  # STEP_HIST_BINS slots: steps per step-time bin (summed like the counters)
+C_PEAK_STEP = 19  # most tokens one step computed (the max over replicas and incarnations)
+C_STEP_HIST = 20  # STEP_HIST_BINS slots: steps per step-time bin (summed like the counters)
 N_COUNTS = C_STEP_HIST + STEP_HIST_BINS
 F_BUSY = 0
 F_END = 1
-N_FCOUNTS = 2
+F_PEAK_STEP_S = 2  # start of the first step that computed C_PEAK_STEP tokens (NaN: no step)
+N_FCOUNTS = 3
 
 #: Series buffer rows; when full, every other sample is dropped and the spacing doubles.
 SERIES_CAPACITY = 2048

@@ -83,6 +83,10 @@ class SimResult:
     # step times (issue 16): steps per bin of the log-spaced histogram above, summed over
     # replicas; empty for a hand-built result
     step_time_hist: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # i8[STEP_HIST_BINS]
+    # activation workspace (issue 16 part 2): the most tokens one step computed (the max over
+    # replicas) and the start of the first step that computed that many (NaN: no step)
+    peak_step_tokens: int = 0
+    peak_step_s: float = float("nan")
     # fleet (issue 8); empty arrays for a single-replica run. Per request (length n): times
     # withdrawn from a failed replica and routed again; tokens whose KV a failure destroyed
     # and that were computed again.

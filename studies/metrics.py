@@ -137,6 +137,10 @@ class Report:
     mean_in_system: float = math.nan
     littles_law_lw: float = math.nan
     littles_law_gap: float = math.nan
+    # activation workspace (policies.workspace): the most tokens one step computed, and the
+    # start of the first step that computed that many (NaN: no step)
+    peak_step_tokens: int = 0
+    peak_step_s: float = math.nan
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-serialisable values; NaN becomes ``None``."""
@@ -297,6 +301,8 @@ def score(result: SimResult, trace: Trace, slos: SLOSet, *, goodput_window_s: fl
         **_goodput_windows(result, trace, good, duration, goodput_window_s),
         **_littles_law(result, trace, duration),
         per_replica=_replicas(result),
+        peak_step_tokens=int(result.peak_step_tokens),
+        peak_step_s=float(result.peak_step_s),
     )
 
 

@@ -188,6 +188,9 @@ class Target:
     flags: tuple[Flag, ...] = field(default=())
     #: servetune's own target: its gains are what-ifs, never an engine's file.
     what_if: bool = False
+    #: what the engine does when a step's activations exceed the memory left for them
+    #: (``policies.workspace``): the end of the run a trial is pruned with
+    oom_consequence: ClassVar[str] = "a CUDA out-of-memory error ends the engine and every request in flight"
 
     # -- the engine's truth (overridden per engine) ---------------------------------------
     def defaults(self, ctx: EngineContext) -> PolicyConfig:

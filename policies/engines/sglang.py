@@ -23,6 +23,21 @@ over all ``dp-size x attn-dp-size`` schedulers by ``load-balance-method``
 knobs are per scheduler; under attention DP SGLang divides three of its flags by the group
 count or scales them, which the file undoes (``_PER_RANK``).
 
+Out of memory: SGLang reserves ``1 - mem-fraction-static`` of the GPU for everything but
+weights and KV (mem_cache/kv_cache_configurator.py:2990-3038: the pool is the memory
+free after the weights less ``(1 - mem_fraction_static) x total``), and nothing at
+run time keeps a step within it: a prefill step holds at most ``chunked-prefill-size``
+tokens, but a decode step runs every running request, up to ``max-running-requests``,
+whatever the chunk. A step whose activations exceed the reserve raises CUDA's
+out-of-memory error in the scheduler's event loop; ``run_scheduler_process`` catches it
+and sends SIGQUIT to the server (srt/managers/scheduler.py:6370-6373), whose handler kills
+the whole process tree (srt/entrypoints/engine.py:1976-1982, and after start-up
+srt/managers/tokenizer_manager.py:4072-4081): every request in flight fails and the server
+is gone. servetune models it so (``policies.workspace``): a run whose largest step
+exceeds the reserve is an out-of-memory run, and a searched trial is pruned with the step,
+the memory and the time. A file whose static fraction leaves less than one full chunk's
+activations is refused when read (``decode``): its pool cannot be simulated.
+
 Source references are to the installed SGLang 0.5.23 package (``site-packages/sglang``).
 """
 
@@ -62,6 +77,9 @@ class SGLang(Target):
 
     deployment_keys = ("model-path", "tp-size", "dp-size")
     layout_keys = ("ep-size", "attn-dp-size")
+    oom_consequence = ("SGLang's scheduler sends SIGQUIT on the CUDA out-of-memory error and the server kills its "
+                       "process tree: every request in flight fails [srt/managers/scheduler.py:6370-6373, "
+                       "srt/entrypoints/engine.py:1976-1982]")
 
     def deployment_args(self, deployment: Deployment) -> dict[str, Any]:
         args = super().deployment_args(deployment)
@@ -86,6 +104,7 @@ class SGLang(Target):
                           "data-parallel replicas combined with attention data parallelism are not supported "
                           "[srt/arg_groups/parallel_hook.py:287-292]")
         return broken
+
     # srt/server_args.py: --quantization fp8; --kv-cache-dtype takes fp8_e4m3 / fp8_e5m2
     dtype_keys = {"dtype": ("quantization", "fp8"), "kv_dtype": ("kv-cache-dtype", "fp8_e4m3")}
 

@@ -146,6 +146,7 @@ class Reference:
         self.prefill_tokens = 0
         self.out_of_range = 0
         self.swap_outs = 0
+        self.peak_step, self.peak_step_s = 0, math.nan  # most tokens one step computed, and when first
         # speculative decoding
         self.spec_mode = SPECULATIVE_MODES.index(config.speculative_mode)
         model = acceptance if acceptance is not None else AcceptanceModel()
@@ -716,6 +717,8 @@ class Reference:
             if self.spec_mode != MODE_OFF and p[2] > 0:
                 slots, ell, x, draft_s = self.plan_verify(p)
             dt, oor = step_seconds(self.tables, p[0] + x, p[1] + x, p[2], p[3] + x, p[4])
+            if p[0] + x > self.peak_step:
+                self.peak_step, self.peak_step_s = p[0] + x, self.t
             if slots:
                 dt += draft_s
                 self.settle_verify(slots, ell)
@@ -796,6 +799,8 @@ class Reference:
             "out_of_range_steps": self.out_of_range,
             "kv_peak_blocks": self.peak,
             "swap_outs": self.swap_outs,
+            "peak_step_tokens": self.peak_step,
+            "peak_step_s": self.peak_step_s,
             "end_s": self.t,
             "leftover": (self.cap - self.free, self.reserved_total),
             "cached_prompt_tokens": np.array([r.cached_first for r in reqs], dtype=np.int64),
