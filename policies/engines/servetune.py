@@ -28,8 +28,10 @@ SEARCH: dict[str, dict[str, Any]] = {
     "admission_quantile": {"low": 0.5, "high": 1.0, "when": {"admission_mode": ["predicted"]}},
     "schedule_conservativeness": {"low": 0.1, "high": 3.0, "log": True,
                                   "when": {"admission_mode": ["new_token_ratio"]}},
-    # Free lunch in a simulator that does not model OOM or attention kernels: more memory
-    # and finer blocks always look better, so they stay at the deployment's value.
+    # More memory only ever helps the simulated pool (the memory a step's activations need
+    # beside it is checked, policies.workspace, but no other process shares the GPU) and
+    # finer blocks are free without a model of attention kernels: both stay at the
+    # deployment's value.
     "gpu_memory_utilization": {"search": False},
     "block_size": {"search": False},
     # Load shedding: these buy goodput by rejecting requests; open them deliberately, with
@@ -82,6 +84,10 @@ class ServeTune(Target):
 
     def resolve(self, config: PolicyConfig, ctx: EngineContext) -> PolicyConfig:
         return config
+
+    def violations(self, config: PolicyConfig, ctx: EngineContext) -> list[str]:
+        # the what-if policies run on vLLM's memory sizing, so vLLM's start-up refusals are theirs
+        return vllm.memory_violations(config, ctx)
 
 
 ENGINE = ServeTune(name="servetune", display="servetune (what-if)", version="native", what_if=True)

@@ -19,6 +19,17 @@ KV pool (the scheduler config is per engine core). ``enable-expert-parallel`` ma
 expert-parallel size TP x DP (fused_moe/config.py:1228-1230: ``ep_size = tp_size`` after
 flattening), so ``moe_ep`` is 1 or the instance's ``tp``.
 
+Memory: at start-up vLLM runs a dummy forward pass of ``max-num-batched-tokens`` tokens
+(v1/worker/gpu_model_runner.py:6072-6133, called from v1/worker/gpu_worker.py:700) and
+sizes the KV pool from what ``gpu-memory-utilization`` leaves after the weights, that
+pass's activation peak and CUDA graphs (gpu_worker.py:753-757; the cost model's sizing).
+A budget or a utilisation that leaves no KV memory, or too little for one
+``max-model-len`` request, makes vLLM raise at start-up (``memory_violations``): such a
+config is refused, and a searched trial pruned with vLLM's error. At run time no step
+computes more than the budget (v1/core/sched/scheduler.py:719: ``token_budget =
+self.max_num_scheduled_tokens``), which the profile covered, so vLLM never runs out of
+activation memory; running out of KV blocks preempts (recompute), as above.
+
 Source references are to the installed vLLM 0.33.0 package (``site-packages/vllm``).
 """
 
@@ -140,16 +151,34 @@ class VLLM(Target):
         if max_len and ctx.context_len and max_len > ctx.context_len:
             broken.append(f"max-model-len {max_len} exceeds the model's max_position_embeddings {ctx.context_len} "
                           "[vllm/config/model.py: User-specified max_model_len is greater than the derived]")
-        if ctx.kv_tokens is not None:
-            try:
-                pool = ctx.kv_pool_tokens(config.gpu_memory_utilization, tokens)
-            except CostModelError as exc:
-                broken.append(f"gpu-memory-utilization {config.gpu_memory_utilization}: {exc}")
-                pool = None
-            if pool is not None and max_len and max_len > pool:
-                broken.append(f"the KV cache holds {pool} tokens, fewer than one max-model-len ({max_len}) request "
-                              "[vllm/v1/core/kv_cache_utils.py check_enough_kv_cache_memory]")
-        return broken
+        return broken + memory_violations(config, ctx)
+
+
+def memory_violations(config: PolicyConfig, ctx: EngineContext) -> list[str]:
+    """vLLM's start-up memory refusals of ``config`` (none when ``ctx`` cannot size the
+    pool): the KV pool left after the profiling pass at ``max-num-batched-tokens``
+    (``ctx.kv_pool_tokens``) is empty, or shorter than one ``max-model-len`` request
+    (vllm/v1/core/kv_cache_planning.py:50-84, ``_check_enough_kv_cache_memory``)."""
+    if ctx.kv_tokens is None:
+        return []
+    tokens, max_len = config.max_num_batched_tokens, config.max_model_len
+    try:
+        pool = ctx.kv_pool_tokens(config.gpu_memory_utilization, tokens)
+    except CostModelError as exc:
+        pool, why = 0, str(exc)
+    else:
+        why = f"the pool holds {pool} tokens"
+    if pool <= 0:
+        return [f"No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
+                f"[vllm/v1/core/kv_cache_planning.py:56-64]: at gpu-memory-utilization "
+                f"{config.gpu_memory_utilization} the profiling pass of max-num-batched-tokens {tokens} "
+                f"[vllm/v1/worker/gpu_worker.py:700-757] leaves none ({why})"]
+    if max_len and max_len > pool:
+        return [f"To serve at least one request with the model's max seq len ({max_len}), its KV cache is "
+                f"needed, which is larger than the available KV cache memory ({pool} tokens after the profiling "
+                f"pass of max-num-batched-tokens {tokens}). Try increasing `gpu_memory_utilization` or decreasing "
+                "`max_model_len` [vllm/v1/core/kv_cache_planning.py:66-84]"]
+    return []
 
 
 def _is_a100(gpu: str) -> bool:
