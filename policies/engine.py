@@ -34,8 +34,12 @@ one by one, and the kernel must match it exactly):
 * Preemption frees the victim's GPU blocks and puts it back in the waiting queue (first
   in line under FCFS); ``recompute`` resets ``computed`` to 0 (generated tokens are kept
   and re-prefilled), ``swap`` copies the blocks to host memory while it has room, ``auto``
-  swaps when the copy out and back is cheaper than the re-prefill. Copies add to the
-  step time. Past ``max_preemptions`` the victim is rejected instead.
+  swaps when the copy out and back is cheaper than the re-prefill and the request can
+  return before its deadline: the expected wait until the running batch frees its blocks
+  (``_return_wait_s``) delays a swapped and a recomputed request alike, but a client that
+  leaves during it never pays the copy back in nor the re-prefill, so its copy out would
+  be spent for nothing. Copies add to the step time. Past ``max_preemptions`` the victim
+  is rejected instead.
 * A request whose deadline passes ends TIMED_OUT if its first token came by the
   deadline, else CANCELLED, at the deadline; everything it held is freed.
 
@@ -790,6 +794,29 @@ def _pick_victim(ri, g, run, prompt, priority, cfg):
 
 
 @njit(cache=True, nogil=True)
+def _return_wait_s(ri, g, run, tables, v, need):
+    """Expected seconds until the running batch (less victim v) frees ``need`` KV blocks,
+    the victim's to come back: each running request is expected to free its blocks over
+    the decode steps left to its output cap (what the scheduler knows; never its true
+    length), so the batch frees sum(held / steps left) blocks a step, each step as long as
+    one decode step of the batch now. inf when nothing runs to free them."""
+    rate = 0.0
+    k = 0
+    kv = 0
+    for i in range(g[N_RUN]):
+        r = run[i]
+        if r == v:
+            continue
+        k += 1
+        kv += ri[COMPUTED, r]
+        rate += ri[HELD, r] / max(1, ri[MAX_OUT, r] - ri[GENERATED, r])
+    if rate <= 0.0:
+        return np.inf
+    dt, _ = step_seconds(tables, k, k, k, kv, 0)
+    return need / rate * dt
+
+
+@njit(cache=True, nogil=True)
 def _preempt(rep, st, tables, cfg, v):
     """Take v off the GPU: swap its KV out or drop it for recompute, and requeue it.
 
@@ -834,6 +861,11 @@ def _preempt(rep, st, tables, cfg, v):
             c = ri[COMPUTED, v]
             recompute_s, _ = step_seconds(tables, c, 1, 0, 0, c * (c + 1) // 2)
             swap = 2.0 * copy_s < recompute_s
+            deadline = st.sf[S_DEADLINE, v]
+            if swap and not math.isnan(deadline):
+                # a request whose client leaves before it can return never pays the copy back
+                # in nor the re-prefill: the copy out would be spent for nothing
+                swap = gf[CLOCK] + copy_s + _return_wait_s(ri, g, rep.lists[L_RUN], tables, v, held) < deadline
         if swap:
             g[HOST_FREE] -= held
             ri[HOST, v] = held

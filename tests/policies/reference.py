@@ -384,6 +384,9 @@ class Reference:
                 c = v.computed
                 recompute_s, _ = step_seconds(self.tables, c, 1, 0, 0, c * (c + 1) // 2)
                 swap = 2.0 * copy_s < recompute_s
+                # a client leaving before the victim can return would make the copy out a waste
+                if swap and not math.isnan(v.deadline):
+                    swap = self.t + copy_s + self.return_wait_s(v, v.held) < v.deadline
             if swap:
                 self.host_free -= v.held
                 v.host = v.held
@@ -396,6 +399,19 @@ class Reference:
         self.reserved_total -= v.reserved
         v.reserved = 0
         self.enqueue(v, True)
+
+    def return_wait_s(self, v: Req, need: int) -> float:
+        """Seconds until the running batch but v frees ``need`` blocks: each running request
+        frees its blocks over the decode steps left to its cap, at today's decode step time."""
+        others = [r for r in self.running if r is not v]
+        rate = 0.0
+        for r in others:
+            rate += r.held / max(1, r.max_out - r.generated)
+        if rate <= 0.0:
+            return math.inf
+        k, kv = len(others), sum(r.computed for r in others)
+        dt, _ = step_seconds(self.tables, k, k, k, kv, 0)
+        return need / rate * dt
 
     def schedule_running(self, r: Req, n: int) -> None:
         while self.need(r, r.computed + n, self.cache.held[r.id]) > self.free:
