@@ -142,6 +142,18 @@ SCENARIOS: dict[str, dict[str, Any]] = {
                                        "output": {"mean": 1536, "cv": 1.5, "high": 8192}}),
         "policies": {"kv-high-water-0.9": {"base": "vllm-default", "set": {"kv_high_water": 0.9}},
                      "headroom-0.1": {"base": "vllm-default", "set": {"kv_headroom": 0.1}}}},
+    "optimistic-admission": {
+        "about": "chat traffic beside a report tenant (1 req/s) whose 8k-token answers no client caps and "
+                 "run past what admission expects (SGLang clips a request's future at 4,096 tokens and scales it "
+                 "by a decayed ratio, vLLM admits on the prompt alone, a quantile calibrated on finished answers "
+                 "learns the short ones): the KV pool overfills and ends in preemption and retraction storms",
+        "seed": 14, "slo": CHAT_SLO,
+        "workload": _poisson(16, 120, {**CHAT, "weight": 15},
+                             {"name": "report", "weight": 1, "prompt": {"mean": 1024, "cv": 0.5},
+                              "output": {"mean": 8192, "cv": 0.3, "high": 32768}}),
+        "policies": {"predicted-p90": {"base": "vllm-default",
+                                       "set": {"admission_mode": "predicted", "admission_quantile": 0.9}},
+                     "sglang-conservative-3": {"base": "sglang-default", "set": {"schedule_conservativeness": 3.0}}}},
     # -- load levels (chat mix) -----------------------------------------------------------------
     "low-load": {"about": "chat mix at 8 req/s, well below the knee", "seed": 10, "slo": CHAT_SLO,
                  "workload": _poisson(8, 120, CHAT)},

@@ -43,6 +43,17 @@ def test_every_builtin_scenario_is_a_distinct_workload():
     assert len(digests) == len(SCENARIOS) >= 17
 
 
+def test_optimistic_admission_on_long_uncapped_answers_ends_in_preemption_storms():
+    """Every admission rule that expects shorter outputs than the reports produce runs the
+    pool full and preempts (vLLM recomputes, SGLang retracts), all on the same trace."""
+    cost = build("meta-llama/Llama-3.1-8B", "h100")
+    result = run_scenario("optimistic-admission", SCENARIOS["optimistic-admission"], cost, trials=0)
+    runs = result["policies"]
+    for policy in ("vllm-default", "sglang-default", "predicted-p90", "sglang-conservative-3"):
+        assert runs[policy]["kv_peak_fraction"] == 1.0 and runs[policy]["preemptions"] >= 20, policy
+    assert runs["vllm-default"]["preemptions"] > 5 * runs["sglang-default"]["preemptions"]  # no reserve at all
+
+
 def test_phases_run_back_to_back_as_tenants():
     trace = build_trace("recovery", SCENARIOS["recovery"])
     assert set(trace.tenant_names) == {"after", "overload"}
