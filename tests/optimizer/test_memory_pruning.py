@@ -108,3 +108,35 @@ def test_a_run_whose_step_outgrew_its_activation_memory_is_pruned_with_when_and_
     fine = [t for t in trials if t.user_attrs["config"]["max_num_seqs"] == 64]
     assert fine and all(t.state == TrialState.COMPLETE for t in fine)
     assert best_goodput_trial(study).user_attrs["config"]["max_num_seqs"] != 4096
+
+
+def test_an_sglang_run_whose_decode_batch_outgrows_the_reserve_is_pruned_end_to_end(tmp_path):
+    """The real engine: 600 requests at once on Llama-3.1-8B, each capped at its 40-token
+    answer (so the new-token ratio admits them all); with mem-fraction-static leaving exactly
+    a 256-token chunk's activations, SGLang prefills them 16 a step and then decodes all 600
+    together, which the reserve cannot hold; with 64 running at most, every step fits."""
+    import numpy as np
+
+    from studies.traces import Trace
+
+    cost = build("meta-llama/Llama-3.1-8B", "h100")
+    ctx = context_of(cost, "h100", context_len=131072)
+    n = 600
+    trace = Trace.from_columns(np.zeros(n), np.full(n, 16), np.full(n, 40), max_tokens=np.full(n, 40))
+    space = {"others": "fixed", "max_num_batched_tokens": {"value": 256}, "gpu_memory_utilization": {"value": 1.0},
+             "max_num_seqs": {"choices": [64, 1024]}}
+    spec = load_spec(trace=fake.write_csv_trace(tmp_path / "t.csv", trace), model="m", gpu="h100",
+                     slo="ttft:100000", trials=6, batch_size=2, run_dir=tmp_path / "run", context=ctx,
+                     engine="sglang", space=space)
+    evaluator = Evaluator(spec, trace=trace, cost_model=cost)
+    study = create_or_resume(spec)
+    run(study, spec, evaluator)
+    trials = study.get_trials()
+    full = [t for t in trials if t.user_attrs["config"]["max_num_seqs"] == 1024]
+    assert full and all(t.state == TrialState.PRUNED for t in full)
+    result, _ = evaluator.simulate(PolicyConfig.from_mapping(full[0].user_attrs["config"]))
+    assert result.peak_step_tokens == n
+    assert full[0].user_attrs["pruned"].startswith(f"SGLang runs out of GPU memory by t={result.peak_step_s:.6g} s: "
+                                                   "a 600-token step needs ")
+    capped = [t for t in trials if t.user_attrs["config"]["max_num_seqs"] == 64]
+    assert capped and all(t.state == TrialState.COMPLETE for t in capped)
