@@ -2746,6 +2746,7 @@ class _WarmupTrace:
                    "output_estimate": output.copy(), "max_tokens_source": np.ones(n, dtype=np.int8),
                    "tenant": np.zeros(n, dtype=np.int32), "priority": np.zeros(n, dtype=np.int32),
                    "slo_class": np.zeros(n, dtype=np.int32), "deadline_s": np.full(n, np.nan),
+                   "cache_salt": np.zeros(n, dtype=np.int32),
                    "block_offsets": np.arange(n + 1, dtype=np.int64),  # one shared 32-token block each
                    "block_hashes": np.zeros(n, dtype=np.int64)}
         for name, values in columns.items():
@@ -2755,3 +2756,4 @@ class _WarmupTrace:
         self.block_tokens = 32
         self.tenant_names = ("default",)
         self.slo_class_names = ("default",)
+        self.cache_salt_names = ("",)
