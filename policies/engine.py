@@ -2536,7 +2536,8 @@ _SHARING_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _sharing_inputs(trace, cost_model: CostModel) -> SharingInputs:
-    entry, n_full, n_entries = pcm.prefix_layout(trace.block_offsets, pcm.identity_hashes(trace),
+    # keyed by identity: a block computed under another adapter or model version is other KV
+    entry, n_full, n_entries = pcm.prefix_layout(trace.block_offsets, trace.cache_block_hashes,
                                                  trace.prompt_tokens, trace.block_tokens)
     n_tenants, n_classes = len(trace.tenant_names), len(trace.slo_class_names)
     lane_of, lane_tenant = qm.lanes(trace.tenant, trace.slo_class, n_tenants, n_classes, True, True)

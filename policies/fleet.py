@@ -61,7 +61,6 @@ from numba import njit, prange, typed
 from costmodels.costmodel import CostModel
 from policies import engine
 from policies import fairness as fm
-from policies import prefix_cache as pcm
 from policies import routing as rt
 from policies import speculative as spm
 from policies.config import KNOB_INDEX, PolicyConfig, check_fleet
@@ -1074,9 +1073,9 @@ def simulate_fleet_many(trace, cost_models, configs: Sequence[PolicyConfig], see
     hosts = np.array([[host for _, host in row] for row in limits], dtype=np.int64)
     routers = [rt.new_router_state(n_rep, statics[0].n_entries, config.hash_virtual_nodes) for config in configs]
     outs = [_buffers(trace.n, n_rep, n_tenants, incarnations) for _ in configs]
-    # the hashes the caches key on (a writable copy, as engine.statics copies the offsets: one
-    # kernel type whether the trace's columns are read-only or not), so the ring keys on them too
-    args = (statics, tables, pcm.identity_hashes(trace), kv_bytes, swap_bw,
+    # the identity-salted hashes, a fresh writable array (as engine.statics copies the offsets):
+    # one kernel type whether the trace's columns are read-only (a loaded Trace) or not
+    args = (statics, tables, trace.cache_block_hashes, kv_bytes, swap_bw,
             fail_t.astype(np.float64), fail_replica.astype(np.int64), fail_up.astype(np.bool_))
     every = engine.default_series_every(trace)
     fast_forward = engine._fast_forward_enabled()

@@ -38,19 +38,17 @@ identity. Both engines fold a per-request ``cache_salt`` into the key (vLLM:
 ``_gen_extra_keys`` puts it in the first block's hash, which chains into every later one,
 vllm/v1/core/kv_cache_utils.py:659-669; SGLang: ``RadixKey`` namespaces the tree by it,
 sglang/srt/mem_cache/radix_cache.py:72-77, 245-247), so tenants of different security
-domains never share a block. ``identity_hashes`` salts the trace's hashes that way once
-per trace; the cache and the consistent-hash ring both key on the result.
+domains never share a block; a LoRA adapter's or another model version's KV is other KV
+too. ``Trace.cache_block_hashes`` salts the trace's hashes by (model version, adapter,
+salt) once per trace; the cache and the consistent-hash ring both key on the result.
 """
 
 from __future__ import annotations
 
-import hashlib
 from typing import NamedTuple
 
 import numpy as np
 from numba import njit
-
-from policies.hashring import mix
 
 # indices into PrefixCache.stats
 S_HEAD = 0  # LRU list head (least recently released entry), -1 if empty
@@ -99,30 +97,6 @@ class PrefixCache(NamedTuple):
     held = property(lambda self: self.req[R_HELD])
     cached = property(lambda self: self.tab[E_CACHED] != 0)
     refs = property(lambda self: self.tab[E_REFS])
-
-
-def identity_hashes(trace) -> np.ndarray:
-    """The trace's block hashes as the cache keys them: each request's salted by its
-    ``cache_salt`` (unchanged for no salt), so requests of different salts share none."""
-    hashes = np.array(trace.block_hashes, dtype=np.int64)
-    if trace.cache_salt_names == ("",):
-        return hashes
-    salt_of = np.array([_salt_value(name) for name in trace.cache_salt_names], dtype=np.uint64)
-    per_block = np.repeat(salt_of[trace.cache_salt], np.diff(trace.block_offsets))
-    _salt_in_place(hashes, per_block)
-    return hashes
-
-
-def _salt_value(name: str) -> int:
-    """A salt's 64-bit value, the same in every run and trace (0: no salt)."""
-    return 0 if name == "" else int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
-
-
-@njit(cache=True, nogil=True)
-def _salt_in_place(hashes, salts):
-    for b in range(hashes.shape[0]):
-        if salts[b] != 0:
-            hashes[b] = np.int64(mix(np.uint64(hashes[b]), salts[b]))
 
 
 def prefix_layout(

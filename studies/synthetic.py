@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from studies.traces import CAP_GIVEN, CAP_NONE, NO_CAP, Trace, TraceError, encode_names
+from studies.traces import BASE, CAP_GIVEN, CAP_NONE, NO_CAP, Trace, TraceError, encode_names
 
 # -- arrival processes: times(rng, duration_s) -> sorted arrival times in [0, duration_s) ----
 
@@ -233,6 +233,46 @@ class SharedPrefix:
 
 
 @dataclass(frozen=True)
+class Adapters:
+    """Requests ask for one of ``count`` LoRA adapters (``lora-0`` ...), a ``base_share`` of
+    them for the base model instead. Popularity falls as ``1 / rank**zipf``; every
+    ``shift_s`` seconds the ranking rotates by ``shift_by`` adapters (default half of
+    them), so the hot set turns cold and cold adapters turn hot (an adapter pool that
+    held the old hot set must load the new one). A conversation keeps its adapter."""
+
+    count: int
+    zipf: float = 1.0
+    base_share: float = 0.0
+    shift_s: float = np.inf
+    shift_by: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.count, bool) or not isinstance(self.count, int | np.integer) or self.count < 1:
+            raise TraceError(f"Adapters count={self.count!r}; expected an integer >= 1")
+        if not (np.isfinite(self.zipf) and self.zipf >= 0):
+            raise TraceError(f"Adapters zipf={self.zipf!r}; expected a finite number >= 0")
+        if not 0 <= self.base_share <= 1:
+            raise TraceError(f"Adapters base_share={self.base_share!r}; expected 0 <= base_share <= 1")
+        if not self.shift_s > 0:
+            raise TraceError(f"Adapters shift_s={self.shift_s!r}; expected seconds > 0 (inf = never shifts)")
+        if self.shift_by is not None and not 0 <= self.shift_by < self.count:
+            raise TraceError(f"Adapters shift_by={self.shift_by!r}; expected 0 <= shift_by < count ({self.count})")
+
+    def names(self) -> list[str]:
+        return [f"lora-{k}" for k in range(self.count)]
+
+    def choose(self, rng: np.random.Generator, arrival_s: np.ndarray) -> np.ndarray:
+        """Adapter index per arrival, -1 for the base model."""
+        weights = 1.0 / np.arange(1, self.count + 1) ** self.zipf
+        rank = rng.choice(self.count, size=len(arrival_s), p=weights / weights.sum())
+        base = rng.random(len(arrival_s)) < self.base_share
+        epoch = (np.floor(arrival_s / self.shift_s).astype(np.int64) if np.isfinite(self.shift_s)
+                 else np.zeros(len(arrival_s), dtype=np.int64))
+        step = self.count // 2 if self.shift_by is None else self.shift_by
+        return np.where(base, -1, (rank + epoch * step) % self.count)
+
+
+@dataclass(frozen=True)
 class Conversation:
     """Each arrival starts a session of ``turns_mean`` turns on average (geometric); the
     next turn comes an exponential ``think_s`` later, and its prompt is the whole history
@@ -281,7 +321,8 @@ def misestimate(trace: Trace, estimate: OutputEstimate, seed: int = 0) -> Trace:
 @dataclass(frozen=True)
 class Tenant:
     """One class of traffic in a mix: its share of arrivals (``weight``), priority, SLO
-    class, lengths, prefixes and patience (``deadline_s`` after arrival, None = none)."""
+    class, lengths, prefixes, patience (``deadline_s`` after arrival, None = none) and the
+    LoRA adapters it asks for (``adapters``; None = the base model only)."""
 
     name: str = "default"
     weight: float = 1.0
@@ -293,6 +334,7 @@ class Tenant:
     conversation: Conversation | None = None
     estimate: OutputEstimate | None = None
     deadline_s: float | None = None
+    adapters: Adapters | None = None
 
     def __post_init__(self) -> None:
         if not (np.isfinite(self.weight) and self.weight >= 0):
@@ -327,6 +369,7 @@ def generate(arrivals: Poisson | Gamma | OnOff | Diurnal, *, duration_s: float,
                               columns["stream"], block_tokens)
     tenant, tenant_names = encode_names(columns["tenant"])
     slo_class, slo_names = encode_names(columns["slo_class"])
+    adapter, adapter_names = encode_names(np.concatenate([[BASE], columns["adapter"]]))
     return Trace(
         arrival_s=columns["arrival_s"], prompt_tokens=columns["prompt_tokens"],
         output_tokens=columns["output_tokens"], max_tokens=columns["max_tokens"],
@@ -334,6 +377,7 @@ def generate(arrivals: Poisson | Gamma | OnOff | Diurnal, *, duration_s: float,
         priority=columns["priority"], slo_class=slo_class, deadline_s=columns["deadline_s"],
         block_offsets=offsets, block_hashes=hashes, block_tokens=block_tokens,
         tenant_names=tenant_names, slo_class_names=slo_names, source=f"synthetic(seed={seed})",
+        adapter=adapter[1:], adapter_names=adapter_names,
         meta={"synthetic": {"arrivals": repr(arrivals), "duration_s": duration_s, "seed": seed,
                             "tenants": [repr(t) for t in tenants]}},
     )
@@ -364,6 +408,10 @@ def _tenant_requests(rng: np.random.Generator, tenant: Tenant, starts: np.ndarra
     if tenant.prefix is not None:
         group = tenant.prefix.choose(rng, starts)[session]
         shared = np.minimum(tenant.prefix.prefix_tokens, prompt)
+    adapter = np.full(n, BASE, dtype=object)
+    if tenant.adapters is not None:  # drawn last: a trace without adapters draws what it always drew
+        index = tenant.adapters.choose(rng, starts)[session]
+        adapter = np.where(index >= 0, np.asarray(tenant.adapters.names(), dtype=object)[index], BASE)
     return {
         "arrival_s": arrival,
         "prompt_tokens": prompt,
@@ -376,6 +424,7 @@ def _tenant_requests(rng: np.random.Generator, tenant: Tenant, starts: np.ndarra
         "priority": np.full(n, tenant.priority, dtype=np.int32),
         "slo_class": np.full(n, tenant.slo_class, dtype=object),
         "deadline_s": arrival + (np.nan if tenant.deadline_s is None else tenant.deadline_s),
+        "adapter": adapter.astype(object),
         "shared_tokens": shared,
         "group": group,
         "stream": session,

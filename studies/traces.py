@@ -11,11 +11,24 @@ What the scheduler may know about output lengths is kept apart from the truth:
 file or caller, a study-level default, or nothing yet: see ``studies.lengths``), and
 ``output_estimate`` the length the scheduler predicts (SJF's job size), named by
 ``output_estimator`` (``"cap"``, the default, means the estimate is the cap itself).
+
+Each request also names what it runs on (the workload's version ``v_i``): ``adapter``,
+the LoRA adapter it asks for (code into ``adapter_names``; the name ``""`` is the base
+model), ``model_version`` (code into ``model_version_names``; ``""`` = the one model
+served) and ``cache_salt``, its security domain (code into ``cache_salt_names``; ``""`` =
+none), the per-request ``cache_salt`` both engines take: vLLM puts it in the first
+block's hash, which chains into every later one (vllm/v1/core/kv_cache_utils.py:659-669),
+SGLang's ``RadixKey`` namespaces its tree by it (sglang/srt/mem_cache/radix_cache.py:72-77,
+245-247), so two domains never share cached KV. A cached prefix block is only reusable by
+a request of the same identity, so the prefix cache and the routers read
+``Trace.cache_block_hashes``, the block hashes salted by that identity
+(``identity_salted_hashes``), never the raw ``block_hashes``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +66,12 @@ MAX_TOKENS = 1 << 24
 #: ``output_estimator`` of a trace whose estimate is its cap (it follows ``max_tokens``).
 ESTIMATE_IS_CAP = "cap"
 
+#: The name of "no adapter" (the base model) and of the only model version of a trace
+#: that names none: identity columns whose every name is this salt nothing.
+BASE = ""
+#: The columns that make a request's cache identity, in the order they are salted in.
+IDENTITY_KEYS = ("model_version", "adapter", "cache_salt")
+
 
 @dataclass(frozen=True, eq=False)
 class Trace:
@@ -60,11 +79,6 @@ class Trace:
 
     ``deadline_s`` is absolute, on the same clock as ``arrival_s`` (NaN = no deadline):
     the client gives up if the request has not finished by then.
-
-    ``cache_salt`` (i4, index into ``cache_salt_names``; default all 0 with the one name
-    ``""``) is the request's security domain, the per-request ``cache_salt`` both engines
-    take: cached KV is shared only between requests of one salt, ``""`` being no salt
-    (``policies.prefix_cache.identity_hashes``).
 
     ``max_tokens_source`` (i1, ``CAP_*``; default all ``CAP_GIVEN``, since the caller
     gave ``max_tokens``) says where each cap came from. ``output_estimate`` (i8) is the
@@ -91,8 +105,12 @@ class Trace:
     output_estimate: np.ndarray | None = None  # i8, the scheduler's output-length estimate
     max_tokens_source: np.ndarray | None = None  # i1, CAP_* per request
     output_estimator: str = ESTIMATE_IS_CAP
-    cache_salt: np.ndarray | None = None  # i4, index into cache_salt_names
-    cache_salt_names: tuple[str, ...] = ("",)
+    adapter: np.ndarray | None = None  # i4, index into adapter_names ("" = the base model)
+    adapter_names: tuple[str, ...] = (BASE,)
+    model_version: np.ndarray | None = None  # i4, index into model_version_names
+    model_version_names: tuple[str, ...] = (BASE,)
+    cache_salt: np.ndarray | None = None  # i4, index into cache_salt_names ("" = none)
+    cache_salt_names: tuple[str, ...] = (BASE,)
 
     _DTYPES = {
         "arrival_s": np.float64,
@@ -105,6 +123,8 @@ class Trace:
         "deadline_s": np.float64,
         "output_estimate": np.int64,
         "max_tokens_source": np.int8,
+        "adapter": np.int32,
+        "model_version": np.int32,
         "cache_salt": np.int32,
     }
 
@@ -118,8 +138,13 @@ class Trace:
             object.__setattr__(self, "output_estimate", self.max_tokens)
         if self.max_tokens_source is None:
             object.__setattr__(self, "max_tokens_source", np.full(n, CAP_GIVEN, dtype=np.int8))
-        if self.cache_salt is None:
-            object.__setattr__(self, "cache_salt", np.zeros(n, dtype=np.int32))
+        for name in IDENTITY_KEYS:
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, np.zeros(n, dtype=np.int32))
+            names = getattr(self, f"{name}_names")
+            if (not isinstance(names, tuple) or not names or not all(isinstance(v, str) for v in names)
+                    or len(set(names)) != len(names)):
+                raise TraceError(f"{name}_names {names!r}; expected a non-empty tuple of distinct strings")
         for name, dtype in self._DTYPES.items():
             arr = np.ascontiguousarray(getattr(self, name), dtype=dtype)
             if arr.ndim != 1 or len(arr) != n:
@@ -153,6 +178,9 @@ class Trace:
              f"an integer in [1, {MAX_TOKENS}] (or NO_CAP)"),
             ("tenant", (self.tenant < 0) | (self.tenant >= len(self.tenant_names)), "a known tenant"),
             ("slo_class", (self.slo_class < 0) | (self.slo_class >= len(self.slo_class_names)), "a known SLO class"),
+            ("adapter", (self.adapter < 0) | (self.adapter >= len(self.adapter_names)), "a known adapter"),
+            ("model_version", (self.model_version < 0) | (self.model_version >= len(self.model_version_names)),
+             "a known model version"),
             ("cache_salt", (self.cache_salt < 0) | (self.cache_salt >= len(self.cache_salt_names)), "a known salt"),
             ("deadline_s", self.deadline_s < self.arrival_s, "NaN or a time >= arrival_s"),
         )
@@ -187,6 +215,32 @@ class Trace:
         return not np.any(self.max_tokens_source == CAP_NONE)
 
     @property
+    def has_adapters(self) -> bool:
+        """Some request asks for a LoRA adapter (the engine then runs its adapter pool)."""
+        return bool(np.any(self.adapter_labels != BASE))
+
+    @property
+    def adapter_labels(self) -> np.ndarray:
+        """Adapter name of every request (``""``: the base model)."""
+        return np.asarray(self.adapter_names, dtype=object)[self.adapter]
+
+    @property
+    def cache_salt_labels(self) -> np.ndarray:
+        """Cache salt of every request (``""``: none)."""
+        return np.asarray(self.cache_salt_names, dtype=object)[self.cache_salt]
+
+    @property
+    def cache_block_hashes(self) -> np.ndarray:
+        """The prefix-block hashes the caches and routers key on: salted by each request's
+        (model_version, adapter, cache_salt), so a block only matches under the same weights
+        and security domain (a fresh array)."""
+        if all(getattr(self, f"{key}_names") == (BASE,) for key in IDENTITY_KEYS):
+            return np.array(self.block_hashes, dtype=np.int64)  # nothing to salt
+        return identity_salted_hashes(self.block_offsets, self.block_hashes,
+                                      [np.asarray(getattr(self, f"{key}_names"), dtype=object)[getattr(self, key)]
+                                       for key in IDENTITY_KEYS])
+
+    @property
     def block_counts(self) -> np.ndarray:
         """Prefix blocks per request (i8)."""
         return np.diff(self.block_offsets)
@@ -207,6 +261,8 @@ class Trace:
         deadline_s=None,
         block_offsets=None,
         block_hashes=None,
+        adapter=None,
+        model_version=None,
         **fields,
     ) -> Trace:
         """Build a trace from the columns a source has, filling the rest with defaults.
@@ -217,8 +273,9 @@ class Trace:
         otherwise. ``output_estimate`` given means ``output_estimator="given"`` unless named
         in ``fields``. Other defaults: tenant, priority and SLO class 0, no deadline, no
         prefix blocks. ``fields`` are the scalar fields (``block_tokens``, ``tenant_names``,
-        ``slo_class_names``, ``source``, ``meta``, ``output_estimator``) and the optional
-        ``cache_salt`` column with its ``cache_salt_names``.
+        ``slo_class_names``, ``source``, ``meta``, ``output_estimator``, ``adapter_names``,
+        ``model_version_names``, ``cache_salt_names``); ``adapter`` / ``model_version`` /
+        ``cache_salt`` default to code 0 (the base model, the one version, no salt).
         """
         output_tokens = np.asarray(output_tokens, dtype=np.int64)
         n = len(output_tokens)
@@ -240,6 +297,8 @@ class Trace:
             deadline_s=np.full(n, np.nan) if deadline_s is None else deadline_s,
             block_offsets=np.zeros(n + 1, dtype=np.int64) if block_offsets is None else block_offsets,
             block_hashes=np.zeros(0, dtype=np.int64) if block_hashes is None else block_hashes,
+            adapter=adapter,
+            model_version=model_version,
             **fields,
         )
 
@@ -274,15 +333,47 @@ class Trace:
         """SLO class name of every request."""
         return np.asarray(self.slo_class_names, dtype=object)[self.slo_class]
 
-    @property
-    def cache_salt_labels(self) -> np.ndarray:
-        """Cache salt of every request (``""``: none)."""
-        return np.asarray(self.cache_salt_names, dtype=object)[self.cache_salt]
-
 
 def _outside(values: np.ndarray, low: int) -> np.ndarray:
     """Per row (bool): a token count below ``low`` or above ``MAX_TOKENS``."""
     return (values < low) | (values > MAX_TOKENS)
+
+
+def identity_salted_hashes(block_offsets: np.ndarray, block_hashes: np.ndarray,
+                           identity: Sequence[np.ndarray]) -> np.ndarray:
+    """Block hashes salted by each request's identity, so that two requests share a block
+    only if they share the block *and* every identity key (e.g. model version, adapter:
+    KV computed under other weights is other KV).
+
+    ``identity``: one array of names per key, a row per request. A request whose keys are
+    all ``BASE`` keeps its hashes as they are (a trace without identities is unchanged);
+    any other gets ``hash XOR h(keys)``, with ``h`` a 62-bit BLAKE2 digest of the keys,
+    fixed across runs and machines (Python's ``hash`` of a string is not).
+    """
+    hashes = np.array(block_hashes, dtype=np.int64)
+    if not len(hashes):
+        return hashes
+    n = len(block_offsets) - 1
+    columns = [np.asarray(column, dtype=object) for column in identity]
+    combo = np.zeros(n, dtype=np.int64)  # each distinct tuple of keys, as one mixed-radix code
+    names: list[tuple[str, ...]] = []
+    for column in columns:
+        codes, seen = encode_names(column.astype(str))
+        combo = combo * len(seen) + codes
+        names.append(seen)
+    unique, inverse = np.unique(combo, return_inverse=True)
+    salt = np.zeros(len(unique), dtype=np.int64)
+    for k, code in enumerate(unique):
+        row = []
+        for seen in reversed(names):
+            row.append(seen[code % len(seen)])
+            code //= len(seen)
+        row.reverse()
+        if any(key != BASE for key in row):
+            digest = hashlib.blake2b("\x1f".join(row).encode(), digest_size=8).digest()
+            salt[k] = int.from_bytes(digest, "little") >> 2  # non-negative, fits i8
+    per_request = salt[inverse]
+    return hashes ^ np.repeat(per_request, np.diff(block_offsets))
 
 
 def csr_take(offsets: np.ndarray, values: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -348,6 +439,9 @@ def trace_stats(trace: Trace) -> dict:
             "repeat_fraction": (total_blocks - distinct) / total_blocks if total_blocks else 0.0,
         },
         "tenants": _counts(trace.tenant, trace.tenant_names),
+        "adapters": _counts(trace.adapter, trace.adapter_names),
+        "model_versions": _counts(trace.model_version, trace.model_version_names),
+        "cache_salts": _counts(trace.cache_salt, trace.cache_salt_names),
         "slo_classes": _counts(trace.slo_class, trace.slo_class_names),
         "with_deadline": int(np.count_nonzero(~np.isnan(trace.deadline_s))),
         "source": trace.source,

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from studies.traces import Trace, TraceError, csr_take, encode_names
+from studies.traces import IDENTITY_KEYS, Trace, TraceError, csr_take, encode_names
 
 
 def window(trace: Trace, start_s: float, end_s: float | None = None, *, rebase: bool = True) -> Trace:
@@ -112,14 +112,16 @@ def concat_as_tenants(parts: Sequence[tuple[str, Trace]], *, share_prefixes: boo
     with_blocks = {t.block_tokens for _, t in parts if len(t.block_hashes)}
     if len(with_blocks) > 1:
         raise TraceError(f"parts use different block sizes {sorted(with_blocks)}; expected one")
-    tenants, classes, salts, hashes, counts = [], [], [], [], []
+    tenants, classes, hashes, counts = [], [], [], []
+    identities = {key: [] for key in IDENTITY_KEYS}
     next_id = 0
     for name, part in parts:
         own = part.tenant_labels
         tenants.append(np.full(part.n, name, dtype=object) if len(part.tenant_names) == 1
                        else np.array([f"{name}/{t}" for t in own], dtype=object))
         classes.append(part.slo_class_labels)
-        salts.append(part.cache_salt_labels)
+        for key in IDENTITY_KEYS:
+            identities[key].append(np.asarray(getattr(part, f"{key}_names"), dtype=object)[getattr(part, key)])
         ids = part.block_hashes
         if not share_prefixes and len(ids):
             _, dense = np.unique(ids, return_inverse=True)
@@ -129,11 +131,11 @@ def concat_as_tenants(parts: Sequence[tuple[str, Trace]], *, share_prefixes: boo
         counts.append(part.block_counts)
     tenant, tenant_names = encode_names(np.concatenate(tenants))
     slo_class, slo_names = encode_names(np.concatenate(classes))
-    cache_salt, salt_names = encode_names(np.concatenate(salts))
+    identity = {key: encode_names(np.concatenate(labels)) for key, labels in identities.items()}
     offsets = np.zeros(sum(p.n for _, p in parts) + 1, dtype=np.int64)
     np.cumsum(np.concatenate(counts), out=offsets[1:])
     columns = {column: np.concatenate([getattr(p, column) for _, p in parts]) for column in Trace._DTYPES}
-    columns.update(tenant=tenant, slo_class=slo_class, cache_salt=cache_salt)
+    columns.update(tenant=tenant, slo_class=slo_class, **{key: codes for key, (codes, _) in identity.items()})
     order = np.argsort(columns["arrival_s"], kind="stable")
     estimators = {part.output_estimator for _, part in parts}
     block_offsets, block_hashes = csr_take(offsets, np.concatenate(hashes), order)
@@ -141,7 +143,8 @@ def concat_as_tenants(parts: Sequence[tuple[str, Trace]], *, share_prefixes: boo
         **{column: values[order] for column, values in columns.items()},
         block_offsets=block_offsets, block_hashes=block_hashes,
         block_tokens=with_blocks.pop() if with_blocks else parts[0][1].block_tokens,
-        tenant_names=tenant_names, slo_class_names=slo_names, cache_salt_names=salt_names, source="+".join(labels),
+        tenant_names=tenant_names, slo_class_names=slo_names, source="+".join(labels),
+        **{f"{key}_names": names for key, (_, names) in identity.items()},
         meta={"concat": {name: part.source for name, part in parts}},
         output_estimator=estimators.pop() if len(estimators) == 1 else "mixed",
     )

@@ -243,6 +243,11 @@ def synth(
     max_tokens_bias: Annotated[float, typer.Option(help="max_tokens = bias x true output length.")] = 1.0,
     max_tokens_cv: Annotated[float, typer.Option(help="Noise (cv) on the max_tokens estimate.")] = 0.0,
     tenants: Annotated[str | None, typer.Option(help="Mix: NAME:WEIGHT[:PRIORITY[:SLO_CLASS]],...")] = None,
+    adapters: Annotated[int, typer.Option(help="LoRA adapters requests ask for (0 = base model only).")] = 0,
+    adapter_zipf: Annotated[float, typer.Option(help="Adapter popularity exponent (1/rank**zipf).")] = 1.0,
+    adapter_base_share: Annotated[float, typer.Option(help="Share of requests for the base model.")] = 0.0,
+    adapter_shift: Annotated[float, typer.Option(
+        help="Seconds before the adapter ranking rotates by half (the hot set turns cold).")] = float("inf"),
     seed: SeedOpt = 0,
 ) -> None:
     """Generate a seeded synthetic trace."""
@@ -265,6 +270,8 @@ def synth(
             conversation=synthetic.Conversation(turns_mean, think_s) if turns_mean > 1 else None,
             estimate=synthetic.OutputEstimate(max_tokens_bias, max_tokens_cv)
             if (max_tokens_bias, max_tokens_cv) != (1.0, 0.0) else None,
+            adapters=synthetic.Adapters(adapters, adapter_zipf, adapter_base_share, adapter_shift)
+            if adapters else None,
         )
         mix = _tenants(tenants, lambda **kw: synthetic.Tenant(**shared, **kw))
         trace = synthetic.generate(process, duration_s=duration, tenants=mix, seed=seed)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
@@ -336,9 +337,13 @@ def read_jsonl(path: Path, schema: dict[str, pl.DataType], known: Iterable[str] 
         raise TraceError(f"{path}: the file is empty; expected one JSON object per line")
     filled, blank = _line_numbers(data)
     notes = _skip_blank(path, blank, "line(s) (no JSON object)")
-    keys = _json_keys(path, schema, known)
-    if known is not None and set(keys) - set(known):
-        _check_json_lines(path, schema, known)  # raises, naming the first line with an unknown key
+    inferred = _json_keys(path, schema, known)
+    keys = list(inferred)
+    # polars casts a number to the text a String column asks for: the line scan refuses it by line
+    numbers_as_text = any(re.search(rb'"' + re.escape(key.encode()) + rb'"\s*:\s*[^"\sn]', data)
+                          for key in keys if schema.get(key) == pl.String)
+    if (known is not None and set(keys) - set(known)) or numbers_as_text:
+        _check_json_lines(path, schema, known)  # raises, naming the first line with the problem
     ignored = [key for key in keys if key not in schema]
     if known is None and ignored:
         warn(f"{path}: {unknown_names('key', ignored, schema, f'{format} reads')}; ignored {len(ignored)} key(s)")
@@ -351,14 +356,14 @@ def read_jsonl(path: Path, schema: dict[str, pl.DataType], known: Iterable[str] 
     return Rows(path, frame, filled, notes, keys)
 
 
-def _json_keys(path: Path, schema: dict[str, pl.DataType], known: Iterable[str] | None) -> list[str]:
-    """Every key of every line, in order of first appearance: polars infers them over the
-    whole file in one pass; when it cannot (bad JSON, bytes that are not UTF-8, clashing
-    types), the line scan names why."""
+def _json_keys(path: Path, schema: dict[str, pl.DataType], known: Iterable[str] | None) -> dict:
+    """Every key of every line, in order of first appearance, with the type polars infers
+    for it over the whole file in one pass; when it cannot (bad JSON, bytes that are not
+    UTF-8, clashing types), the line scan names why."""
     try:
-        return pl.scan_ndjson(path, infer_schema_length=None).collect_schema().names()
+        return dict(pl.scan_ndjson(path, infer_schema_length=None).collect_schema())
     except pl.exceptions.PolarsError:
-        return _check_json_lines(path, schema, known)
+        return dict.fromkeys(_check_json_lines(path, schema, known))
 
 
 def _json_fits(value, dtype: pl.DataType) -> bool:

@@ -15,7 +15,10 @@ Columns (documented in ``docs/traces.md``; only the first three are required):
 ``tenant``                name; empty = ``default``
 ``priority``              integer, larger = more urgent; empty = 0
 ``slo_class``             name; empty = ``default``
-``cache_salt``            the request's security domain (vLLM's and SGLang's per-request
+``adapter``               LoRA adapter name; empty = the base model
+``model_version``         model (weights / tokenizer) version name; empty = the one
+                          model served
+``cache_salt``            security domain (vLLM's and SGLang's per-request
                           ``cache_salt``): cached KV is shared only within one salt;
                           empty = none
 ``deadline_s``            absolute seconds on the arrival clock; empty/NaN = none
@@ -24,7 +27,8 @@ Columns (documented in ``docs/traces.md``; only the first three are required):
 ``block_tokens``          tokens per block, the same in every row; default 512
 ========================  =========================================================
 
-Parquet files also carry the tenant, SLO class and cache salt name order, the source and the
+Parquet files also carry the tenant, SLO class, adapter, model version and cache salt name
+order, the source and the
 estimator's name in their key-value metadata (key ``servetune``), so codes round-trip
 exactly (metadata that is not that JSON object is refused by name); in CSV and JSONL,
 names are numbered in order of first appearance and an ``output_estimate`` column reads
@@ -46,9 +50,11 @@ import pyarrow as pa
 from studies.formats._rows import Rows, read_csv, read_jsonl, read_parquet
 from studies.names import unknown_names
 from studies.traces import (
+    BASE,
     CAP_GIVEN,
     CAP_NONE,
     ESTIMATE_IS_CAP,
+    IDENTITY_KEYS,
     MAX_TOKENS,
     NO_CAP,
     Trace,
@@ -57,12 +63,12 @@ from studies.traces import (
 )
 
 COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens", "max_tokens", "tenant", "priority",
-           "slo_class", "deadline_s", "block_hashes", "block_tokens", "output_estimate", "cache_salt")
+           "slo_class", "deadline_s", "block_hashes", "block_tokens", "output_estimate", *IDENTITY_KEYS)
 JSON_SCHEMA = {
     "arrival_s": pl.Float64, "prompt_tokens": pl.Int64, "output_tokens": pl.Int64,
     "max_tokens": pl.Int64, "tenant": pl.String, "priority": pl.Int64, "slo_class": pl.String,
     "deadline_s": pl.Float64, "block_hashes": pl.List(pl.Int64), "block_tokens": pl.Int64,
-    "output_estimate": pl.Int64, "cache_salt": pl.String,
+    "output_estimate": pl.Int64, **dict.fromkeys(IDENTITY_KEYS, pl.String),
 }
 METADATA_KEY = "servetune"
 SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
@@ -106,7 +112,11 @@ def read(path: Path, *, strict: bool = False) -> Trace:
     rows.check("deadline_s", [(deadline < arrival, "a time >= arrival_s, or nothing for none")])
     tenant, tenant_names = _codes(rows.strings("tenant", "default"), saved.get("tenant_names"))
     slo_class, slo_names = _codes(rows.strings("slo_class", "default"), saved.get("slo_class_names"))
-    cache_salt, salt_names = _codes(rows.strings("cache_salt", ""), saved.get("cache_salt_names"))
+    identity_codes, identity_names = {}, {}
+    for name in IDENTITY_KEYS:
+        _require_text(rows, name)
+        identity_codes[name], identity_names[f"{name}_names"] = _codes(rows.strings(name, BASE),
+                                                                       saved.get(f"{name}_names", [BASE]))
     columns = {
         "arrival_s": arrival,
         "prompt_tokens": prompt,
@@ -118,14 +128,13 @@ def read(path: Path, *, strict: bool = False) -> Trace:
         "priority": _priorities(rows),
         "slo_class": slo_class,
         "deadline_s": deadline,
-        "cache_salt": cache_salt,
+        **identity_codes,
     }
     offsets, hashes = rows.block_lists("block_hashes", prompt, block_tokens)
     meta = {"format": "native", **saved.get("meta", {})}
     trace = rows.to_trace(columns, time_column="arrival_s", strict=strict, meta=meta,
                           block_offsets=offsets, block_hashes=hashes, block_tokens=block_tokens,
-                          tenant_names=tenant_names, slo_class_names=slo_names, cache_salt_names=salt_names,
-                          **estimator)
+                          tenant_names=tenant_names, slo_class_names=slo_names, **identity_names, **estimator)
     return trace.replace(source=saved["source"]) if saved.get("source") else trace
 
 
@@ -137,7 +146,7 @@ def _names(value) -> bool:
 _SAVED = {
     "tenant_names": (_names, "a list of distinct names"),
     "slo_class_names": (_names, "a list of distinct names"),
-    "cache_salt_names": (_names, "a list of distinct names"),
+    **{f"{key}_names": (_names, "a list of distinct names") for key in IDENTITY_KEYS},
     "block_tokens": (lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_TOKENS,
                      f"an integer in [1, {MAX_TOKENS}]"),
     "source": (lambda v: isinstance(v, str), "a string"),
@@ -177,6 +186,16 @@ def _block_tokens(rows: Rows, saved: dict) -> int:
     return int(values[0])
 
 
+def _require_text(rows: Rows, column: str) -> None:
+    """A name column must hold text (or nothing): a number where a name belongs is refused
+    by row, never turned into a name."""
+    if column not in rows.columns or rows.frame[column].dtype in (pl.String, pl.Null):
+        return
+    raw = rows.frame[column]
+    first = int(np.flatnonzero(raw.is_not_null().to_numpy())[0])
+    raise rows.error(first, column, f"a name (text), not {raw.dtype}")
+
+
 def _priorities(rows: Rows) -> np.ndarray:
     values = rows.optional_integers("priority", default=0)
     limit = np.iinfo(np.int32)
@@ -208,19 +227,17 @@ def write(trace: Trace, path: Path) -> Path:
         "deadline_s": trace.deadline_s,
         "block_hashes": _lists(trace),
         "block_tokens": np.full(trace.n, trace.block_tokens, dtype=np.int64),
+        **{key: pl.Series(np.asarray(getattr(trace, f"{key}_names"), dtype=object)[getattr(trace, key)],
+                          dtype=pl.String) for key in IDENTITY_KEYS},
     })
-    salted = trace.cache_salt_names != ("",)
-    if salted:
-        frame = frame.with_columns(pl.Series("cache_salt", trace.cache_salt_labels, dtype=pl.String))
     with_estimate = trace.output_estimator != ESTIMATE_IS_CAP
     if with_estimate:
         frame = frame.with_columns(pl.Series("output_estimate", trace.output_estimate))
     if kind == "parquet":
         saved = {"tenant_names": list(trace.tenant_names), "slo_class_names": list(trace.slo_class_names),
+                 **{f"{key}_names": list(getattr(trace, f"{key}_names")) for key in IDENTITY_KEYS},
                  "block_tokens": trace.block_tokens, "source": trace.source,
                  "meta": _jsonable(trace.meta)}
-        if salted:
-            saved["cache_salt_names"] = list(trace.cache_salt_names)
         if with_estimate:
             saved["output_estimator"] = trace.output_estimator
         frame.write_parquet(path, metadata={METADATA_KEY: json.dumps(saved)})

@@ -20,7 +20,6 @@ from optimizer.evaluate import Evaluator
 from optimizer.outputs import file_replay, write_bench_replay
 from optimizer.spec import load_spec
 from optimizer.study import _write_manifest
-from policies.prefix_cache import identity_hashes
 from studies.formats import mooncake, native
 from studies.replay import as_replayed
 from studies.traces import Trace
@@ -90,7 +89,7 @@ def test_the_replay_sends_no_cache_salt_so_its_simulation_shares_every_prefix():
                                 cache_salt=np.array([0, 1], dtype=np.int32), cache_salt_names=("a", "b"))
     replayed = as_replayed(salted)
     assert replayed.cache_salt_names == ("",) and not replayed.cache_salt.any()
-    keyed = identity_hashes(replayed)
+    keyed = replayed.cache_block_hashes
     assert keyed[:2].tolist() == keyed[2:].tolist() == [7, 8]
 
 

@@ -24,7 +24,6 @@ from policies.kernel_state import (
     NTR_MIN_FACTOR,
     NTR_RETRACT_STEPS,
 )
-from policies.prefix_cache import identity_hashes
 from policies.result import Reject, State
 from policies.speculative import (
     MODE_DSPARK,
@@ -114,7 +113,7 @@ class Reference:
         # sharing: prefix cache, queue order, tenant ledger, quotas
         self.order = ORDERS.index(config.scheduling_policy)
         self.caching = config.enable_prefix_caching
-        offsets, keyed = trace.block_offsets, identity_hashes(trace)  # salts applied, as the engine keys them
+        offsets, keyed = trace.block_offsets, trace.cache_block_hashes  # salted, as the engine keys them
         hashes = [keyed[offsets[i]:offsets[i + 1]].tolist() if self.caching else []
                   for i in range(trace.n)]
         self.cache = RefPrefixCache(hashes, [r.prompt for r in self.reqs], trace.block_tokens, self.bs)

@@ -94,7 +94,6 @@ import numpy as np
 
 from costmodels.steptable import step_seconds
 from policies.config import check_fleet
-from policies.prefix_cache import identity_hashes
 from policies.result import Reject, State
 
 from .reference import Reference, blocks
@@ -141,7 +140,7 @@ class Fleet:
         self.alive = [True] * n_rep
         n = trace.n
         off = trace.block_offsets
-        keyed = identity_hashes(trace)
+        keyed = trace.cache_block_hashes
         self.hashes = [keyed[off[i]:off[i + 1]].tolist() for i in range(n)]
         self.owner: list[Reference | None] = [None] * n  # the replica a request is on, if any
         self.carry: list[dict | None] = [None] * n  # what a queued / moving request brings along

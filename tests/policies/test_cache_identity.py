@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 
 from policies import engine
-from policies import prefix_cache as pcm
 from policies.config import PolicyConfig
 from policies.fleet import simulate_fleet
 from studies.formats import native
@@ -54,16 +53,16 @@ def test_salting_is_exactly_giving_each_salt_its_own_block_ids():
     assert salted.cached_prompt_tokens.sum() > 0
 
 
-def test_identity_hashes_leave_unsalted_requests_alone_and_are_stable():
+def test_cache_block_hashes_leave_unsalted_requests_alone_and_are_stable():
     trace = _salted(_same_prompts(3), ["", "x", "x"])
-    keyed = pcm.identity_hashes(trace)
+    keyed = trace.cache_block_hashes
     blocks = trace.block_offsets
     np.testing.assert_array_equal(keyed[blocks[0]:blocks[1]], SHARED)
     np.testing.assert_array_equal(keyed[blocks[1]:blocks[2]], keyed[blocks[2]:blocks[3]])
     assert not set(keyed[blocks[1]:blocks[2]]) & set(SHARED)
     # a salt's value depends on its name only, not on its code in this trace
     again = _salted(_same_prompts(3), ["x", "", "x"])
-    np.testing.assert_array_equal(pcm.identity_hashes(again)[blocks[0]:blocks[1]], keyed[blocks[1]:blocks[2]])
+    np.testing.assert_array_equal(again.cache_block_hashes[blocks[0]:blocks[1]], keyed[blocks[1]:blocks[2]])
 
 
 def test_the_ring_keys_cross_domain_requests_apart():
@@ -86,7 +85,7 @@ def test_cache_salt_round_trips_through_native_files(tmp_path, suffix):
     trace = _salted(_same_prompts(3), ["", "acme", "globex"])
     back = load_trace(write_trace(trace, tmp_path / f"t{suffix}"))
     assert list(back.cache_salt_labels) == ["", "acme", "globex"]
-    np.testing.assert_array_equal(pcm.identity_hashes(back), pcm.identity_hashes(trace))
+    np.testing.assert_array_equal(back.cache_block_hashes, trace.cache_block_hashes)
     unsalted = load_trace(write_trace(_same_prompts(2), tmp_path / f"u{suffix}"))
     assert unsalted.cache_salt_names == ("",) and "cache_salt" in native.COLUMNS
 
