@@ -20,6 +20,7 @@ from costmodels.costmodel import CostModel, CostModelError
 from costmodels.gpus import GPUSpec, load_gpu
 from costmodels.layout import ParallelLayout
 from costmodels.linear import ACT_BYTES
+from costmodels.lora import lora_cost
 from costmodels.optables import FRAMEWORKS, ProfiledOps, RooflineOps
 
 PROFILE_LOGIT_SEQS = 256  # the profiling pass samples for max_num_seqs sequences (fp32 logits)
@@ -107,6 +108,7 @@ def build(
         from costmodels.sps import read_step_csv
 
         tables, source = read_step_csv(sps_csv), f"measured:{Path(sps_csv).name}"
+        lora = None  # a measured curve has no GEMMs to time the adapters' with
     else:
         ops, fallback = _op_source(spec, framework, gemm_dtype)
         tables_only = arch.moe is not None or arch.mla is not None
@@ -122,6 +124,7 @@ def build(
                 raise
             ops, fallback = RooflineOps(spec, gemm_dtype), str(exc)
             tables = compose(arch, ops, layout, kv_dtype, bandwidth, **options)
+        lora = lora_cost(arch, ops, layout, ops.token_axis()) if arch.moe is None and arch.mla is None else None
         source = ops.label + (f" ({fallback})" if fallback else "")
         if ops.notes:
             source += "; " + "; ".join(ops.notes)
@@ -132,7 +135,7 @@ def build(
         gpu_memory_bytes=float(spec.memory_bytes), weight_bytes=weights, reserved_bytes=reserve,
         activation_bytes_per_token=activation_bytes_per_token(arch, tp, moe_ep_size),
         swap_bytes_per_s=spec.pcie_bytes_per_s * PCIE_EFFICIENCY, swap_capacity_bytes=float(SWAP_BYTES),
-        tp=tp, source=source,
+        tp=tp, source=source, lora=lora,
     )
     if sps_csv is None:
         from costmodels.calibration import apply_calibration

@@ -11,8 +11,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from costmodels.steptable import StepTables, linear_tables, validate_tables
+
+if TYPE_CHECKING:
+    from costmodels.lora import LoRACost
 
 
 class CostModelError(ValueError):
@@ -50,6 +54,9 @@ class CostModel:
     #: peak activation bytes per token of the engine's profiling forward pass, per GPU:
     #: vLLM profiles at ``max_num_batched_tokens`` and keeps that peak out of the KV pool
     activation_bytes_per_token: float = 0.0
+    #: what LoRA adapters cost on this instance (``costmodels.lora``); None where it cannot
+    #: be costed (a measured step CSV, MoE or MLA layers): LoRA is then refused
+    lora: LoRACost | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         validate_tables(self.tables)
@@ -104,6 +111,7 @@ class CostModel:
         kv_bytes_per_token: int = 131_072,
         swap_bytes_per_s: float = 25e9,
         swap_capacity_tokens: int = 0,
+        lora: LoRACost | None = None,
     ) -> CostModel:
         """A cost model with an exact KV capacity at gpu_memory_utilization=1.0: for tests."""
         return cls(
@@ -116,4 +124,5 @@ class CostModel:
             swap_bytes_per_s=swap_bytes_per_s,
             swap_capacity_bytes=float(swap_capacity_tokens * kv_bytes_per_token),
             source="linear",
+            lora=lora,
         )
