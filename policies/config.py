@@ -49,6 +49,7 @@ FAIRNESS_COST_UNITS = ("tokens", "gpu_time", "kv_byte_seconds")
 MAX_WAIT_ACTIONS = ("reject", "admit_first")
 SPECULATIVE_MODES = ("off", "fixed", "smartspec", "dspark", "dspark_lagged")
 DRAFT_COST_MODES = ("fraction", "mtp")
+LORA_EVICTION_POLICIES = ("lru", "fifo")  # the indices are policies.adapters LRU, FIFO
 ROUTERS = ("round_robin", "least_outstanding", "least_kv", "cache_aware", "unified", "consistent_hash",
            "vllm_dp", "total_requests", "total_tokens")  # append only: indices are encoded
 #: Most replicas a fleet may have (optimizer.space.Fleet), and most the cache-aware router
@@ -162,6 +163,20 @@ KNOBS: tuple[Knob, ...] = (
               "mtp: it costs speculative_draft_cost ms (an MTP head)"),
     Knob("speculative_draft_cost", float, 0.0, 1000.0,
          help="cost of one drafted position, in the unit of speculative_draft_cost_mode"),
+    # LoRA adapters (policies.adapters): the GPU slot pool, its host cache, the batch limit
+    Knob("enable_lora", bool, help="serve LoRA adapters: their slots take GPU memory from the KV pool and their "
+                                   "GEMMs add to each step"),
+    Knob("max_loras", int, 1, 1 << 16,
+         help="GPU adapter slots: most distinct adapters among running requests (vLLM max-loras, SGLang "
+              "max-loras-per-batch)"),
+    Knob("max_cpu_loras", int, 0, 1 << 20,
+         help="adapters kept in host memory, LRU; others load from disk (0 = max_loras, vLLM's default)"),
+    Knob("max_lora_rank", int, 1, 512, help="rank every adapter slot is sized and computed at"),
+    Knob("lora_eviction_policy", str, choices=LORA_EVICTION_POLICIES,
+         help="which idle adapter leaves a full GPU pool: lru (least recently used) or fifo (first loaded)"),
+    Knob("lora_base_slot", bool, help="the base model counts as one of the max_loras adapters of a batch (SGLang)"),
+    Knob("lora_preload", bool, help="every adapter sits in host memory from the start (SGLang loads --lora-paths "
+                                    "at launch); else each is read from disk on first use (vLLM)"),
     *_FLEET,
 )
 
@@ -173,6 +188,8 @@ FLEET_KNOBS = tuple(k.name for k in _FLEET)
 #: Speculative decoding's knobs: the drafter's, set from the study's declared drafter.
 SPECULATIVE_KNOBS = ("speculative_mode", "num_speculative_tokens", "speculative_draft_cost_mode",
                      "speculative_draft_cost")
+#: The LoRA pool's knobs besides ``enable_lora``: they act only with it on.
+LORA_KNOBS = ("max_loras", "max_cpu_loras", "max_lora_rank", "lora_eviction_policy", "lora_base_slot", "lora_preload")
 
 
 @dataclass(frozen=True)
@@ -214,6 +231,13 @@ class PolicyConfig:
     num_speculative_tokens: int = 4
     speculative_draft_cost_mode: str = "fraction"
     speculative_draft_cost: float = 0.05
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_cpu_loras: int = 0
+    max_lora_rank: int = 16
+    lora_eviction_policy: str = "lru"
+    lora_base_slot: bool = False
+    lora_preload: bool = False
     # fleet: defaults keep today's multi-replica behaviour (round robin, nothing moves)
     router: str = "round_robin"
     router_cache_threshold: float = 0.3
@@ -331,6 +355,7 @@ _ACTS_WHEN: tuple[tuple[str, Any], ...] = (
     ("num_speculative_tokens", lambda c: c.speculative_mode != "off"),
     ("speculative_draft_cost_mode", lambda c: c.speculative_mode != "off"),
     ("speculative_draft_cost", lambda c: c.speculative_mode != "off"),
+    *((name, lambda c: c.enable_lora) for name in LORA_KNOBS),
 )
 
 

@@ -143,6 +143,7 @@ from numba.extending import intrinsic, overload
 
 from costmodels.costmodel import CostModel, CostModelError
 from costmodels.steptable import StepTables, decode_run_base, decode_run_step, step_seconds
+from policies import adapters as adm
 from policies import fairness as fm
 from policies import prefix_cache as pcm
 from policies import queues as qm
@@ -160,6 +161,16 @@ from policies.config import (
     PolicyConfig,
 )
 from policies.kernel_state import (
+    AD_BASE,
+    AD_BYTES,
+    AD_COLUMNS,
+    AD_DISK_BW,
+    AD_DISK_LOADS,
+    AD_LOAD_S,
+    AD_LOADS,
+    AD_POOL_ROW,
+    AD_SKIP_ROW,
+    AD_STATE,
     ADVANCES,
     B_DECODES,
     B_KV_DECODE,
@@ -169,6 +180,8 @@ from policies.kernel_state import (
     B_TOKENS,
     BUDGET,
     BUSY,
+    C_AD_DISK_LOADS,
+    C_AD_LOADS,
     C_CAP,
     C_ENDED_END,
     C_ERROR,
@@ -200,6 +213,7 @@ from policies.kernel_state import (
     DRAFT_S,
     ENTRY_BLOCKS,
     ERROR,
+    F_AD_LOAD_S,
     F_BUSY,
     F_END,
     F_PEAK_STEP_S,
@@ -233,6 +247,10 @@ from policies.kernel_state import (
     L_RUN,
     L_SPEC,
     LEFT_WAITING,
+    LORA,
+    LORA_ADAPTERS,
+    LORA_BYTES_PER_RANK,
+    LORA_DISK_BW,
     MAX_LEN,
     MAX_OUT,
     MIN_CALIBRATION,
@@ -285,6 +303,7 @@ from policies.kernel_state import (
     RNG_COUNTER,
     RNG_SEED,
     RUNNING,
+    S_ADAPTER,
     S_ARRIVAL,
     S_CLASS,
     S_DEADLINE,
@@ -370,6 +389,13 @@ I_SPEC_MODE = KNOB_INDEX["speculative_mode"]
 I_SPEC_GAMMA = KNOB_INDEX["num_speculative_tokens"]
 I_DRAFT_MODE = KNOB_INDEX["speculative_draft_cost_mode"]
 I_DRAFT_COST = KNOB_INDEX["speculative_draft_cost"]
+I_LORA = KNOB_INDEX["enable_lora"]
+I_MAX_LORAS = KNOB_INDEX["max_loras"]
+I_MAX_CPU_LORAS = KNOB_INDEX["max_cpu_loras"]
+I_LORA_RANK = KNOB_INDEX["max_lora_rank"]
+I_LORA_POLICY = KNOB_INDEX["lora_eviction_policy"]
+I_LORA_BASE_SLOT = KNOB_INDEX["lora_base_slot"]
+I_LORA_PRELOAD = KNOB_INDEX["lora_preload"]
 
 assert SCHEDULING_POLICIES == qm.QUEUE_ORDERS and FAIRNESS_COST_UNITS == fm.FAIRNESS_COST_UNITS
 EDF = SCHEDULING_POLICIES.index("edf")
@@ -482,6 +508,7 @@ class Statics(NamedTuple):
     block_tokens: int
     spec_spread: float
     spec_bias: float
+    lora: np.ndarray  # f8[ranks + 2, tokens + 1]: row 0 the LORA_* parameters, then LoRACost.grid
 
 
 class Replica(NamedTuple):
@@ -529,11 +556,73 @@ def _shares(rep):
     return fm.Shares(rep.ledger[:fm.N_TENANT_ROWS], rep.ledger[fm.N_TENANT_ROWS:])
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _pool(rep):
+    """The replica's adapter pool (``policies.adapters``): rows of lists after the others
+    (allocated only with LoRA, so a replica without it carries no extra array)."""
+    row = rep.g[AD_POOL_ROW]
+    return rep.lists[row:row + adm.N_ROWS, :rep.g[AD_COLUMNS]]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _adapter_state(rep):
+    """The replica's adapter pool state (``policies.adapters``), a view of its slots in g."""
+    return rep.g[AD_STATE:AD_STATE + adm.N_STATE]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _pool_column(rep, st, r):
+    """r's column in the adapter pool: its adapter's, the base column if the base model takes
+    a slot, else -1 (outside the pool)."""
+    a = st.si[S_ADAPTER, r]
+    return a if a >= 0 else rep.g[AD_BASE]
+
+
+@njit(cache=True, nogil=True)
+def _adapter_start(rep, st, r):
+    """r starts running: its adapter joins the pool's running set, loaded if it is not on the
+    GPU; the copy's seconds go to the step being formed (the engines load before the forward
+    pass: vllm/v1/worker/gpu_model_runner.py:2243, srt/lora/lora_manager.py prepare_lora_batch)."""
+    a = _pool_column(rep, st, r)
+    if a < 0:
+        return
+    kind = adm.acquire(_pool(rep), _adapter_state(rep), a)
+    if kind != adm.RESIDENT and a != rep.g[AD_BASE]:  # the base model's slot holds no weights
+        g, gf = rep.g, rep.gf
+        g[AD_LOADS] += 1
+        if kind == adm.FROM_DISK:
+            g[AD_DISK_LOADS] += 1
+        seconds = adm.load_seconds(kind, gf[AD_BYTES], gf[SWAP_BW], gf[AD_DISK_BW])
+        gf[SWAP_S] += seconds
+        gf[AD_LOAD_S] += seconds
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _adapter_stop(rep, st, r):
+    """Running r stops running here (ended, preempted, moved): its adapter may be evicted."""
+    if rep.g[LORA] != 0:
+        a = _pool_column(rep, st, r)
+        if a >= 0:
+            adm.release(_pool(rep), _adapter_state(rep), a)
+
+
+@njit(cache=True, nogil=True)
+def _adapter_tokens(rep, st):
+    """Tokens of the batch being formed whose request runs an adapter (the LoRA GEMMs' m)."""
+    total = 0
+    batch = rep.lists[L_BATCH]
+    for i in range(rep.g[N_BATCH]):
+        r = batch[i]
+        if st.si[S_ADAPTER, r] >= 0:
+            total += rep.ri[SCHED, r]
+    return total
+
+
 @njit(cache=True, nogil=True)
 def _borrow_statics(st):
     return Statics(borrowed(st.si), borrowed(st.sf), borrowed(st.offsets), borrowed(st.entry),
                    borrowed(st.lane_tenant), borrowed(st.spec_profiles), st.n_entries, st.block_tokens,
-                   st.spec_spread, st.spec_bias)
+                   st.spec_spread, st.spec_bias, borrowed(st.lora))
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -621,6 +710,7 @@ def _vacate(rep, st, r):
     status = ri[STATUS, r]
     if status == RUNNING:
         _run_remove(rep.lists[L_RUN], g, r)
+        _adapter_stop(rep, st, r)
         _release_reservation(ri, g, r)
     elif status == WAITING:
         g[N_WAIT] -= 1
@@ -875,6 +965,7 @@ def _preempt(rep, st, tables, cfg, v):
         ri[COMPUTED, v] = 0
     _free_gpu(rep, st, v, not swap)
     _run_remove(rep.lists[L_RUN], g, v)
+    _adapter_stop(rep, st, v)
     _release_reservation(ri, g, v)
     _push_waiting(rep, st, cfg, v, True)
 
@@ -1020,6 +1111,8 @@ def _start(rep, st, cfg, r):
     g[N_RUN] += 1
     if math.isnan(rf[FIRST_SCHED, r]):
         rf[FIRST_SCHED, r] = gf[CLOCK]
+    if g[LORA] != 0:
+        _adapter_start(rep, st, r)
     host = ri[HOST, r]
     if host > 0:
         gf[SWAP_S] += host * int(cfg[I_BLOCK_SIZE]) * gf[KV_BYTES] / gf[SWAP_BW]
@@ -1049,7 +1142,9 @@ def _admit_waiting(rep, st, tables, cfg, prefill_first, threshold):
     A request new to the GPU first looks up the prefix cache; its cached tokens are not
     computed. Under EDF a never-scheduled head whose deadline is already unmeetable is
     rejected; with quotas, a head over its tenant's quota or its class's budget blocks its
-    lane for this round and the next lane's head is tried.
+    lane for this round and the next lane's head is tried. With LoRA, a request whose
+    adapter would be one distinct adapter too many is skipped and keeps its place
+    (``policies.adapters``): the next in order is tried.
     """
     ri, rf, g, gf = rep.ri, rep.rf, rep.g, rep.gf
     pc, wq, sh = _cache(rep, st), _queue(rep, st), _shares(rep)
@@ -1069,6 +1164,8 @@ def _admit_waiting(rep, st, tables, cfg, prefill_first, threshold):
         lane_blocked[:] = 0
     if order == DFS_WEIGHT and caching and g[N_RUN] < max_seqs and g[BUDGET] > 0:
         qm.dfs_rekey(wq, pc, offsets, prompt)  # SGLang sorts once per round that may admit (calc_priority)
+    lora = g[LORA] != 0
+    skipped = 0
     while g[N_RUN] < max_seqs and g[BUDGET] > 0:
         r = qm.pick(wq, order, lane_blocked, sh.tenants[fm.TS_COUNTER], pc, offsets, prompt)
         if r < 0:
@@ -1077,6 +1174,10 @@ def _admit_waiting(rep, st, tables, cfg, prefill_first, threshold):
                 and qm.deadline_unmeetable(gf[CLOCK], sf[S_DEADLINE, r], sf[S_MIN_SERVICE, r],
                                            cfg[I_DEADLINE_MARGIN] * 1e-3)):
             _end_request(rep, st, r, S_REJECTED, R_DEADLINE, gf[CLOCK])
+            continue
+        if lora and not adm.can_join(_pool(rep), _adapter_state(rep), _pool_column(rep, st, r)):
+            _skip(rep, wq, r, skipped)
+            skipped += 1
             continue
         held = ri[PC_REQ + pcm.R_HELD, r]
         cached = 0
@@ -1108,6 +1209,26 @@ def _admit_waiting(rep, st, tables, cfg, prefill_first, threshold):
         _start(rep, st, cfg, r)
         _schedule_shared(rep, st, cfg, r, n)
         rem_input -= n
+    if skipped > 0:
+        _unskip(rep, wq, skipped)
+
+
+@njit(cache=True, nogil=True)
+def _skip(rep, wq, r, k):
+    """Take queued r out of this round's picks, keeping its queue key (``_unskip``)."""
+    slot, row = wq.slots[qm.POS, r], rep.g[AD_SKIP_ROW]
+    rep.fl[row, k] = r
+    rep.fl[row + 1, k] = wq.keys[qm.K1, slot]
+    rep.fl[row + 2, k] = wq.keys[qm.K2, slot]
+    qm.remove(wq, r)
+
+
+@njit(cache=True, nogil=True)
+def _unskip(rep, wq, k):
+    """Put the k requests skipped this round back under their own keys: each keeps its place."""
+    row = rep.g[AD_SKIP_ROW]
+    for i in range(k):
+        qm.push(wq, int(rep.fl[row, i]), rep.fl[row + 1, i], rep.fl[row + 2, i])
 
 
 @njit(cache=True, nogil=True)
@@ -1915,16 +2036,33 @@ def new_replica(st, cfg, cap_blocks, host_blocks, kv_bytes, swap_bw, seed, serie
     g[FAST_FORWARD] = 1 if fast_forward else 0
     g[PROGRESS_BASE], g[PROGRESS_PER] = default_progress_budget(n)
     speculating = int(cfg[I_SPEC_MODE]) != spm.MODE_OFF  # its rows are allocated only when on
-    lists = np.zeros((N_LISTS + (N_SPEC_I if speculating else 0), n + 1), dtype=np.int64)
-    fl = np.zeros((N_FL + (1 if speculating else 0), n))
+    lora = cfg[I_LORA] != 0.0  # so are the adapter pool's (lists) and the skipped requests' (fl)
+    g[AD_POOL_ROW] = N_LISTS + (N_SPEC_I if speculating else 0)
+    g[AD_SKIP_ROW] = N_FL + (1 if speculating else 0)
+    lists = np.zeros((g[AD_POOL_ROW] + (adm.N_ROWS if lora else 0), n + 1), dtype=np.int64)
+    fl = np.zeros((g[AD_SKIP_ROW] + (3 if lora else 0), n))
     entries = np.empty((pcm.N_ENTRY_ROWS, st.n_entries if caching else 0), dtype=np.int64)
     lanes = np.empty((qm.N_LANE_ROWS, st.lane_tenant.shape[0]), dtype=np.int64)
     ledger = np.empty((fm.N_TENANT_ROWS + fm.N_CLASS_ROWS, max(tenant_params.shape[0], class_params.shape[0])))
     rf = np.full((N_RF, n), np.nan)
     rf[SPEC_HITS] = 0.0
     rf[SPEC_TRIALS] = 0.0
+    base_slot = lora and cfg[I_LORA_BASE_SLOT] != 0.0
+    adapters = int(st.lora[0, LORA_ADAPTERS])
+    g[AD_COLUMNS] = adapters + (1 if base_slot else 0) if lora else 0  # at most n + 1: adapters in use
     rep = Replica(ri, rf, g, gf, lists, fl, entries, lanes, ledger, np.zeros((SERIES_CAPACITY, 4)),
                   np.zeros((n if speculating else 0, int(cfg[I_SPEC_GAMMA]))))
+    g[LORA] = 1 if lora else 0
+    g[AD_BASE] = adapters if base_slot else -1
+    if lora:
+        gf[AD_BYTES] = st.lora[0, LORA_BYTES_PER_RANK] * cfg[I_LORA_RANK]
+        gf[AD_DISK_BW] = st.lora[0, LORA_DISK_BW]
+        slots = int(cfg[I_MAX_LORAS])
+        host = int(cfg[I_MAX_CPU_LORAS])
+        host = (host if host > 0 else slots) + (1 if base_slot else 0)  # the base column needs no host entry
+        preload = cfg[I_LORA_PRELOAD] != 0.0
+        adm.clear(_pool(rep), _adapter_state(rep), slots, max(host, g[AD_COLUMNS]) if preload else host,
+                  int(cfg[I_LORA_POLICY]), preload)
     pcm.clear(_cache(rep, st), st.si[S_N_FULL] if caching else np.zeros(n, dtype=np.int64))
     qm.clear(_queue(rep, st), st.lane_tenant)
     fm.clear(_shares(rep), tenant_params, class_params)
@@ -1998,7 +2136,8 @@ def _advance(rep, st, tables, cfg, t_limit, through):
     prompt = st.si[S_PROMPT]
     speculating = int(cfg[I_SPEC_MODE]) != spm.MODE_OFF
     # every speculative step draws its own outcomes; VTC keeps exact counters step by step
-    fast_forward = g[FAST_FORWARD] != 0 and not speculating and int(cfg[I_POLICY]) != VTC
+    # (nor LoRA: stretches time steps without the adapters' GEMMs)
+    fast_forward = g[FAST_FORWARD] != 0 and not speculating and int(cfg[I_POLICY]) != VTC and g[LORA] == 0
     hand_off = g[HAND_OFF] != 0
     chunk_stretches = fast_forward and _chunk_modes(cfg, g[QUOTAS] != 0, hand_off)
     if g[ERROR] != 0:
@@ -2070,6 +2209,8 @@ def _advance(rep, st, tables, cfg, t_limit, through):
             gf[DRAFT_S] = 0.0
             _plan_verify(rep, st, tables, cfg)
         dt, oor = step_seconds(tables, g[B_TOKENS], g[B_LOGITS], g[B_DECODES], g[B_KV_DECODE], g[B_PAIRS])
+        if g[LORA] != 0:
+            dt += adm.step_seconds(st.lora[1:], cfg[I_LORA_RANK], _adapter_tokens(rep, st))
         if speculating and g[SPEC_SLOTS] > 0:
             dt += gf[DRAFT_S]
             _settle_verify(rep, st, cfg)
@@ -2190,6 +2331,20 @@ def cached_tokens(rep, st, r):
     if rep.g[CACHING] == 0:
         return 0
     return pcm.match(_cache(rep, st), st.offsets, st.si[S_PROMPT], r)[1]
+
+
+@njit(cache=True, nogil=True)
+def adapter_load_s(rep, st, r):
+    """Seconds loading request r's LoRA adapter would add on this replica: 0 when it is on
+    the GPU (or r runs the base model, or LoRA is off), the host copy when it is in the host
+    cache, the disk read and the copy otherwise (the router's adapter affinity)."""
+    g = rep.g
+    a = st.si[S_ADAPTER, r] if g[LORA] != 0 else -1
+    if a < 0:
+        return 0.0
+    pool = _pool(rep)
+    kind = adm.RESIDENT if pool[adm.GPU, a] >= 0 else adm.FROM_HOST if pool[adm.HOST, a] >= 0 else adm.FROM_DISK
+    return adm.load_seconds(kind, rep.gf[AD_BYTES], rep.gf[SWAP_BW], rep.gf[AD_DISK_BW])
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -2404,10 +2559,13 @@ def write_outputs(rep, out_i, out_f, out_counts, out_fcounts, series, out_cached
     out_counts[C_SPEC_DRAFTED] = g[SPEC_DRAFTED]
     out_counts[C_SPEC_ACCEPTED] = g[SPEC_ACCEPTED]
     out_counts[C_PEAK_STEP] = g[PEAK_STEP]
+    out_counts[C_AD_LOADS] = g[AD_LOADS]
+    out_counts[C_AD_DISK_LOADS] = g[AD_DISK_LOADS]
     out_counts[C_STEP_HIST:C_STEP_HIST + STEP_HIST_BINS] = g[G_STEP_HIST:G_STEP_HIST + STEP_HIST_BINS]
     out_fcounts[F_BUSY] = gf[BUSY]
     out_fcounts[F_END] = gf[CLOCK]
     out_fcounts[F_PEAK_STEP_S] = gf[PEAK_STEP_S]
+    out_fcounts[F_AD_LOAD_S] = gf[AD_LOAD_S]
     series[:] = rep.series
     out_service[:] = rep.ledger[fm.TS_SERVICE, :out_service.shape[0]]
     out_prefix[P_HIT_TOKENS] = gf[PREFIX_HIT]
@@ -2461,17 +2619,20 @@ def validate(trace, cost_model: CostModel, config: PolicyConfig) -> tuple[int, i
     if trace.n == 0:
         raise ValueError("the trace has no requests; nothing to simulate")
     bs = config.block_size
+    lora_bytes = _lora_gpu_bytes(trace, cost_model, config)
     try:
-        # the pool is sized after a profiling pass at the step budget (vLLM's rule)
-        cap = cost_model.kv_capacity_blocks(config.gpu_memory_utilization, bs, config.max_num_batched_tokens)
+        # the pool is sized after a profiling pass at the step budget (vLLM's rule), and after
+        # the adapter slots took their memory
+        budget = cost_model.kv_budget_bytes(config.gpu_memory_utilization, config.max_num_batched_tokens)
+        cap = int((budget - lora_bytes) // (cost_model.kv_bytes_per_token * bs))
     except CostModelError as exc:
         raise ConfigError(f"gpu_memory_utilization={config.gpu_memory_utilization}: {exc}") from None
     if cap < 1:
-        tokens = cost_model.kv_capacity_tokens(config.gpu_memory_utilization, config.max_num_batched_tokens)
+        tokens = max(0, int((budget - lora_bytes) // cost_model.kv_bytes_per_token))
         raise ConfigError(
             f"KV capacity of {cost_model.name} at gpu_memory_utilization={config.gpu_memory_utilization} "
-            f"is {tokens} tokens, less than one "
-            f"block of block_size={bs}"
+            f"is {tokens} tokens{f' after {lora_bytes / 2**30:.2f} GiB of adapter slots' if lora_bytes else ''}, "
+            f"less than one block of block_size={bs}"
         )
     if config.max_num_batched_tokens < bs:
         raise ConfigError(
@@ -2494,6 +2655,29 @@ def validate(trace, cost_model: CostModel, config: PolicyConfig) -> tuple[int, i
     return cap, cost_model.swap_capacity_blocks(bs)
 
 
+def _lora_gpu_bytes(trace, cost_model: CostModel, config: PolicyConfig) -> float:
+    """GPU bytes the adapter slots take before the KV pool is sized (0 without LoRA): both
+    engines allocate ``max_loras`` slots at ``max_lora_rank`` when the model loads
+    (vllm/v1/worker/gpu_model_runner.py:5006 ``load_lora_model``, before the profiling pass
+    sizes the KV cache; srt/model_executor/model_runner.py:733, "before the KV cache is
+    sized"). Refuses a trace that asks for adapters with LoRA off, LoRA on a cost model
+    that cannot cost it, and a host cache smaller than the GPU pool."""
+    if not config.enable_lora:
+        if trace.has_adapters:
+            names = [name for name in trace.adapter_names if name][:3]
+            raise ConfigError(f"the trace asks for LoRA adapters ({', '.join(names)}, ...) but enable_lora is off "
+                              "(an engine without LoRA refuses those requests): set enable_lora = true "
+                              "(--set enable_lora=true, or enable-lora in the engine file)")
+        return 0.0
+    if cost_model.lora is None:
+        raise ConfigError(f"enable_lora: the cost model {cost_model.name} has no LoRA cost (a measured step CSV, "
+                          "or an MoE/MLA model); build it from op tables of a dense model")
+    if 0 < config.max_cpu_loras < config.max_loras:
+        raise ConfigError(f"max_cpu_loras={config.max_cpu_loras} must be >= max_loras={config.max_loras} "
+                          "(every adapter on the GPU is also in the host cache)")
+    return config.max_loras * cost_model.lora.adapter_bytes(config.max_lora_rank)
+
+
 def default_series_every(trace) -> float:
     """About 500 samples over the trace's arrival span."""
     span = float(trace.arrival_s[-1] - trace.arrival_s[0])
@@ -2514,6 +2698,8 @@ class SharingInputs(NamedTuple):
     lane_tenant: np.ndarray  # i8[lanes]
     min_service_s: np.ndarray  # f8[n]
     job_s: np.ndarray  # f8[n]
+    adapter: np.ndarray  # i8[n], adapter pool column (policies.adapters), -1 = the base model
+    n_adapters: int
 
 
 def sharing_inputs(trace, cost_model: CostModel) -> SharingInputs:
@@ -2542,6 +2728,11 @@ def _sharing_inputs(trace, cost_model: CostModel) -> SharingInputs:
     n_tenants, n_classes = len(trace.tenant_names), len(trace.slo_class_names)
     lane_of, lane_tenant = qm.lanes(trace.tenant, trace.slo_class, n_tenants, n_classes, True, True)
     min_service_s, job_s = qm.service_estimates(cost_model.tables, trace.prompt_tokens, trace.output_estimate)
+    # pool columns: the adapters requests ask for, in name order; the base model (name "") outside
+    used = np.zeros(len(trace.adapter_names), dtype=bool)
+    used[trace.adapter] = True
+    used &= np.array([name != "" for name in trace.adapter_names])  # "": studies.traces.BASE
+    column = np.where(used, np.cumsum(used) - 1, -1).astype(np.int64)
     return SharingInputs(
         tenant=trace.tenant.astype(np.int64), klass=trace.slo_class.astype(np.int64),
         # a writable copy: the kernels' types must not depend on whether the trace's columns are
@@ -2549,6 +2740,7 @@ def _sharing_inputs(trace, cost_model: CostModel) -> SharingInputs:
         offsets=np.array(trace.block_offsets, dtype=np.int64), entry=entry, n_full=n_full,
         n_entries=int(n_entries), block_tokens=int(trace.block_tokens), lane_of=lane_of,
         lane_tenant=lane_tenant, min_service_s=min_service_s, job_s=job_s,
+        adapter=column[trace.adapter], n_adapters=int(column.max(initial=-1)) + 1,
     )
 
 
@@ -2561,14 +2753,22 @@ def statics(trace, cost_model: CostModel, configs: Sequence[PolicyConfig],
     si = np.empty((N_SI, trace.n), dtype=np.int64)
     for row, column in ((S_PROMPT, trace.prompt_tokens), (S_OUTPUT, trace.output_tokens),
                         (S_MAX_TOKENS, trace.max_tokens), (S_PRIORITY, trace.priority), (S_TENANT, sin.tenant),
-                        (S_CLASS, sin.klass), (S_LANE, sin.lane_of), (S_N_FULL, sin.n_full), (S_SPEC_ROW, rows)):
+                        (S_CLASS, sin.klass), (S_LANE, sin.lane_of), (S_N_FULL, sin.n_full), (S_SPEC_ROW, rows),
+                        (S_ADAPTER, sin.adapter)):
         si[row] = column
     sf = np.empty((N_SF, trace.n))
     for row, column in ((S_ARRIVAL, trace.arrival_s), (S_DEADLINE, trace.deadline_s),
                         (S_MIN_SERVICE, sin.min_service_s), (S_JOB, sin.job_s)):
         sf[row] = column
+    cost = cost_model.lora
+    grid = cost.grid() if cost is not None else np.zeros((2, 3))
+    lora = np.zeros((grid.shape[0] + 1, grid.shape[1]))
+    lora[1:] = grid
+    lora[0, LORA_BYTES_PER_RANK] = cost.bytes_per_rank if cost is not None else 0.0
+    lora[0, LORA_DISK_BW] = cost.disk_bytes_per_s if cost is not None else 1.0
+    lora[0, LORA_ADAPTERS] = sin.n_adapters
     return Statics(si, sf, sin.offsets, sin.entry, sin.lane_tenant, profiles, sin.n_entries, sin.block_tokens,
-                   spread, bias)
+                   spread, bias, lora)
 
 
 def _spec_inputs(trace, configs: Sequence[PolicyConfig], acceptance: spm.AcceptanceModel | None):
@@ -2629,6 +2829,9 @@ def _result(trace, out_i, out_f, counts, fcounts, series, cached, service, prefi
         step_time_hist=counts[C_STEP_HIST:C_STEP_HIST + STEP_HIST_BINS].copy(),
         peak_step_tokens=int(counts[C_PEAK_STEP]),
         peak_step_s=float(fcounts[F_PEAK_STEP_S]),
+        adapter_loads=int(counts[C_AD_LOADS]),
+        adapter_disk_loads=int(counts[C_AD_DISK_LOADS]),
+        adapter_load_s=float(fcounts[F_AD_LOAD_S]),
     )
 
 
@@ -2747,9 +2950,8 @@ class _WarmupTrace:
                    "output_estimate": output.copy(), "max_tokens_source": np.ones(n, dtype=np.int8),
                    "tenant": np.zeros(n, dtype=np.int32), "priority": np.zeros(n, dtype=np.int32),
                    "slo_class": np.zeros(n, dtype=np.int32), "deadline_s": np.full(n, np.nan),
-                   "cache_salt": np.zeros(n, dtype=np.int32),
                    "block_offsets": np.arange(n + 1, dtype=np.int64),  # one shared 32-token block each
-                   "block_hashes": np.zeros(n, dtype=np.int64)}
+                   "block_hashes": np.zeros(n, dtype=np.int64), "adapter": np.zeros(n, dtype=np.int32)}
         for name, values in columns.items():
             values = np.ascontiguousarray(values)
             values.flags.writeable = False
@@ -2757,4 +2959,6 @@ class _WarmupTrace:
         self.block_tokens = 32
         self.tenant_names = ("default",)
         self.slo_class_names = ("default",)
-        self.cache_salt_names = ("",)
+        self.adapter_names = ("",)  # the base model only
+        self.has_adapters = False
+        self.cache_block_hashes = np.array(self.block_hashes)

@@ -97,6 +97,7 @@ from policies.kernel_state import (
     COMPUTED,
     DONE,
     ERROR,
+    F_AD_LOAD_S,
     F_BUSY,
     F_END,
     F_PEAK_STEP_S,
@@ -700,6 +701,10 @@ def _route(fl, r):
     _fill_summary(fl, 0, router == rt.LEAST_KV, router == rt.UNIFIED)
     st = fl.nodes[0][1]
     prompt = st.si[S_PROMPT, r]
+    if router == rt.UNIFIED or router == rt.CACHE_AWARE:
+        for j in range(s.shape[0]):
+            if s[j, rt.ALIVE] > 0:
+                s[j, rt.T_ADAPTER] = engine.adapter_load_s(fl.nodes[j][0], fl.nodes[j][1], r)
     if router == rt.UNIFIED:
         for j in range(s.shape[0]):
             if s[j, rt.ALIVE] > 0:
@@ -892,6 +897,7 @@ def _retire(fl, j, t_stop):
             out.counts[j, c] += counts[c]
     out.fcounts[j, F_BUSY] += fcounts[F_BUSY]
     out.fcounts[j, F_END] = max(out.fcounts[j, F_END], fcounts[F_END])
+    out.fcounts[j, F_AD_LOAD_S] += fcounts[F_AD_LOAD_S]
     out.prefix[j] += prefix
     out.service[j] += service
     out.incarnations[inc, 0] = j
@@ -1131,8 +1137,10 @@ def _fleet_result(trace, out: FleetBuffers, weights: np.ndarray, schedule: Failu
     counts[C_ERROR] = out.counts[:, C_ERROR].max()
     counts[C_PEAK_STEP] = out.counts[:, C_PEAK_STEP].max()
     at_peak = out.counts[:, C_PEAK_STEP] == counts[C_PEAK_STEP]
-    peak_s = out.fcounts[at_peak, F_PEAK_STEP_S].min() if counts[C_PEAK_STEP] > 0 else np.nan
-    fcounts = np.array([out.fcounts[:, F_BUSY].sum(), out.fcounts[:, F_END].max(), peak_s])
+    fcounts = np.zeros(N_FCOUNTS)
+    fcounts[F_BUSY], fcounts[F_END] = out.fcounts[:, F_BUSY].sum(), out.fcounts[:, F_END].max()
+    fcounts[F_PEAK_STEP_S] = out.fcounts[at_peak, F_PEAK_STEP_S].min() if counts[C_PEAK_STEP] > 0 else np.nan
+    fcounts[F_AD_LOAD_S] = out.fcounts[:, F_AD_LOAD_S].sum()
     series = _merged_series(out)
     counts[C_N_SAMPLES] = len(series)
     result = engine._result(trace, out.out_i, out.out_f, counts, fcounts, series, out.cached, out.service.sum(axis=0),

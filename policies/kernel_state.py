@@ -72,7 +72,8 @@ S_CLASS = 5  # SLO class
 S_LANE = 6  # waiting-queue lane: (tenant, class)
 S_N_FULL = 7  # full (cacheable) prefix hash blocks of the prompt
 S_SPEC_ROW = 8  # speculative acceptance profile row
-N_SI = 9
+S_ADAPTER = 9  # LoRA adapter: its column in the adapter pool (policies.adapters), -1 = the base model
+N_SI = 10
 
 # -- sf rows: read-only per-request floats, f8[N_SF, n] -----------------------------------
 S_ARRIVAL = 0
@@ -80,6 +81,10 @@ S_DEADLINE = 1  # absolute, NaN = none
 S_MIN_SERVICE = 2  # lower bound on completion time (edf rejection)
 S_JOB = 3  # predicted job length (sjf)
 N_SF = 4
+# -- Statics.lora: row 0 these parameters, rows 1.. costmodels.lora.LoRACost.grid -------------
+LORA_BYTES_PER_RANK = 0  # GPU bytes of one adapter per unit of rank (0: the cost model has no LoRA cost)
+LORA_DISK_BW = 1  # disk -> host bytes per second of adapter weights
+LORA_ADAPTERS = 2  # distinct adapters the trace asks for
 
 # -- g slots: run-wide integers ----------------------------------------------------------
 CAP = 0  # GPU KV blocks
@@ -142,7 +147,15 @@ ADVANCES = 66  # calls of advance (each may idle once, to its limit)
 PROGRESS_BASE = 67
 PROGRESS_PER = 68
 PEAK_STEP = 69  # most tokens one step computed (its activation workspace: policies.workspace)
-N_G = 70
+LORA = 70  # the adapter pool is on (enable_lora): 1/0
+AD_STATE = 71  # policies.adapters state (N_STATE = 7 slots)
+AD_BASE = 78  # pool column of a base-model request: the base column when it takes a slot, else -1
+AD_LOADS = 79  # adapters loaded onto the GPU (the base column never counts)
+AD_DISK_LOADS = 80  # ... of them read from disk first
+AD_COLUMNS = 81  # adapter pool columns: the trace's adapters, and the base model's when it takes a slot
+AD_POOL_ROW = 82  # first row of lists holding the pool (policies.adapters N_ROWS rows; LoRA only)
+AD_SKIP_ROW = 83  # first row of fl holding (request, key1, key2) of requests skipped this round (LoRA only)
+N_G = 84
 #: predicted mode: output/max_tokens ratio histogram bins (in g's tail, below).
 CALIBRATION_BINS = 64
 # g's tail: the predicted-mode histogram, the step-time histogram (policies.result
@@ -168,7 +181,10 @@ PREFIX_SAVED_S = 12  # lone-prefill seconds the hits saved
 SPEC_EST = 13  # two slots: speculative run-wide acceptance counts (hits, trials)
 NEXT_DELIVERY = 15  # delivery time of the inbox head (inf when the inbox is empty)
 PEAK_STEP_S = 16  # start of the first step that computed PEAK_STEP tokens
-N_GF = 17
+AD_LOAD_S = 17  # seconds of adapter loads so far (each added to the step that needed it)
+AD_BYTES = 18  # GPU bytes of one adapter slot at the config's rank
+AD_DISK_BW = 19  # disk -> host bytes per second of adapter weights
+N_GF = 20
 
 # -- counters returned to Python (out_counts) ----------------------------------------------
 C_STEPS = 0
@@ -191,12 +207,15 @@ C_RUNNING_END = 16  # requests running, queued and ended at the end (0, 0, all d
 C_WAITING_END = 17  # run stopped on an error)
 C_ENDED_END = 18
 C_PEAK_STEP = 19  # most tokens one step computed (the max over replicas and incarnations)
-C_STEP_HIST = 20  # STEP_HIST_BINS slots: steps per step-time bin (summed like the counters)
+C_AD_LOADS = 20  # adapter loads onto the GPU, and those of them read from disk first
+C_AD_DISK_LOADS = 21
+C_STEP_HIST = 22  # STEP_HIST_BINS slots: steps per step-time bin (summed like the counters)
 N_COUNTS = C_STEP_HIST + STEP_HIST_BINS
 F_BUSY = 0
 F_END = 1
 F_PEAK_STEP_S = 2  # start of the first step that computed C_PEAK_STEP tokens (NaN: no step)
-N_FCOUNTS = 3
+F_AD_LOAD_S = 3  # seconds the adapter loads added to steps
+N_FCOUNTS = 4
 
 #: Series buffer rows; when full, every other sample is dropped and the spacing doubles.
 SERIES_CAPACITY = 2048

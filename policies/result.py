@@ -87,6 +87,12 @@ class SimResult:
     # replicas) and the start of the first step that computed that many (NaN: no step)
     peak_step_tokens: int = 0
     peak_step_s: float = float("nan")
+
+    # LoRA adapters (issue 16 part 1): loads onto a GPU, those read from disk first, and the
+    # seconds they added to steps (every request of such a step waited for them)
+    adapter_loads: int = 0
+    adapter_disk_loads: int = 0
+    adapter_load_s: float = 0.0
     # fleet (issue 8); empty arrays for a single-replica run. Per request (length n): times
     # withdrawn from a failed replica and routed again; tokens whose KV a failure destroyed
     # and that were computed again.

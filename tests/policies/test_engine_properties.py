@@ -121,6 +121,14 @@ _JIT_OFF_SCRIPT = textwrap.dedent("""
                {{"preemption_mode": "auto", "admission_mode": "predicted"}}):
         r = simulate(trace, cost_model(900, host_tokens=400), PolicyConfig(gpu_memory_utilization=1.0, **kw))
         out.append([r.state.tolist(), r.finish_s.tolist(), r.tokens_generated.tolist(), r.steps, r.busy_s])
+    # LoRA: two adapters and the base model over one slot (skips, loads, the adapters' GEMMs)
+    import numpy as np
+    from costmodels.costmodel import CostModel
+    from costmodels.lora import LoRACost
+    lora = CostModel.synthetic(90_000, lora=LoRACost.linear(2e6, 1e-6))
+    with_adapters = trace.replace(adapter=np.arange(trace.n) % 3, adapter_names=("", "a", "b"))
+    r = simulate(with_adapters, lora, PolicyConfig(gpu_memory_utilization=1.0, enable_lora=True, max_loras=1))
+    out.append([r.state.tolist(), r.finish_s.tolist(), r.adapter_loads, r.adapter_load_s, r.steps, r.busy_s])
     print(json.dumps(out))
 """)
 
