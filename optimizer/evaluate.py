@@ -86,8 +86,10 @@ class Evaluator:
     def baselines(self) -> dict[str, PolicyConfig]:
         """The target's baselines (an engine's own defaults for the spec's GPU and model;
         both engines' for the what-if target), behind the deployment's router and pools
-        when the spec fixes them: every result's point of comparison."""
-        fixed = self.spec.deployment_knobs
+        when the spec fixes them, with LoRA on for a trace that asks for adapters (an engine
+        without it refuses those requests): every result's point of comparison."""
+        fixed = {**self.spec.deployment_knobs, **({"enable_lora": True} if self.spec.search_space.base.enable_lora
+                                                  else {})}
         return {name: config.replace(**fixed) for name, config in self.target.baselines(self.spec.context).items()}
 
     def cost_model_at(self, tp: int):

@@ -341,7 +341,7 @@ def build_space(overrides: Mapping[str, Any] | None = None, base: PolicyConfig |
                 fleet: Fleet | None = None, *, search_fleet: bool = False,
                 tp_degrees: Callable[[], Sequence[int]] | None = None,
                 drafter_tokens: int | None = None, target: Target | None = None,
-                context: EngineContext | None = None) -> SearchSpace:
+                context: EngineContext | None = None, adapters: int = 0) -> SearchSpace:
     """The target's default space with a study's per-knob overrides; raises SpaceError on bad ones.
 
     ``target`` (default: servetune's what-if target) decides which knobs exist to search
@@ -354,7 +354,9 @@ def build_space(overrides: Mapping[str, Any] | None = None, base: PolicyConfig |
     default (the goodput-gpus objective). ``tp_degrees`` lists the TP degrees valid for
     the model; it is called only when TP is searched without explicit choices.
     ``drafter_tokens``: the declared drafter's longest draft, which opens the speculative
-    knobs (None: no drafter, they keep the base values).
+    knobs (None: no drafter, they keep the base values). ``adapters``: the distinct LoRA
+    adapters the trace asks for; with some, LoRA is on and the target's adapter-pool knobs
+    are searched (``Target.lora_search_settings``); with none they are not.
     """
     overrides = dict(overrides or {})
     others = overrides.pop("others", "default")
@@ -387,6 +389,9 @@ def build_space(overrides: Mapping[str, Any] | None = None, base: PolicyConfig |
                          "search servetune's own policies with --what-if (engine servetune)")
     base_values = (base or PolicyConfig()).to_dict()
     defaults = target.search_settings(context)
+    if adapters:
+        base_values["enable_lora"] = True
+        defaults.update(target.lora_search_settings(adapters))
     if drafter_tokens is not None:
         defaults.update(speculative_defaults(drafter_tokens, SPECULATIVE_MODES if target.what_if
                                              else ("off", "fixed")))

@@ -139,6 +139,9 @@ class StudySpec:
     kv_dtype: str = "auto"  # KV cache: auto (the weights' activation dtype, bf16), bf16 or fp8
     #: the GPU and model the engine resolves its defaults for (built from model and GPU if None)
     context: EngineContext | None = field(default=None, compare=False, repr=False)
+    #: distinct LoRA adapters the trace asks for, which opens the adapter-pool knobs (None:
+    #: counted from the trace file; only the native format carries adapters)
+    adapters: int | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -205,7 +208,7 @@ class StudySpec:
             Fleet(self.tp, self.replicas), search_fleet=self.objective == "goodput-gpus",
             tp_degrees=lambda: tp_degrees(self.model, self.gpu, self.framework, self.model_config, self.dtype),
             drafter_tokens=None if drafter is None else drafter.max_draft_tokens,
-            target=target, context=self.context))
+            target=target, context=self.context, adapters=self._adapters()))
         _check_block_sizes(self.search_space, self.engine, self.context)
         if drafter is None and ("speculative_mode" in self.search_space.names
                                 or self.search_space.base.speculative_mode != "off"):
@@ -224,6 +227,19 @@ class StudySpec:
         set_(self, "run_dir", Path(self.run_dir) if self.run_dir is not None else Path("runs") / self.study_name)
 
     search_space: SearchSpace = field(init=False, repr=False, compare=False)
+
+    def _adapters(self) -> int:
+        """``adapters``, or the count in the trace file (a native file that exists; other
+        formats have no adapter column)."""
+        if self.adapters is not None:
+            return self.adapters
+        from studies import formats
+        from studies.traces import load_trace
+
+        if not self.trace.is_file() or (self.trace_format or formats.detect(self.trace)) != "native":
+            return 0
+        trace = load_trace(self.trace, format="native", **dict(self.trace_options))
+        return sum(1 for name in set(trace.adapter_labels) if name)
 
     @property
     def kv_cache_dtype(self) -> str:

@@ -26,7 +26,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from policies.config import FLEET_KNOBS, KNOB_BY_NAME, SPECULATIVE_KNOBS, ConfigError, PolicyConfig
+from policies.config import (
+    FLEET_KNOBS,
+    KNOB_BY_NAME,
+    LORA_KNOBS,
+    SPECULATIVE_KNOBS,
+    ConfigError,
+    PolicyConfig,
+)
 
 
 class EngineError(ConfigError):
@@ -218,6 +225,12 @@ class Target:
         """Default search range per flag knob (``optimizer.space`` settings)."""
         return {f.knob: dict(f.search) for f in self.flags if f.search is not None}
 
+    # -- LoRA adapters: searched only for a trace that asks for some ----------------------
+    def lora_search_settings(self, adapters: int) -> dict[str, dict[str, Any]]:
+        """Search ranges of the adapter-pool knobs for a trace asking for ``adapters``
+        distinct adapters (``optimizer.space``; none for a target without LoRA flags)."""
+        raise EngineError(f"{self.display} {self.version} has no LoRA flags in servetune")
+
     def resolve(self, config: PolicyConfig, ctx: EngineContext) -> PolicyConfig:
         """``config`` as this engine runs it: flag knobs kept, the rest at the engine's behaviour.
 
@@ -249,6 +262,8 @@ class Target:
         self.check_layout(deployment, ctx)
         args = {**self.deployment_args(deployment), **self.dtype_args(ctx)}
         for flag in self.flags:
+            if flag.knob in LORA_KNOBS and not resolved.enable_lora:
+                continue  # the pool's flags mean nothing (and are left out) without LoRA
             flag.write(self.encode(flag, resolved, ctx), args)
         return args
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from policies.config import KNOBS, MAX_REPLICAS, PolicyConfig
+from policies.config import KNOBS, LORA_KNOBS, MAX_REPLICAS, PolicyConfig
 from policies.engines import sglang, vllm
 from policies.engines.base import EngineContext, Target
 
@@ -63,6 +63,8 @@ SEARCH: dict[str, dict[str, Any]] = {
     "migration_pause_ms": {"search": False},
     "interconnect_gbps": {"search": False},
     "prefill_replicas": {"low": 1, "high": MAX_REPLICAS - 1, "off": True},
+    # LoRA: on (and its pool searched, lora_search_settings) only for a trace with adapters
+    **{name: {"search": False} for name in ("enable_lora", *LORA_KNOBS)},
 }
 
 
@@ -88,6 +90,11 @@ class ServeTune(Target):
     def violations(self, config: PolicyConfig, ctx: EngineContext) -> list[str]:
         # the what-if policies run on vLLM's memory sizing, so vLLM's start-up refusals are theirs
         return vllm.memory_violations(config, ctx)
+
+    def lora_search_settings(self, adapters: int) -> dict[str, dict[str, Any]]:
+        # both engines' pools: slots, host cache, eviction order and whether the base takes a slot
+        return {**vllm.ENGINE.lora_search_settings(adapters), **sglang.ENGINE.lora_search_settings(adapters),
+                "lora_base_slot": {}, "lora_preload": {}}
 
 
 ENGINE = ServeTune(name="servetune", display="servetune (what-if)", version="native", what_if=True)

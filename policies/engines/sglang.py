@@ -70,6 +70,15 @@ RETRACTION_POLICIES = {"fewest_output": "length", "lowest_priority": "priority"}
 #: 880-925); "auto" resolves to round_robin outside P/D (arg_groups/serving_hook.py:217-236)
 LOAD_BALANCE_METHODS = {"round_robin": "round_robin", "total_requests": "total_requests",
                         "total_tokens": "total_tokens"}
+#: LoRA (srt/arg_groups/fields/lora.py:34-74): max-loras-per-batch 8 by default and counting the
+#: base model (:66-69), LRU or FIFO eviction from the GPU pool (:70-74). Adapters are loaded
+#: into host memory before they serve (--lora-paths at launch, or the load API), so none
+#: is read from disk on a request. Without --lora-paths SGLang needs --max-lora-rank and
+#: --lora-target-modules (srt/arg_groups/lora_hook.py:151-154); ``max-loaded-loras`` is not
+#: written: with no --lora-paths its check takes ``len(None)`` (lora_hook.py:162).
+MAX_LORAS_PER_BATCH = 8
+LORA_EVICTION_POLICIES = {"lru": "lru", "fifo": "fifo"}
+LORA_TARGET_MODULES = "lora-target-modules"
 
 
 class SGLang(Target):
@@ -119,7 +128,7 @@ class SGLang(Target):
             scheduling_policy="fcfs", schedule_mode="prefill_first", max_prefill_tokens=MAX_PREFILL_TOKENS,
             kv_headroom=0.0, admission_mode="new_token_ratio", schedule_conservativeness=SCHEDULE_CONSERVATIVENESS,
             preemption_mode="recompute", preemption_victim="fewest_output", enable_prefix_caching=True,
-            max_model_len=ctx.context_len,
+            max_model_len=ctx.context_len, max_loras=MAX_LORAS_PER_BATCH, lora_base_slot=True, lora_preload=True,
         )
 
     def implied(self, config: PolicyConfig, ctx: EngineContext) -> dict[str, Any]:
@@ -171,6 +180,11 @@ class SGLang(Target):
                           f"{ctx.context_len} [srt/configs/model_config.py]")
         return broken
 
+    def lora_search_settings(self, adapters: int) -> dict[str, dict[str, Any]]:
+        # the base model takes a slot too, hence adapters + 1
+        return {"max_loras": {"low": 1, "high": max(2, min(adapters + 1, 64)), "log": True},
+                "lora_eviction_policy": {"choices": list(LORA_EVICTION_POLICIES)}}
+
     def encode(self, flag: Flag, config: PolicyConfig, ctx: EngineContext) -> Any:
         if flag.knob == "gpu_memory_utilization":
             reserve = ctx.reserve_share(config.max_num_batched_tokens)
@@ -210,10 +224,16 @@ class SGLang(Target):
         if args.get("schedule-policy") == "priority":  # not a valid policy at run time: fcfs + the flags
             args["schedule-policy"] = "fcfs"
             args.update(self._PRIORITY_KEYS)
+        if args.get("enable-lora"):
+            args[LORA_TARGET_MODULES] = ["all"]  # adapters come through the load API: no paths to infer from
         return args
 
     def from_args(self, args: Mapping[str, Any], ctx: EngineContext) -> PolicyConfig:
         args = dict(args)
+        modules = args.pop(LORA_TARGET_MODULES, None)
+        if modules is not None and modules != ["all"]:
+            raise EngineError(f"{LORA_TARGET_MODULES} {modules!r}: servetune costs adapters on every projection "
+                              "(costmodels.lora); write ['all']")
         flags = {key: args.pop(key, False) for key in self._PRIORITY_KEYS}
         priority = flags["enable-priority-scheduling"] is True
         if priority and flags["disable-priority-preemption"] is not True:
@@ -328,6 +348,12 @@ ENGINE = SGLang(
         Flag("disable-radix-cache", "enable_prefix_caching", kind="store_true", invert=True, search={},
              help="turn the radix (prefix) cache off"),
         Flag("context-length", "max_model_len", unset=0, help="longest prompt + output"),
+        Flag("enable-lora", "enable_lora", kind="store_true", help="serve LoRA adapters"),
+        Flag("max-loras-per-batch", "max_loras",
+             help="GPU adapter slots: most distinct adapters of a batch, the base model counted"),
+        Flag("lora-eviction-policy", "lora_eviction_policy", values=LORA_EVICTION_POLICIES,
+             help="which idle adapter leaves a full GPU pool: lru or fifo"),
+        Flag("max-lora-rank", "max_lora_rank", help="rank every adapter slot is sized for"),
         Flag("load-balance-method", "router", values=LOAD_BALANCE_METHODS,
              search={"choices": list(LOAD_BALANCE_METHODS)},
              help="which dp-size replica takes a request: round_robin, total_requests (fewest running + "

@@ -51,6 +51,12 @@ BLOCK_SIZE = 16  # CUDA default block size (vllm/platforms/cuda.py check_and_upd
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128)  # vllm/config/cache.py BlockSize literal
 
 SCHEDULING_POLICIES = {"fcfs": "fcfs", "priority": "priority"}  # vllm/config/scheduler.py SchedulerPolicy
+#: LoRA (vllm/config/lora.py:27-45, flags vllm/engine/arg_utils.py:1609-1624): max_lora_rank's
+#: choices; max_loras defaults to 1, max_cpu_loras to max_loras. One LRU policy for both caches
+#: (lora/model_manager.py:1441-1457), the base model takes no slot (the scheduler counts
+#: only ``lora_int_id > 0``, v1/core/sched/scheduler.py:1042-1046), and adapters load
+#: from disk on their first request (lora/worker_manager.py:288-313).
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 class VLLM(Target):
@@ -151,7 +157,21 @@ class VLLM(Target):
         if max_len and ctx.context_len and max_len > ctx.context_len:
             broken.append(f"max-model-len {max_len} exceeds the model's max_position_embeddings {ctx.context_len} "
                           "[vllm/config/model.py: User-specified max_model_len is greater than the derived]")
+        if config.enable_lora:
+            if config.max_lora_rank not in LORA_RANKS:
+                broken.append(f"max-lora-rank {config.max_lora_rank} is not one of {list(LORA_RANKS)} "
+                              "[vllm/config/lora.py:27 MaxLoRARanks]")
+            if 0 < config.max_cpu_loras < config.max_loras:
+                broken.append(f"max_cpu_loras ({config.max_cpu_loras}) must be >= max_loras ({config.max_loras}) "
+                              "[vllm/config/lora.py:123-127]")
         return broken + memory_violations(config, ctx)
+
+    def lora_search_settings(self, adapters: int) -> dict[str, dict[str, Any]]:
+        # the slots bound the batch's distinct adapters and take KV memory; the host cache spares
+        # disk reads (0 = as many as max_loras). The rank is the adapters', not a choice.
+        top = max(2, min(adapters, 64))
+        return {"max_loras": {"low": 1, "high": top, "log": True},
+                "max_cpu_loras": {"low": 1, "high": max(2, adapters), "log": True, "off": True}}
 
 
 def memory_violations(config: PolicyConfig, ctx: EngineContext) -> list[str]:
@@ -207,5 +227,10 @@ ENGINE = VLLM(
              help="reuse the KV of shared prompt prefixes"),
         Flag("max-model-len", "max_model_len", unset=0,
              help="longest prompt + output; longer prompts are refused"),
+        Flag("enable-lora", "enable_lora", kind="store_true",
+             help="serve LoRA adapters (name them with --lora-modules NAME=PATH beside this file)"),
+        Flag("max-loras", "max_loras", help="GPU adapter slots: most distinct adapters among running requests"),
+        Flag("max-lora-rank", "max_lora_rank", help="rank every slot is sized for"),
+        Flag("max-cpu-loras", "max_cpu_loras", unset=0, help="adapters cached in host memory (LRU)"),
     ),
 )
