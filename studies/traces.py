@@ -217,7 +217,8 @@ class Trace:
     @property
     def has_adapters(self) -> bool:
         """Some request asks for a LoRA adapter (the engine then runs its adapter pool)."""
-        return bool(np.any(self.adapter_labels != BASE))
+        base = [code for code, name in enumerate(self.adapter_names) if name == BASE]
+        return len(base) < len(self.adapter_names) and bool(np.any(~np.isin(self.adapter, base)))
 
     @property
     def adapter_labels(self) -> np.ndarray:
