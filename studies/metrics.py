@@ -127,6 +127,11 @@ class Report:
     kv_p95_fraction: float = math.nan
     migrations: int = 0  # fleet: running requests moved with their KV
     handoffs: int = 0  # fleet P/D: prefill -> decode transfers
+    # LoRA adapters (issue 16 part 1): loads onto a GPU (of them, read from disk first) and the
+    # seconds those loads added to steps, summed over replicas
+    adapter_loads: int = 0
+    adapter_disk_loads: int = 0
+    adapter_load_s: float = 0.0
     goodput_window_s: float = GOODPUT_WINDOW_S
     goodput_windows: list[float] = field(default_factory=list)  # good requests per second, per window
     goodput_window_min: float = math.nan
@@ -198,6 +203,9 @@ class Report:
             ]
         if self.migrations or self.handoffs:
             rows.append(("replicas", "migrations / P/D hand-offs", f"{self.migrations:,} / {self.handoffs:,}"))
+        if self.adapter_loads:
+            rows.append(("adapters", "LoRA loads (from disk) / time they cost (s)",
+                         f"{self.adapter_loads:,} ({self.adapter_disk_loads:,}) / {_num(self.adapter_load_s, 3)}"))
         for j, entry in self.per_replica.items():
             rows.append(("replicas", f"replica {j}: routed / finished / prefix hit / KV peak",
                          f"{entry['routed']:,} / {entry['finished']:,} / {_pct(entry['prefix_hit_rate'])} / "
@@ -298,6 +306,9 @@ def score(result: SimResult, trace: Trace, slos: SLOSet, *, goodput_window_s: fl
         **_kv_levels(result, _run_end(trace, duration)),
         migrations=int(result.migrations),
         handoffs=int(result.handoffs),
+        adapter_loads=int(result.adapter_loads),
+        adapter_disk_loads=int(result.adapter_disk_loads),
+        adapter_load_s=float(result.adapter_load_s),
         **_goodput_windows(result, trace, good, duration, goodput_window_s),
         **_littles_law(result, trace, duration),
         per_replica=_replicas(result),

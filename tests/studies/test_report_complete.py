@@ -82,6 +82,18 @@ def test_new_figures_are_in_the_dict_and_the_table():
     assert labels["prefill time saved by the cache (s)"] == "0.125"
     assert labels["migrations / P/D hand-offs"] == "3 / 0"
     assert labels["arrival / run window (s)"] == "1.0 / 2.0"
+    assert "LoRA loads (from disk) / time they cost (s)" not in labels  # no adapter loaded: no row
+    assert (data["adapter_loads"], data["adapter_disk_loads"], data["adapter_load_s"]) == (0, 0, 0.0)
+
+
+def test_adapter_loads_and_their_time_are_in_the_dict_and_the_table():
+    trace, result = two_tenants([1.0, 1.0])
+    rep = score(dataclasses.replace(result, adapter_loads=7, adapter_disk_loads=3, adapter_load_s=0.0625), trace,
+                SLOSet())
+    data = rep.to_dict()
+    assert (data["adapter_loads"], data["adapter_disk_loads"], data["adapter_load_s"]) == (7, 3, 0.0625)
+    labels = {label: value for _, label, value in rep.summary_rows()}
+    assert labels["LoRA loads (from disk) / time they cost (s)"] == "7 (3) / 0.062"
 
 
 # -- simulated runs --------------------------------------------------------------------------
