@@ -18,9 +18,12 @@ replica may take the request (the fleet queues it). Ties go to the lowest index.
   max - min outstanding > router_balance_abs and max > min x router_balance_rel, the least
   outstanding replica; else, with match_j the leading entries of the request in j's set
   (best: the longest, ties fewer outstanding), the best when best x block_tokens / prompt
-  > router_cache_threshold, otherwise the replica with the smallest set.
-- ``unified``: highest score T_saved - router_queue_weight x T_queue - T_transfer - T_risk,
-  the terms written by ``fill_unified_terms`` from the replica's own step-time tables.
+  > router_cache_threshold, otherwise the replica with the smallest set among those where
+  the request's LoRA adapter loads fastest (adapter affinity: resident first, then in the
+  host cache; every replica ties for a base-model request).
+- ``unified``: highest score T_saved - router_queue_weight x T_queue - T_transfer - T_risk
+  - T_adapter, the terms written by ``fill_unified_terms`` from the replica's own step-time
+  tables and T_adapter the seconds loading the request's LoRA adapter would add there.
 - ``consistent_hash``: the primary owner of the request's key on the ring of eligible
   replicas (``policies.hashring``), or its secondary when the primary's outstanding >
   hash_overflow_factor x mean outstanding + 1 (mean over eligible replicas). The ring is
@@ -58,7 +61,8 @@ overflow (it has a slot for every distinct hash of the trace).
 Per routing decision the fleet kernel: fills OUTSTANDING .. ALIVE and CAPACITY of every
 row (ALIVE 0 for replicas that are down or outside the pool being routed to); for
 ``total_tokens``, fills SEQ_TOKENS; for ``unified``, fills
-CACHED_TOKENS and calls ``fill_unified_terms`` for each eligible row; for
+CACHED_TOKENS and calls ``fill_unified_terms`` for each eligible row; for ``cache_aware``
+and ``unified``, fills T_ADAPTER; for
 ``consistent_hash``, computes ``ring_key``; then calls ``choose_replica``. When replica j
 fails it calls ``forget_replica(state, j)``. P/D picks the decode replica with
 ``choose_decode``; migration ranks replicas by ``migration_freeness``.
@@ -91,7 +95,8 @@ T_TRANSFER = 11  # unified: seconds to move the request's computed KV here
 T_RISK = 12  # unified: lone-prefill seconds scaled by the share of its KV need that does not fit
 CAPACITY = 13  # KV blocks of the replica's pool
 SEQ_TOKENS = 14  # total_tokens: sum over waiting + inbox of prompt + generated tokens (SGLang seqlen)
-N_SUMMARY = 15
+T_ADAPTER = 15  # cache_aware, unified: seconds loading the request's LoRA adapter would take here (0: resident)
+N_SUMMARY = 16
 
 (ROUND_ROBIN, LEAST_OUTSTANDING, LEAST_KV, CACHE_AWARE, UNIFIED, CONSISTENT_HASH, VLLM_DP, TOTAL_REQUESTS,
  TOTAL_TOKENS) = range(len(ROUTERS))
@@ -338,7 +343,7 @@ def _cache_aware(cfg, summary, state, entries, block_tokens, prompt_tokens):
             if m > best_match or (m == best_match and summary[j, OUTSTANDING] < summary[best, OUTSTANDING]):
                 best, best_match = j, m
         rate = best_match * block_tokens / prompt_tokens if prompt_tokens > 0 else 0.0
-        chosen = best if rate > cfg[I_CACHE_THRESHOLD] else _smallest_set(summary, state)
+        chosen = best if rate > cfg[I_CACHE_THRESHOLD] else _smallest_set(summary, state, _fastest_adapter(summary))
     remember(state, entries, chosen)
     return chosen
 
@@ -375,10 +380,23 @@ def forget_replica(state, j):
 
 
 @njit(cache=True, nogil=True)
-def _smallest_set(summary, state):
+def _fastest_adapter(summary):
+    """The shortest adapter load (T_ADAPTER) over the eligible replicas."""
+    fastest = np.inf
+    for j in range(summary.shape[0]):
+        if summary[j, ALIVE] > 0:
+            fastest = min(fastest, summary[j, T_ADAPTER])
+    return fastest
+
+
+@njit(cache=True, nogil=True)
+def _smallest_set(summary, state, adapter_s):
+    """The eligible replica with the smallest set among those whose adapter load takes
+    ``adapter_s``."""
     best = -1
     for j in range(summary.shape[0]):
-        if summary[j, ALIVE] > 0 and (best < 0 or state.set_size[j] < state.set_size[best]):
+        if (summary[j, ALIVE] > 0 and summary[j, T_ADAPTER] <= adapter_s
+                and (best < 0 or state.set_size[j] < state.set_size[best])):
             best = j
     return best
 
@@ -436,7 +454,8 @@ def fill_unified_terms(summary, j, tables, kv_bytes_per_token, cfg, prompt_token
 
 @njit(cache=True, nogil=True)
 def unified_score(summary, j, queue_weight):
-    return summary[j, T_SAVED] - queue_weight * summary[j, T_QUEUE] - summary[j, T_TRANSFER] - summary[j, T_RISK]
+    return (summary[j, T_SAVED] - queue_weight * summary[j, T_QUEUE] - summary[j, T_TRANSFER] - summary[j, T_RISK]
+            - summary[j, T_ADAPTER])
 
 
 @njit(cache=True, nogil=True)

@@ -277,3 +277,29 @@ def test_total_tokens_takes_the_fewest_tokens_then_requests():
     # ... and on a tie of both, the lowest index
     s = dp_summary(3, free=[90, 88, 90], seq=[40, 8, 40], running=[2, 1, 1], waiting=[1, 1, 1])
     assert route(config, s, fresh(3)) == 1  # replicas 1 and 2 tie at (200, 2)
+
+
+def test_cache_aware_without_a_prefix_match_prefers_a_replica_holding_the_adapter():
+    from policies.routing import T_ADAPTER
+
+    config, state = PolicyConfig(router="cache_aware"), fresh(3)
+    remember(state, np.array([9, 10, 11]), 1)  # replica 1 has the largest set
+    s = summary(3)
+    s[:, T_ADAPTER] = [0.04, 0.0, 0.04]  # the adapter is resident on replica 1 only
+    assert route(config, s, state, [0, 1]) == 1  # no match: the smallest set among the fastest loads
+    s[:, T_ADAPTER] = [0.0, 0.0, 0.0]  # a base-model request: every replica ties, as before
+    assert route(config, s, state, [2, 3]) == 0  # the smallest set, lowest index
+    s[:, T_ADAPTER] = [0.04, 0.04, 0.002]  # in replica 2's host cache only: a copy beats a disk read
+    assert route(config, s, state, [4, 5]) == 2
+
+
+def test_unified_charges_the_adapter_load_like_the_other_terms():
+    from policies.routing import T_ADAPTER
+
+    config = PolicyConfig(router="unified")
+    s = summary(2)
+    s[:, T_SAVED] = [0.010, 0.008]  # replica 0 holds more of the prefix ...
+    s[:, T_ADAPTER] = [0.005, 0.0]  # ... but would load the adapter: 0.005 < 0.008
+    assert route(config, s, fresh(2)) == 1
+    s[0, T_ADAPTER] = 0.001  # 0.009 > 0.008
+    assert route(config, s, fresh(2)) == 0
