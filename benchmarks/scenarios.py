@@ -69,6 +69,9 @@ COLUMNS = (  # (header, Report field or derived key, format)
     ("KV peak", "kv_peak_fraction", "{:.0%}"), ("preempt", "preemptions", "{:,}"),
     ("cache saved tok", "prefix_tokens_saved", "{:,}"), ("tenant shares", "tenant_shares", "{}"),
 )
+#: Columns a scenario whose trace asks for LoRA adapters adds.
+ADAPTER_COLUMNS = (("adapter loads (disk)", ("adapter_loads", "adapter_disk_loads"), "{:,} ({:,})"),
+                   ("adapter load s", "adapter_load_s", "{:.2f}"))
 FAILURE_COLUMNS = (("re-routed", "failure_affected", "{:,}"), ("re-prefill tok", "reprefill_tokens", "{:,}"),
                    ("goodput during / after failure /s", ("goodput_during_failures", "goodput_after_failures"),
                     "{:.2f} / {:.2f}"))
@@ -115,7 +118,7 @@ def tune(name: str, trace, cost, slos, trials: int, seed: int, replicas: int = 1
     """The best feasible config of a ``trials``-trial study on this trace (baselines included),
     on the scenario's fleet and under its failures."""
     spec = StudySpec(trace=Path(f"scenario-{name}"), model=MODEL, gpu=GPU, slos=slos, trials=trials, seed=seed,
-                     batch_size=2, replicas=replicas, failures=failures)
+                     batch_size=2, replicas=replicas, failures=failures, adapters=len(set(trace.adapter_labels) - {""}))
     evaluator = Evaluator(spec, trace=trace, cost_model=cost)
     study = optuna.create_study(directions=list(objective_for(spec).directions), sampler=make_sampler(spec, seed))
     enqueue_baselines(study, spec, evaluator.baselines())
@@ -143,6 +146,8 @@ def run_scenario(name: str, data: dict[str, Any], cost, *, trials: int, seed: in
     trace, slos = build_trace(name, data), scenario_slos(name, data)
     replicas, plan = int(data.get("replicas", 1)), failure_plan(name, data)
     configs, out["pending"] = policies_for(data)
+    if trace.has_adapters:  # the engines serve a trace's adapters with LoRA on (each at its defaults)
+        configs = {policy: config.replace(enable_lora=True) for policy, config in configs.items()}
     if trials > 0:
         configs["tuned"], out["tuning"] = tune(name, trace, cost, slos, trials, seed, replicas, plan)
     out["requests"] = trace.n
@@ -199,7 +204,8 @@ def markdown(result: dict[str, Any]) -> str:
                          f"p99 TTFT of {'no bound' if ttft is None else f'{ttft:,.0f} ms'} (the study's bounds).")
         if fleet is not None:
             lines.append(f"The tuned policy routes with {t['router']}.")
-    columns = COLUMNS + (FAILURE_COLUMNS if "reference" in result else ())
+    columns = (COLUMNS + (FAILURE_COLUMNS if "reference" in result else ())
+               + (ADAPTER_COLUMNS if any(r["adapter_loads"] for r in result["policies"].values()) else ()))
     lines += ["", "| " + " | ".join(h for h, _, _ in columns) + " |", "|" + "---|" * len(columns)]
     for policy, report in {**result["policies"], **result.get("reference", {})}.items():
         cells = [policy] + [_cell(report, key, fmt) for _, key, fmt in columns[1:]]

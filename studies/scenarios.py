@@ -47,6 +47,7 @@ import numpy as np
 
 from studies.slo import SLOSet, slo_from_mapping
 from studies.synthetic import (
+    Adapters,
     Diurnal,
     Gamma,
     LogNormal,
@@ -64,7 +65,8 @@ ARRIVALS = {"poisson": Poisson, "gamma": Gamma, "onoff": OnOff, "diurnal": Diurn
 SCENARIO_KEYS = {"about", "seed", "slo", "workload", "policies", "requires", "pending", "replicas", "router",
                  "failures"}
 FAILURE_KEYS = {"windows", "mtbf_s", "repair_s"}
-TENANT_PARTS = {"prompt": LogNormal, "output": LogNormal, "prefix": SharedPrefix, "estimate": OutputEstimate}
+TENANT_PARTS = {"prompt": LogNormal, "output": LogNormal, "prefix": SharedPrefix, "estimate": OutputEstimate,
+                "adapters": Adapters}
 
 CHAT = {"name": "chat", "prompt": {"mean": 1024, "cv": 1.0, "high": 16384}, "output": {"mean": 256, "cv": 1.0, "high": 2048}}
 CHAT_SLO = {"default": {"ttft": 1000, "tpot": 50}}
@@ -109,6 +111,16 @@ SCENARIOS: dict[str, dict[str, Any]] = {
                                              {**CHAT, "name": "cold", "prefix": {"groups": 5000, "prefix_tokens": 2048}}),
                         "policies": {"vllm-cold": {"base": "vllm-default", "set": {"enable_prefix_caching": False}},
                                      "vllm-hot": {"base": "vllm-default", "set": {"enable_prefix_caching": True}}}},
+    # -- LoRA adapters (design validation item 3) -------------------------------------------
+    "adapter-cold-hot": {"about": "chat mix over 64 LoRA adapters of Zipf(1.1) popularity; at 60 s the ranking "
+                                  "rotates by half, so the hot adapters turn cold and cold ones turn hot: GPU slots "
+                                  "bound each batch's distinct adapters, the host cache spares disk reads",
+                         "seed": 14, "slo": CHAT_SLO, "requires": ["enable_lora", "max_loras", "max_cpu_loras"],
+                         "workload": _poisson(16, 120, {**CHAT, "adapters": {"count": 64, "zipf": 1.1,
+                                                                              "shift_s": 60}}),
+                         "policies": {"vllm-4-slots": {"base": "vllm-default", "set": {"max_loras": 4}},
+                                      "vllm-16-slots": {"base": "vllm-default",
+                                                        "set": {"max_loras": 16, "max_cpu_loras": 64}}}},
     # -- tenants ---------------------------------------------------------------------------
     "multi-tenant": {
         "about": "interactive tenant (priority 1, weight 3 SLO, 20 s patience) beside a batch tenant with long "

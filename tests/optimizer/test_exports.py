@@ -40,6 +40,8 @@ VLLM_033_KEYS = frozenset({
     "max-num-queued-tokens", "async-scheduling", "gpu-memory-utilization", "kv-cache-memory-bytes",
     "num-gpu-blocks-override", "block-size", "enable-prefix-caching", "prefix-caching-hash-algo",
     "speculative-config", "enable-expert-parallel", "max-model-len",
+    # LoRA (vllm/engine/arg_utils.py:1609-1624)
+    "enable-lora", "max-loras", "max-lora-rank", "max-cpu-loras",
     # BooleanOptionalAction's negative spellings (vllm/utils/argparse_utils.py)
     "no-enable-chunked-prefill", "no-enable-prefix-caching",
 })
@@ -55,6 +57,8 @@ SGLANG_0523_KEYS = frozenset({
     "radix-eviction-policy", "disable-overlap-schedule", "num-continuous-decode-steps", "context-length",
     "load-balance-method", "speculative-algorithm", "speculative-draft-model-path", "speculative-num-steps",
     "speculative-eagle-topk", "speculative-num-draft-tokens",
+    # LoRA (srt/arg_groups/fields/lora.py:34-74)
+    "enable-lora", "max-loras-per-batch", "lora-eviction-policy", "max-lora-rank", "lora-target-modules",
 })
 
 LLAMA = "meta-llama/Llama-3.1-8B"
@@ -122,7 +126,8 @@ def _check_export(engine, config, accepted):
         return None
     data = yaml.safe_load(text)
     assert set(data) <= accepted
-    assert set(data) <= _flag_keys(engine) | {"enable-priority-scheduling", "disable-priority-preemption"}, \
+    assert set(data) <= _flag_keys(engine) | {"enable-priority-scheduling", "disable-priority-preemption",
+                                              "lora-target-modules"}, \
         "an engine file never carries a knob the engine has no flag for"
     assert all("_" not in key for key in data)
     assert all(value is not False for value in data.values()), "false flags are dropped by the engines' loaders"

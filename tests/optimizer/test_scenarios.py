@@ -37,7 +37,7 @@ def test_every_builtin_scenario_is_a_distinct_workload():
         trace = build_trace(name, data)
         digest = hash(tuple(np.asarray(getattr(trace, c)).tobytes()
                             for c in ("arrival_s", "prompt_tokens", "output_tokens", "max_tokens", "output_estimate",
-                                      "block_hashes")))
+                                      "block_hashes", "adapter")))
         assert digest not in digests, f"{name} replays the same trace as {digests.get(digest)}"
         digests[digest] = name
     assert len(digests) == len(SCENARIOS) >= 17
@@ -139,3 +139,22 @@ def test_a_failure_on_a_replica_the_scenario_lacks_names_the_scenario():
         check_scenario("x", {**SCENARIOS["steady"], "replicas": 0})
     with pytest.raises(ScenarioError, match="failures must be a table"):
         check_scenario("x", {**SCENARIOS["steady"], "failures": {"when": "soon"}})
+
+
+def test_adapter_cold_hot_serves_its_adapters_with_lora_and_reports_their_loads():
+    cost = build("meta-llama/Llama-3.1-8B", "h100")
+    data = small("adapter-cold-hot", 20)
+    data["workload"]["tenants"][0]["adapters"]["shift_s"] = 10  # the hot set turns cold mid-trace
+    result = run_scenario("adapter-cold-hot", data, cost, trials=0)
+    reports = result["policies"]
+    assert set(reports) == {"fifo-no-batching", "vllm-default", "sglang-default", "vllm-4-slots", "vllm-16-slots"}
+    for policy, report in reports.items():
+        assert report["adapter_loads"] > 0 and report["adapter_load_s"] > 0, policy
+    one, sixteen = reports["vllm-default"], reports["vllm-16-slots"]  # 1 slot, 1 host entry vs 16 and 64
+    distinct = len(set(build_trace("adapter-cold-hot", data).adapter_labels))
+    assert one["adapter_disk_loads"] == one["adapter_loads"]  # a host cache of one: every load reads the disk
+    assert sixteen["adapter_disk_loads"] <= distinct < sixteen["adapter_loads"]  # each read once, then copied
+    # one slot runs one adapter at a time: the others' requests queue behind it
+    assert sixteen["request_goodput"] > one["request_goodput"] and sixteen["p50_ttft_ms"] < one["p50_ttft_ms"] / 10
+    assert reports["sglang-default"]["adapter_disk_loads"] == 0  # SGLang holds its adapters in host memory
+    assert "| adapter loads (disk) | adapter load s |" in markdown(result)
