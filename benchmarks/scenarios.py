@@ -205,7 +205,8 @@ def markdown(result: dict[str, Any]) -> str:
         if fleet is not None:
             lines.append(f"The tuned policy routes with {t['router']}.")
     columns = (COLUMNS + (FAILURE_COLUMNS if "reference" in result else ())
-               + (ADAPTER_COLUMNS if any(r["adapter_loads"] for r in result["policies"].values()) else ()))
+               # entries measured before adapters existed carry no adapter figures: they loaded none
+               + (ADAPTER_COLUMNS if any(r.get("adapter_loads") for r in result["policies"].values()) else ()))
     lines += ["", "| " + " | ".join(h for h, _, _ in columns) + " |", "|" + "---|" * len(columns)]
     for policy, report in {**result["policies"], **result.get("reference", {})}.items():
         cells = [policy] + [_cell(report, key, fmt) for _, key, fmt in columns[1:]]
@@ -282,10 +283,10 @@ def main() -> None:
     table = ("Weighted goodput per second (SLO attainment, p99 TTFT of finished requests); details per scenario "
              "below.\n\n" + summary(results) + "\n")
     print(table)
-    sections = [header, table, *(markdown(r) for r in results)]
     args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "scenarios.json").write_text(json.dumps(results, indent=1) + "\n")  # first: the runs are dear
+    sections = [header, table, *(markdown(r) for r in results)]
     (args.out / "scenarios.md").write_text("\n".join(sections))
-    (args.out / "scenarios.json").write_text(json.dumps(results, indent=1) + "\n")
     print(f"wrote {args.out / 'scenarios.md'} and {args.out / 'scenarios.json'}")
 
 

@@ -234,11 +234,14 @@ class StudySpec:
         if self.adapters is not None:
             return self.adapters
         from studies import formats
-        from studies.traces import load_trace
+        from studies.traces import TraceError, load_trace
 
         if not self.trace.is_file() or (self.trace_format or formats.detect(self.trace)) != "native":
             return 0
-        trace = load_trace(self.trace, format="native", **dict(self.trace_options))
+        try:
+            trace = load_trace(self.trace, format="native", **dict(self.trace_options))
+        except TraceError:
+            return 0  # not counted here: the evaluator loads the file and reports what is wrong with it
         return sum(1 for name in set(trace.adapter_labels) if name)
 
     @property
