@@ -46,10 +46,20 @@ COLUMNS = {
     "osl": ("osl",),
     "ttft_ms": ("silicon_ttft_ms", "ttft_ms"),
     "tpot_ms": ("silicon_tpot_ms", "tpot_ms"),
+    "attention_dp_size": ("attention_dp_size",),
+    "moe_tp_size": ("moe_tp_size",),
+    "moe_ep_size": ("moe_ep_size",),
+    "pp_size": ("pp_size",),
 }
+#: the parallel layout columns (``_layout``): absent or empty, a run is plain TP
+LAYOUT = ("attention_dp_size", "moe_tp_size", "moe_ep_size", "pp_size")
 #: columns a runs file may lack: a missing GEMM dtype is bf16; a missing KV dtype stays
 #: null (not recorded: a caller assumes the GEMM dtype and should say so)
-OPTIONAL = {"gemm_dtype", "kv_dtype"}
+OPTIONAL = {"gemm_dtype", "kv_dtype", *LAYOUT}
+#: GEMM quantization modes named as servetune's dtypes. aiconfigurator's "fp8_block" is an
+#: FP8 GEMM with 128x128 block scales; the block scaling is the checkpoint's
+#: (``architecture.weight_quant``), which picks the block-scaled tables itself.
+GEMM_DTYPES = {"float16": "bf16", "bfloat16": "bf16", "fp8_block": "fp8"}
 TEXT = ("model", "gpu", "framework")
 COUNTS = ("tp", "batch_size", "isl", "osl")  # whole numbers
 NUMBERS = (*COUNTS, "ttft_ms", "tpot_ms")
@@ -57,6 +67,13 @@ NUMBERS = (*COUNTS, "ttft_ms", "tpot_ms")
 
 def load_runs(path: str | Path, *, builtin_only: bool = True, bad_rows: str = "raise") -> pl.DataFrame:
     """Measured runs with canonical columns; CostModelError naming file, row and column on bad data.
+
+    ``tp`` is the GPUs of one instance (``costmodels.layout.ParallelLayout.tp``), with its
+    layout in ``moe_ep_size`` and ``attention_dp_size``; a file in aiconfigurator's format
+    gives ``tp_size`` per attention-DP group, so GPUs = ``tp_size x attention_dp_size``,
+    which must equal ``moe_tp_size x moe_ep_size`` (see ``_layout``). ``batch_size`` is the
+    clients of one attention-DP group, as aiconfigurator records it (its rows with
+    ``attention_dp_size`` 8 note ``silicon_concurrency`` = 8 x ``batch_size``).
 
     Built-in model names become canonical; others are an error unless ``builtin_only`` is
     False (validation against a model given by its config.json), when they stay as written.
@@ -72,22 +89,23 @@ def load_runs(path: str | Path, *, builtin_only: bool = True, bad_rows: str = "r
     path = Path(path)
     raw = _read_runs(path)
     runs = raw.select(**_canonical_columns(path, raw)).with_columns(
-        pl.col("gemm_dtype").cast(pl.Utf8).fill_null("bf16").replace({"float16": "bf16", "bfloat16": "bf16"}),
+        pl.col("gemm_dtype").cast(pl.Utf8).fill_null("bf16").replace(GEMM_DTYPES),
         pl.col("kv_dtype").cast(pl.Utf8).str.to_lowercase(), pl.col("model").cast(pl.Utf8),
         pl.col("gpu").cast(pl.Utf8), pl.col("framework").cast(pl.Utf8).str.to_lowercase())
     problems = [[] for _ in range(runs.height)]
     for name in TEXT:
         _check_text(runs[name], problems)
     cleaned = [_check_numbers(path, runs[name], problems) for name in NUMBERS]
+    runs = runs.with_columns(cleaned)
+    runs = runs.drop(LAYOUT).with_columns(_layout(runs, problems, _has_experts(runs["model"])))
     first = next((i for i, p in enumerate(problems) if p), None)
     if first is not None and bad_rows == "raise":
         raise CostModelError(f"{path}: row {first + 2}, {problems[first][0]}")
-    runs = runs.with_columns(cleaned)
     unknown = sorted({m for m in runs["model"].drop_nulls().to_list() if m.lower() not in ALIASES})
     if unknown and builtin_only:
         raise CostModelError(f"{path}: unknown models {unknown}; calibrate built-in models only")
     runs = runs.with_columns(pl.col("model").str.to_lowercase().replace_strict(ALIASES, default=pl.col("model")),
-                             *(pl.col(c).cast(pl.Int64) for c in COUNTS))
+                             *(pl.col(c).cast(pl.Int64) for c in (*COUNTS, "moe_ep_size", "attention_dp_size")))
     if bad_rows == "mark":
         errors = [f"row {i + 2}: {'; '.join(p)}" if p else None for i, p in enumerate(problems)]
         runs = runs.with_columns(pl.Series("error", errors, dtype=pl.Utf8))
@@ -143,6 +161,72 @@ def _check_numbers(path: Path, column: pl.Series, problems: list[list[str]]) -> 
     return pl.Series(name, np.where(ok, v, np.nan)).fill_nan(None)
 
 
+def _has_experts(models: pl.Series) -> np.ndarray:
+    """Per run, whether its model may have expert layers: False only for a built-in model
+    without (a model servetune does not know gets its MoE columns checked)."""
+    dense = {}
+    for m in models.drop_nulls().unique().to_list():
+        canonical = ALIASES.get(m.lower())
+        dense[m] = canonical is not None and load_model(canonical).moe is None
+    return np.array([not dense.get(m, False) for m in models.to_list()], dtype=bool)
+
+
+def _layout(runs: pl.DataFrame, problems: list[list[str]], experts: np.ndarray) -> list[pl.Series]:
+    """Each run's instance GPUs (``tp``), ``moe_ep_size`` and ``attention_dp_size``.
+
+    aiconfigurator's rows give ``tp_size`` per attention-DP group (its
+    ``attention_dp_size`` groups share the expert layers): the instance has
+    ``tp_size x attention_dp_size`` GPUs, and ``moe_tp_size x moe_ep_size`` must name as
+    many. An empty layout value is the plain-TP default: 1, and ``moe_tp_size`` the GPUs
+    over the EP size. A dense model's MoE columns are not read (``experts`` False: the
+    dense rows of aiconfigurator carry placeholders there, 1 and 0) and its EP size is 1.
+    A value that is not a positive whole number, a layout whose GPU counts disagree or
+    ``pp_size`` above 1 (pipeline stages are not modelled) is a problem of its row, and
+    its layout columns are null."""
+    values, bad = {}, np.zeros(runs.height, dtype=bool)
+    for name in LAYOUT:
+        raw = runs[name]
+        v = raw.cast(pl.Float64, strict=False).fill_null(np.nan).to_numpy()
+        given = raw.is_not_null().to_numpy() & (experts if name.startswith("moe_") else True)
+        with np.errstate(invalid="ignore"):
+            wrong = given & ~(np.isfinite(v) & (v >= 1) & (v == np.round(v)))
+        for i in np.flatnonzero(wrong).tolist():
+            problems[i].append(f"column {name!r}: {raw[i]!r} is not a positive whole number")
+        values[name], bad = np.where(given, v, np.nan), bad | wrong
+    tp = runs["tp"].fill_null(np.nan).to_numpy()
+    dp, ep = np.nan_to_num(values["attention_dp_size"], nan=1.0), np.nan_to_num(values["moe_ep_size"], nan=1.0)
+    gpus = tp * dp
+    with np.errstate(invalid="ignore", divide="ignore"):  # a bad EP size of 0: its row is already marked
+        moe_tp = np.where(np.isnan(values["moe_tp_size"]), gpus / ep, values["moe_tp_size"])
+    for i in np.flatnonzero(~bad & np.isfinite(gpus)).tolist():
+        if values["pp_size"][i] > 1:
+            problems[i].append(f"column 'pp_size': {values['pp_size'][i]:g} pipeline stages, which servetune "
+                               "does not model")
+            bad[i] = True
+        elif moe_tp[i] * ep[i] != gpus[i]:
+            problems[i].append(f"layout: moe_tp_size {moe_tp[i]:g} x moe_ep_size {ep[i]:g} = {moe_tp[i] * ep[i]:g} "
+                               f"GPUs, but tp_size {tp[i]:g} x attention_dp_size {dp[i]:g} = {gpus[i]:g}")
+            bad[i] = True
+    return [pl.Series(name, np.where(bad, np.nan, v)).fill_nan(None)
+            for name, v in (("tp", gpus), ("moe_ep_size", ep), ("attention_dp_size", dp))]
+
+
+#: A run's instance layout columns (``load_runs``), in ``ParallelLayout``'s order.
+SETUP = ("tp", "moe_ep_size", "attention_dp_size")
+
+
+def with_layout(runs: pl.DataFrame) -> pl.DataFrame:
+    """``runs`` with the layout columns of ``load_runs``: a frame made without them (by hand,
+    in tests) is plain TP, EP and attention DP 1."""
+    return runs.with_columns(pl.lit(1, pl.Int64).alias(c) for c in SETUP[1:] if c not in runs.columns)
+
+
+def layout_label(run: dict) -> str:
+    """A run's layout as text: "tp8", or "tp8 ep8 dp8" with expert / attention data parallelism."""
+    ep, dp = run["moe_ep_size"], run["attention_dp_size"]
+    return f"tp{run['tp']}" + (f" ep{ep}" if ep != 1 else "") + (f" dp{dp}" if dp != 1 else "")
+
+
 def _raw(t: StepTables) -> StepTables:
     return t._replace(overhead_s=0.0, scale=1.0, prefill_scale=1.0, decode_scale=1.0)
 
@@ -192,14 +276,16 @@ def calibrate(runs: pl.DataFrame, builder=None) -> list[dict]:
     from costmodels.gpus import load_gpu
 
     builder = builder or build
+    runs = with_layout(runs)
     rows = []  # per run: keys, tpot parts, ttft parts, measured
-    for (model, gpu, fw, dtype, tp), group in runs.group_by(["model", "gpu", "framework", "gemm_dtype", "tp"],
-                                                             maintain_order=True):
+    for (model, gpu, fw, dtype, tp, ep, dp), group in runs.group_by(["model", "gpu", "framework", "gemm_dtype", *SETUP],
+                                                                     maintain_order=True):
         try:
             cost = builder(model, gpu, tp=int(tp), framework=fw, gemm_dtype=dtype, kv_dtype=dtype,
-                           calibration=False)
+                           calibration=False, moe_ep_size=int(ep), attention_dp_size=int(dp))
         except CostModelError as exc:
-            raise CostModelError(f"runs for {model} on {gpu} tp={tp} {fw}/{dtype}: {exc}") from exc
+            label = layout_label({"tp": tp, "moe_ep_size": ep, "attention_dp_size": dp})
+            raise CostModelError(f"runs for {model} on {gpu} {label} {fw}/{dtype}: {exc}") from exc
         b, s, o = (group[c].to_numpy().astype(np.float64) for c in ("batch_size", "isl", "osl"))
         rows.append(dict(model=model, gpu=load_gpu(gpu).name, framework=fw, gemm_dtype=dtype, tp=int(tp),
                          step_source=step_source(cost),

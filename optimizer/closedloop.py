@@ -65,7 +65,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from numba import njit
 
-from costmodels.calibration import entry_family, step_source
+from costmodels.calibration import SETUP, entry_family, step_source, with_layout
 from costmodels.costmodel import CostModel, CostModelError
 from costmodels.steptable import step_seconds
 from policies import engine
@@ -521,17 +521,18 @@ class ReplayRows:
 
         builder = builder or build
         self.bench = bench or BenchClient()
-        self.rows = list(runs.iter_rows(named=True))
+        self.rows = list(with_layout(runs).iter_rows(named=True))
         self.ttft_ms = np.array([r["ttft_ms"] for r in self.rows], dtype=float)
         self.tpot_ms = np.array([r["tpot_ms"] for r in self.rows], dtype=float)
         self._cost, self._ctx = [], []
         self._seq = [server_max_seq_len(r["framework"], r["model"]) for r in self.rows]
         built: dict[tuple, CostModel] = {}
-        for r in self.rows:
-            key = (r["model"], r["gpu"], r["framework"], r["gemm_dtype"], r["tp"])
+        for r in self.rows:  # each run on the cost model of one attention-DP group of its layout
+            key = (r["model"], r["gpu"], r["framework"], r["gemm_dtype"], *(r[c] for c in SETUP))
             if key not in built:
                 built[key] = builder(r["model"], r["gpu"], tp=r["tp"], framework=r["framework"],
-                                     gemm_dtype=r["gemm_dtype"], kv_dtype=r["gemm_dtype"], calibration=False)
+                                     gemm_dtype=r["gemm_dtype"], kv_dtype=r["gemm_dtype"], calibration=False,
+                                     moe_ep_size=r["moe_ep_size"], attention_dp_size=r["attention_dp_size"])
             self._cost.append(built[key])
             self._ctx.append(context_of(built[key], r["gpu"], context_len=0, tp=r["tp"]))
 

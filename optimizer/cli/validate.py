@@ -29,6 +29,7 @@ import numpy as np
 import polars as pl
 import typer
 
+from costmodels.calibration import SETUP, layout_label, with_layout
 from costmodels.costmodel import CostModel, CostModelError
 from optimizer.closedloop import (
     BenchClient,
@@ -76,6 +77,7 @@ def predict_runs(runs: pl.DataFrame, *, model_config: str | Path | None = None, 
     the client drives the server (default ``BenchClient()``, AIPerf as aiconfigurator runs
     it). ``on_row(i)`` is called after each row."""
     bench = bench or BenchClient()
+    runs = with_layout(runs)
     configs = model_configs(runs["model"].drop_nulls().unique(maintain_order=True).to_list(), model_config)
     setups: dict[tuple, Setup | str] = {}  # a setup's failure is cached as its reason
     out = {name: [] for name in PREDICTED}
@@ -96,7 +98,7 @@ def _predict_row(i: int, row: dict, configs: dict, setups: dict, calibration, be
                                          "error": row.get("error")}
     if values["error"] is not None:
         return values
-    key = (row["model"], row["gpu"], row["framework"], row["gemm_dtype"], kv_dtype, row["tp"])
+    key = (row["model"], row["gpu"], row["framework"], row["gemm_dtype"], kv_dtype, *(row[c] for c in SETUP))
     if key not in setups:
         setups[key] = _setup(row, kv_dtype, configs[row["model"]], calibration)
     setup = setups[key]
@@ -117,10 +119,11 @@ def _setup(row: dict, kv_dtype: str, model_config: Path | str | None, calibratio
         return model_config
     from costmodels import build
 
-    label = f"{row['model']} on {row['gpu']} tp{row['tp']} {row['framework']}/{row['gemm_dtype']} (KV {kv_dtype})"
-    try:
+    layout = {c: row[c] for c in SETUP[1:]}
+    label = f"{row['model']} on {row['gpu']} {layout_label(row)} {row['framework']}/{row['gemm_dtype']} (KV {kv_dtype})"
+    try:  # one attention-DP group of the run's layout: its scheduler sees the row's batch_size clients
         cost = build(row["model"], row["gpu"], tp=row["tp"], framework=row["framework"], gemm_dtype=row["gemm_dtype"],
-                     kv_dtype=kv_dtype, model_config=model_config, calibration=calibration)
+                     kv_dtype=kv_dtype, model_config=model_config, calibration=calibration, **layout)
         server = measured_server(cost)
         ctx = context_of(cost, row["gpu"], context_len=0, tp=row["tp"])  # the KV pool bounds a closed loop's runs
         return Setup(cost, server_config(row["framework"], ctx, server), server,
