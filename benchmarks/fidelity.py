@@ -26,7 +26,17 @@ predictions, in sample and LOGO), ``fidelity_scatter.png`` (LOGO) and
 in-sample and LOGO error) to ``--out``; ``--install`` also writes that file as the
 bundled calibration ``costmodels/data/calibration.json``, which is how it was made.
 
-    python benchmarks/fidelity.py [--runs FILE.csv] [--quick] [--jobs 2] [--install]
+The **breadth** runs (``silicon_breadth_dev.csv``: Qwen3-235B-A22B-FP8 on H100,
+DeepSeek-V3/R1 on H200, Llama-3.1-70B on B200, all TRT-LLM, with expert and attention data
+parallelism) are scored the same way on their own (``breadth``): replay calibration fitted
+on breadth rows only, in sample and leaving one setup (model, GPU, framework, dtype,
+layout) out, each run replayed on the cost model of one attention-DP group of its layout;
+the figures per model x GPU x framework and per setup go to ``fidelity_breadth.md``,
+``.json`` and ``.csv``. Rows servetune cannot score (64-GPU instances, FP4 GEMMs) are
+listed with the reason. ``--part`` runs one half (the dense files are left as they are).
+
+    python benchmarks/fidelity.py [--runs FILE.csv] [--breadth-runs FILE.csv] [--part both|dense|breadth]
+                                  [--quick] [--jobs 2] [--install]
 """
 
 from __future__ import annotations
@@ -48,7 +58,8 @@ sys.path.insert(0, str(ROOT))
 
 from costmodels import calibrate, load_runs, save_calibration  # noqa: E402
 from costmodels.architecture import load_model  # noqa: E402
-from costmodels.calibration import BUNDLED, match_entry  # noqa: E402
+from costmodels.calibration import BUNDLED, layout_label, match_entry  # noqa: E402
+from costmodels.costmodel import CostModelError  # noqa: E402
 from costmodels.distil import aic_root, shared_dir  # noqa: E402
 from costmodels.gpus import load_gpu  # noqa: E402
 from optimizer.cli.validate import format_report, predict_runs, scatter_figure  # noqa: E402
@@ -108,9 +119,10 @@ def predict_with(held: pl.DataFrame, entries: list[dict] | None, bench: BenchCli
     return predict_runs(held, calibration=path, bench=bench)
 
 
-def evaluate(runs: pl.DataFrame, fitter, bench: BenchClient, pool=None, log=print):
-    """(in-sample predictions, LOGO predictions, the in-sample entries) for one fitter."""
-    splits = list(logo_splits(runs))
+def evaluate(runs: pl.DataFrame, fitter, bench: BenchClient, pool=None, keys=LOGO_KEYS):
+    """(in-sample predictions, LOGO predictions, the in-sample entries) for one fitter,
+    leaving out one ``keys`` group at a time."""
+    splits = list(logo_splits(runs, keys))
     fold_keys = [fallback_key(held, train) for _, held, train in splits]
     tasks = [(fitter, part, None) for _, part in runs.group_by(["gpu", "framework", "gemm_dtype"], maintain_order=True)]
     n_slices = len(tasks)
@@ -137,17 +149,21 @@ def overall(pred: pl.DataFrame) -> tuple[float, float]:
     return ok.select(_ape("pred_ttft_ms", "ttft_ms").mean()).item(), ok.select(_ape("pred_tpot_ms", "tpot_ms").mean()).item()
 
 
-def group_table(insample: pl.DataFrame, logo: pl.DataFrame) -> pl.DataFrame:
-    """MAPE per (model, framework, TP) group and overall: in sample and LOGO side by side."""
-    keys = ["model", "framework", "gemm_dtype", "tp"]
+#: The dense groups' table rows: one per (model, framework, TP).
+GROUP_KEYS = ["model", "framework", "gemm_dtype", "tp"]
+
+
+def group_table(insample: pl.DataFrame, logo: pl.DataFrame, keys=GROUP_KEYS) -> pl.DataFrame:
+    """MAPE per ``keys`` group and overall (keys "all", or 0 for a number): in sample and
+    LOGO side by side."""
 
     def agg(df, tag):
         ok = df.filter(pl.col("error").is_null())
         cols = [pl.len().alias("runs"), _ape("pred_ttft_ms", "ttft_ms").mean().alias(f"ttft_{tag}"),
                 _ape("pred_tpot_ms", "tpot_ms").mean().alias(f"tpot_{tag}")]
         per = ok.group_by(keys, maintain_order=True).agg(cols)
-        allrow = ok.select(cols).with_columns(pl.lit("all").alias("model"), pl.lit("all").alias("framework"),
-                                              pl.lit("all").alias("gemm_dtype"), pl.lit(0, pl.Int64).alias("tp"))
+        allrow = ok.select(cols).with_columns(pl.lit("all" if per.schema[k] == pl.Utf8 else 0).cast(per.schema[k])
+                                              .alias(k) for k in keys)
         return pl.concat([per, allrow.select(per.columns)])
 
     a, b = agg(insample, "in"), agg(logo, "logo")
@@ -158,14 +174,94 @@ def group_table(insample: pl.DataFrame, logo: pl.DataFrame) -> pl.DataFrame:
 
 
 def format_groups(table: pl.DataFrame) -> str:
-    lines = [f"{'model':24} {'framework':12} {'tp':>3} {'runs':>4}  {'TTFT in':>7} {'LOGO':>6}  "
-             f"{'TPOT in':>7} {'LOGO':>6}  LOGO entry (server)"]
-    for r in table.iter_rows(named=True):
-        tp = "all" if r["model"] == "all" else str(r["tp"])
+    """``group_table`` as text: its key columns (those before ``runs``), then the figures."""
+    keys = table.columns[:table.columns.index("runs")]
+    cells = [[str(r[k]) if r["model"] != "all" or k == "model" else "" for k in keys]
+             for r in table.iter_rows(named=True)]
+    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
+    lines = ["  ".join(f"{k:{w}}" for k, w in zip(keys, widths, strict=True)) + f" {'runs':>4}  {'TTFT in':>7} "
+             f"{'LOGO':>6}  {'TPOT in':>7} {'LOGO':>6}  LOGO entry (server)"]
+    for r, c in zip(table.iter_rows(named=True), cells, strict=True):
         how = "" if r["model"] == "all" else f"{r['logo_match']} {r['logo_server']}"
-        lines.append(f"{r['model']:24} {r['framework'] + '/' + r['gemm_dtype']:12} {tp:>3} {r['runs']:4d}  "
+        lines.append("  ".join(f"{v:{w}}" for v, w in zip(c, widths, strict=True)) + f" {r['runs']:4d}  "
                      f"{r['ttft_in']:6.1f}% {r['ttft_logo']:5.1f}%  {r['tpot_in']:6.1f}% {r['tpot_logo']:5.1f}%  {how}")
     return "\n".join(lines)
+
+
+#: A breadth setup (a leave-one-out group and a table row): the layout names its TP, EP and attention DP.
+BREADTH_KEYS = ["model", "gpu", "framework", "gemm_dtype", "layout"]
+#: The breadth summary rows the issue states its targets on: one per model x GPU x framework.
+BREADTH_SUMMARY = ["model", "gpu", "framework"]
+BREADTH_TARGETS = {"tpot": 10.0, "ttft": 20.0}  # LOGO MAPE, issue 17
+
+
+def split_scorable(runs: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(rows servetune can score, the others with their ``reason``) of ``load_runs(...,
+    bad_rows="mark")`` rows: a row is not scorable when it is bad (its ``error``) or its
+    setup has no cost model (``build`` says why: a 64-GPU instance, an FP4 GEMM)."""
+    from costmodels import build
+
+    runs = runs.with_columns(pl.col("error").alias("reason"))
+    reasons = {}
+    for key, group in runs.filter(pl.col("reason").is_null()).group_by(
+            ["model", "gpu", "framework", "gemm_dtype", "tp", "moe_ep_size", "attention_dp_size"], maintain_order=True):
+        model, gpu, fw, dtype, tp, ep, dp = key
+        try:
+            build(model, gpu, tp=tp, framework=fw, gemm_dtype=dtype, kv_dtype=dtype, calibration=False,
+                  moe_ep_size=ep, attention_dp_size=dp)
+        except CostModelError as exc:
+            reasons |= dict.fromkeys(group["row"].to_list(), f"no cost model: {exc}")
+    runs = runs.with_columns(pl.col("reason").fill_null(pl.col("row").replace_strict(reasons, default=None,
+                                                                                    return_dtype=pl.Utf8)))
+    return runs.filter(pl.col("reason").is_null()).drop("reason", "error"), runs.filter(pl.col("reason").is_not_null())
+
+
+def breadth(path: Path, bench: BenchClient, pool, ttft_weight: float, quick: bool) -> tuple[str, dict, pl.DataFrame]:
+    """The breadth runs (MoE, MLA, B200, parallel layouts) scored as the dense ones are:
+    replay calibration, in sample and leaving one setup (``BREADTH_KEYS``) out. Returns the
+    report text, its figures and the per-run predictions; rows servetune cannot score are
+    listed with their reasons, none dropped unsaid."""
+    runs = load_runs(path, bad_rows="mark").with_row_index("row")
+    runs = runs.with_columns(pl.struct("tp", "moe_ep_size", "attention_dp_size").map_elements(
+        lambda r: layout_label(r) if r["tp"] is not None else "?", return_dtype=pl.Utf8).alias("layout"))
+    scored, skipped = split_scorable(runs)
+    if quick:
+        scored = scored.gather_every(4)
+    t0 = time.perf_counter()
+    insample, logo, entries = evaluate(scored, functools.partial(replay_fitter, ttft_weight=ttft_weight), bench, pool,
+                                       keys=BREADTH_KEYS)
+    setups, summary = group_table(insample, logo, BREADTH_KEYS), group_table(insample, logo, BREADTH_SUMMARY)
+    total = summary.row(-1, named=True)
+    failed = logo.filter(pl.col("error").is_not_null())
+    lines = [f"{runs.height} runs from {path.name}: {scored.height} scored, {skipped.height} not scorable; replay "
+             f"calibration (in sample and {setups.height - 1} leave-one-setup-out folds) in "
+             f"{time.perf_counter() - t0:.0f} s", "",
+             "per model x GPU x framework (LOGO: fit without the setup, score on it):", format_groups(summary), "",
+             "per setup (layout: tp GPUs per instance, ep expert-parallel, dp attention data-parallel groups):",
+             format_groups(setups), "",
+             f"breadth out of sample (LOGO), the figure to quote: TTFT MAPE {total['ttft_logo']:.1f}% (target "
+             f"{BREADTH_TARGETS['ttft']:.0f}%), TPOT MAPE {total['tpot_logo']:.1f}% (target "
+             f"{BREADTH_TARGETS['tpot']:.0f}%); in sample {total['ttft_in']:.1f}% / {total['tpot_in']:.1f}%", "",
+             f"scored rows the engine could not replay out of sample ({failed.height}):"]
+    lines += [f"  {r['error']}" for r in failed.iter_rows(named=True)] or ["  none"]
+    lines += ["", "not scorable (rows, reason):"]
+    for r in skipped.group_by(["model", "gpu", "gemm_dtype", "layout", "reason"], maintain_order=True).len().iter_rows(
+            named=True):
+        lines.append(f"  {r['len']:3d}  {r['model']} {r['gpu']} {r['gemm_dtype']} {r['layout']}: {r['reason']}")
+    figures = {"runs_file": path.name, "runs": runs.height, "scored": scored.height,
+               "not_scorable": skipped.select("row", "model", "layout", "reason").to_dicts(),
+               "groups": [r for r in summary.iter_rows(named=True) if r["model"] != "all"],
+               "setups": [r for r in setups.iter_rows(named=True) if r["model"] != "all"],
+               "leave_one_group_out": {"ttft_mape": total["ttft_logo"], "tpot_mape": total["tpot_logo"]},
+               "in_sample": {"ttft_mape": total["ttft_in"], "tpot_mape": total["tpot_in"]},
+               "targets": {f"{k}_logo_mape_max": v for k, v in BREADTH_TARGETS.items()} | {
+                   "met": {k: total[f"{k}_logo"] <= v for k, v in BREADTH_TARGETS.items()}},
+               "calibration": entries}
+    out = insample.join(logo.select("row", pl.col("pred_ttft_ms").alias("logo_ttft_ms"),
+                                    pl.col("pred_tpot_ms").alias("logo_tpot_ms"),
+                                    pl.col("calibration_match").alias("logo_match"), pl.col("error").alias("logo_error")),
+                        on="row", how="left").sort("row")
+    return "\n".join(lines), figures, out
 
 
 def main() -> None:
@@ -178,7 +274,35 @@ def main() -> None:
     parser.add_argument("--install", action="store_true",
                         help="also write the fitted entries, with their stated errors, as the bundled calibration "
                              "(costmodels/data/calibration.json)")
+    parser.add_argument("--breadth-runs", type=Path, default=None,
+                        help="breadth runs CSV (default: ../shared silicon_breadth_dev.csv)")
+    parser.add_argument("--part", choices=("both", "dense", "breadth"), default="both",
+                        help="score the dense runs, the breadth runs or both (each writes its own files)")
     args = parser.parse_args()
+    ctx = multiprocessing.get_context("spawn")  # polars thread pools do not survive a fork
+    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=ctx) if args.jobs > 1 else _Serial() as pool:
+        if args.part in ("both", "dense"):
+            run_dense(args, pool)
+        if args.part in ("both", "breadth"):
+            run_breadth(args, pool)
+
+
+def run_breadth(args, pool) -> None:
+    """``breadth`` on the breadth runs; writes ``fidelity_breadth.{md,json,csv}`` to ``--out``."""
+    path = args.breadth_runs or aic_root(shared_dir()) / "systems" / "silicon_breadth_dev.csv"
+    if not path.is_file():
+        sys.exit(f"breadth runs not found at {path}; set SERVETUNE_SHARED or pass --breadth-runs")
+    command = f"python benchmarks/fidelity.py --part breadth{' --quick' if args.quick else ''}"
+    text, figures, out = breadth(path, BenchClient(), pool, args.ttft_weight, args.quick)
+    print(text)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "fidelity_breadth.md").write_text(f"# Fidelity: breadth runs\n\nCommand: `{command}`\n\n```\n{text}\n```\n")
+    (args.out / "fidelity_breadth.json").write_text(json.dumps({"command": command, **figures}, indent=1) + "\n")
+    out.write_csv(args.out / "fidelity_breadth.csv")
+
+
+def run_dense(args, pool) -> None:
+    """The dense runs scored against the baselines; writes ``fidelity.*`` to ``--out``."""
     path = args.runs or aic_root(shared_dir()) / "systems" / "silicon_dense_h100.csv"
     if not path.is_file():
         sys.exit(f"measured runs not found at {path}; set SERVETUNE_SHARED or pass --runs")
@@ -188,13 +312,11 @@ def main() -> None:
     runs = runs.with_row_index("row")  # joins the in-sample and LOGO predictions of a run
     aiperf = BenchClient()
     t0 = time.perf_counter()
-    ctx = multiprocessing.get_context("spawn")  # polars thread pools do not survive a fork
-    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=ctx) if args.jobs > 1 else _Serial() as pool:
-        base_lock = evaluate(runs, formula_fitter, LOCKSTEP, pool)
-        base_aiperf = evaluate(runs, formula_fitter, aiperf, pool)
-        t1 = time.perf_counter()
-        insample, logo, entries = evaluate(runs, functools.partial(replay_fitter, ttft_weight=args.ttft_weight),
-                                           aiperf, pool)
+    base_lock = evaluate(runs, formula_fitter, LOCKSTEP, pool)
+    base_aiperf = evaluate(runs, formula_fitter, aiperf, pool)
+    t1 = time.perf_counter()
+    insample, logo, entries = evaluate(runs, functools.partial(replay_fitter, ttft_weight=args.ttft_weight),
+                                       aiperf, pool)
     t2 = time.perf_counter()
     table = group_table(insample, logo)
     total = table.row(-1, named=True)
