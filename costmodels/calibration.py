@@ -221,6 +221,11 @@ def with_layout(runs: pl.DataFrame) -> pl.DataFrame:
     return runs.with_columns(pl.lit(1, pl.Int64).alias(c) for c in SETUP[1:] if c not in runs.columns)
 
 
+def fitted_layouts(layouts) -> list[list[int]]:
+    """An entry's ``layouts``: the distinct [tp, moe_ep_size, attention_dp_size] it was fitted on."""
+    return [list(lay) for lay in sorted({tuple(int(v) for v in lay) for lay in layouts})]
+
+
 def layout_label(run: dict) -> str:
     """A run's layout as text: "tp8", or "tp8 ep8 dp8" with expert / attention data parallelism."""
     ep, dp = run["moe_ep_size"], run["attention_dp_size"]
@@ -288,6 +293,7 @@ def calibrate(runs: pl.DataFrame, builder=None) -> list[dict]:
             raise CostModelError(f"runs for {model} on {gpu} {label} {fw}/{dtype}: {exc}") from exc
         b, s, o = (group[c].to_numpy().astype(np.float64) for c in ("batch_size", "isl", "osl"))
         rows.append(dict(model=model, gpu=load_gpu(gpu).name, framework=fw, gemm_dtype=dtype, tp=int(tp),
+                         layout=[int(tp), int(ep), int(dp)],
                          step_source=step_source(cost),
                          tpot=tpot_parts(cost.tables, b, s, o), ttft=ttft_parts(cost.tables, b, s, o),
                          tpot_ms=group["tpot_ms"].to_numpy(), ttft_ms=group["ttft_ms"].to_numpy(),
@@ -308,7 +314,8 @@ def _fit_entry(key: dict, sel: list[dict]) -> dict:
     overhead0 = sel[0]["overhead0"]
     overhead, scale = fit(tpot, tpot_s, overhead0)
     return key | {
-        "tp": sorted({r["tp"] for r in sel}), "n_runs": int(len(tpot_s)), "fit": "formula",
+        "tp": sorted({r["tp"] for r in sel}), "layouts": fitted_layouts(r["layout"] for r in sel),
+        "n_runs": int(len(tpot_s)), "fit": "formula",
         "overhead_s": overhead, "scale": scale,
         "tpot_mape_before": mape(predict(tpot, overhead0, 1.0), tpot_s),
         "tpot_mape_after": mape(predict(tpot, overhead, scale), tpot_s),
@@ -358,10 +365,12 @@ def entry_family(entry: dict) -> str:
 
 
 def match_entry(entries: list[dict], *, model: str, family: str, gpu: str, framework: str, gemm_dtype: str,
-                tp: int, kv_dtype: str, source: str = "profiled") -> tuple[dict | None, str]:
+                tp: int, kv_dtype: str, source: str = "profiled", layout: tuple[int, int] = (1, 1)) -> tuple[dict | None, str]:
     """The entry for a setup and how it matched (``MATCHES``), within the framework and GEMM
-    dtype: the same model on this GPU at this TP and KV dtype (``setup``), at any TP
-    (``model``), another model of its family (``family``), the pooled fit of the GPU
+    dtype: the same model on this GPU at this TP, layout (``layout``: EP size, attention-DP
+    size; an entry fitted on other layouts of the TP, or one without ``layouts``, which was
+    fitted on plain TP, is no ``setup`` match of another) and KV dtype (``setup``), at any
+    TP or layout (``model``), another model of its family (``family``), the pooled fit of the GPU
     (``pooled``); failing all, the same chain fitted on another GPU (``other_gpu``: the
     overhead and scales of one GPU's tables applied to another's); (None, "none"). Only
     entries fitted on the same ``source`` of step times count (entries without the field
@@ -371,7 +380,8 @@ def match_entry(entries: list[dict], *, model: str, family: str, gpu: str, frame
     here = [e for e in kind if e["gpu"] == gpu]
     mine = [e for e in here if e["model"] == model]
     for e in mine:
-        if tp in e.get("tp", []) and e.get("kv_dtype", e["gemm_dtype"]) == kv_dtype:
+        fitted = e.get("layouts", [[t, 1, 1] for t in e.get("tp", [])])
+        if [tp, *layout] in fitted and e.get("kv_dtype", e["gemm_dtype"]) == kv_dtype:
             return e, "setup"
     tiers = (lambda e: e["model"] == model,
              lambda e: bool(family) and e["model"] not in ("*", model) and entry_family(e) == family,
@@ -389,9 +399,10 @@ def match_entry(entries: list[dict], *, model: str, family: str, gpu: str, frame
 
 def apply_calibration(cost: CostModel, model: str, gpu: str, framework: str, gemm_dtype: str,
                       calibration: str | Path | bool | None, kv_dtype: str | None = None,
-                      family: str = "") -> CostModel:
+                      family: str = "", layout: tuple[int, int] = (1, 1)) -> CostModel:
     """``cost`` with a calibrated overhead and scales, and ``cost.calibration`` saying
     which entry (file, match level, its fitted values and stated error) it used.
+    ``layout``: the model's (EP size, attention-DP size), for ``match_entry``.
 
     ``calibration``: a file (an entry must match), None (the bundled file, if it has a
     match; otherwise the model stays uncalibrated and ``source`` says so) or False (never).
@@ -403,7 +414,7 @@ def apply_calibration(cost: CostModel, model: str, gpu: str, framework: str, gem
         return replace(cost, source=cost.source + "; uncalibrated", calibration={"file": None, "match": "none"})
     kv_dtype = kv_dtype or gemm_dtype
     entry, how = match_entry(load_calibration(path), model=model, family=family, gpu=gpu, framework=framework,
-                             gemm_dtype=gemm_dtype, tp=cost.tp, kv_dtype=kv_dtype, source=step_source(cost))
+                             gemm_dtype=gemm_dtype, tp=cost.tp, kv_dtype=kv_dtype, source=step_source(cost), layout=layout)
     if entry is None:
         if calibration is not None:
             raise CostModelError(f"calibration file {path} has no entry for {model} on {gpu} with "

@@ -65,7 +65,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from numba import njit
 
-from costmodels.calibration import SETUP, entry_family, step_source, with_layout
+from costmodels.calibration import SETUP, entry_family, fitted_layouts, step_source, with_layout
 from costmodels.costmodel import CostModel, CostModelError
 from costmodels.steptable import step_seconds
 from policies import engine
@@ -618,7 +618,7 @@ def calibrate_replay(runs, *, bench: BenchClient | None = None, ttft_weight: flo
     from costmodels import calibrate
     from costmodels.gpus import load_gpu
 
-    runs = runs.with_row_index("_r").with_columns(
+    runs = with_layout(runs).with_row_index("_r").with_columns(
         pl.col("gpu").map_elements(lambda g: load_gpu(g).name, return_dtype=pl.Utf8).alias("_gpu"))
     formula = {(e["gpu"], e["framework"], e["model"], e["gemm_dtype"]): e for e in calibrate(runs.drop("_gpu", "_r"),
                                                                                             builder)}
@@ -641,7 +641,8 @@ def calibrate_replay(runs, *, bench: BenchClient | None = None, ttft_weight: flo
             family = "" if pooled else entry_family({"model": model})
             entries.append({"gpu": gpu, "framework": fw, "model": model, "family": family, "gemm_dtype": dtype,
                             "kv_dtype": dtype,
-                            "tp": sorted(set(group["tp"].to_list())), "n_runs": len(group), **fitted,
+                            "tp": sorted(set(group["tp"].to_list())),
+                            "layouts": fitted_layouts(group.select(list(SETUP)).iter_rows()), "n_runs": len(group), **fitted,
                             "error": {"in_sample_tpot_mape": fitted["tpot_mape_after"],
                                       "in_sample_ttft_mape": fitted["ttft_mape_after"], "out_of_sample": None}})
     return entries

@@ -4,7 +4,8 @@ replayed on the cost model of its own layout."""
 import polars as pl
 import pytest
 
-from costmodels import CostModelError, build, calibrate, load_runs
+from costmodels import CostModelError, build, calibrate, load_runs, save_calibration
+from costmodels.calibration import match_entry
 from optimizer.cli.validate import predict_runs
 from optimizer.closedloop import TRTLLM_DEFAULT, BenchClient, run_benchmark, server_max_seq_len
 
@@ -82,3 +83,23 @@ def test_a_row_is_replayed_on_one_attention_dp_group_of_its_layout(tmp_path):
         loop = run_benchmark(cost, TRTLLM_DEFAULT, 2, 128, 8, bench, max_seq_len=server_max_seq_len("trtllm", R1))
         assert (ttft, tpot) == pytest.approx((loop.mean_ttft_ms, loop.mean_tpot_ms), rel=1e-9)
     assert pred["pred_tpot_ms"][0] != pytest.approx(pred["pred_tpot_ms"][1], rel=0.01)  # the layout matters
+
+
+def test_an_entry_is_a_setup_match_only_at_a_layout_it_was_fitted_on(tmp_path):
+    [entry, _pooled] = calibrate(load_runs(write(tmp_path, ROWS[2:3])))  # R1 at tp8 ep8 only
+    assert entry["layouts"] == [[8, 8, 1]]
+    key = dict(model=R1, family="deepseek_v3", gpu="h200_sxm", framework="trtllm", gemm_dtype="fp8", tp=8,
+               kv_dtype="fp8")
+    assert match_entry([entry], **key, layout=(8, 1)) == (entry, "setup")
+    assert match_entry([entry], **key, layout=(8, 8)) == (entry, "model")  # same TP, other layout
+    assert match_entry([entry], **key) == (entry, "model")  # plain TP
+    plain = {k: v for k, v in entry.items() if k != "layouts"}  # an entry of a plain-TP fit (the bundled file)
+    assert match_entry([plain], **key) == (plain, "setup")
+    path = tmp_path / "cal.json"
+    save_calibration([entry], path)
+    cost = build(R1, "h200_sxm", tp=8, framework="trtllm", gemm_dtype="fp8", kv_dtype="fp8", calibration=path,
+                 moe_ep_size=8, attention_dp_size=1)
+    assert cost.calibration["match"] == "setup"
+    cost = build(R1, "h200_sxm", tp=8, framework="trtllm", gemm_dtype="fp8", kv_dtype="fp8", calibration=path,
+                 moe_ep_size=8, attention_dp_size=8)
+    assert cost.calibration["match"] == "model"
