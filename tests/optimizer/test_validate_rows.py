@@ -120,7 +120,7 @@ def test_validate_scores_the_good_rows_and_names_every_bad_one(tmp_path):
     runs = write_runs(tmp_path / "runs.csv", [
         good(),                                  # line 2
         good(model="acme/Mystery-7B"),           # 3: not built in, no --model-config
-        good(quant="fp8_block"),                 # 4: a dtype without a cost model
+        good(quant="nvfp4"),                 # 4: a dtype without a cost model
         good(backend="tgi"),                     # 5: an unknown framework
         good(osl=-5),                            # 6: a bad value
         good(isl=130000, osl=2000),              # 7: past the model's context
@@ -133,7 +133,7 @@ def test_validate_scores_the_good_rows_and_names_every_bad_one(tmp_path):
     assert_scored(pred[8])
     assert_failed(pred[3], 3, "unknown model 'acme/Mystery-7B'; pass --model-config CONFIG.json for it",
                   "built-in: meta-llama/Llama-3.1-8B")
-    assert_failed(pred[4], 4, "unknown dtype 'fp8_block'", "trtllm/fp8_block")
+    assert_failed(pred[4], 4, "unknown dtype 'nvfp4'", "trtllm/nvfp4")
     assert_failed(pred[5], 5, "unknown framework 'tgi'")
     assert_failed(pred[6], 6, "column 'osl': -5 is not a positive number")
     assert_failed(pred[7], 7, "130000 + 2000 tokens exceeds max_seq_len=131072 (the model's context length)")
@@ -184,10 +184,10 @@ def test_a_setups_failure_is_built_once(tmp_path, monkeypatch):
         return build(*args, **kwargs)
 
     monkeypatch.setattr(costmodels, "build", counting_build)
-    runs = load_runs(write_runs(tmp_path / "runs.csv", [good(quant="fp8_block"), good(quant="fp8_block", isl=256),
+    runs = load_runs(write_runs(tmp_path / "runs.csv", [good(quant="nvfp4"), good(quant="nvfp4", isl=256),
                                                         good()]), bad_rows="mark")
     pred = by_line(predict_runs(runs, bench=BENCH))
-    assert calls == ["fp8_block", "bf16"]
+    assert calls == ["nvfp4", "bf16"]
     assert pred[2]["error"].removeprefix("row 2: ") == pred[3]["error"].removeprefix("row 3: ")
     assert_scored(pred[4])
 
