@@ -938,12 +938,16 @@ def _end_by_deadline_in_fleet(fl, r):
 @njit(cache=True, nogil=True)
 def _close_queue(fl):
     """No replica will come back for what is still queued: it ends at its deadline, or
-    FAILED when it was last queued."""
+    FAILED when it was last queued (or at its first token, if that came later)."""
     deadline = fl.nodes[0][1].sf[S_DEADLINE]
     while fl.fg[FG_Q_LEN] > 0:
         r = _dequeue(fl)
         if math.isnan(deadline[r]):
-            _end_in_fleet(fl, r, S_FAILED, R_NONE, fl.queued_at[r])
+            # when last queued, or at the token it streamed if later: a failure withdrew it
+            # from a step still in flight on another replica, whose token reached the client
+            first = fl.carried_f[K_FIRST_TOKEN, r]
+            t_end = fl.queued_at[r] if math.isnan(first) else max(fl.queued_at[r], first)
+            _end_in_fleet(fl, r, S_FAILED, R_NONE, t_end)
         else:
             _end_by_deadline_in_fleet(fl, r)
 

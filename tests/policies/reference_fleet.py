@@ -58,7 +58,8 @@ Rules the contract leaves open, as implemented here:
   event ends at its deadline (in no replica); one that can be placed is placed even if
   its deadline is now, and its replica settles it. A request still queued when no
   replica will come back ends at its deadline if it has one, else FAILED at the time it
-  was last queued.
+  was last queued, or at its first token if a failure withdrew it from a step in flight
+  that streamed it later.
 * Migration ticks at first arrival + k·``migration_interval_s`` (k = 1, 2, ...), at
   every event that falls on one; the next tick after the current time is itself an
   event while some alive replica holds a request. Per pool (P/D: prefill and decode replicas apart), F_j = (free − headroom −
@@ -511,7 +512,8 @@ class Fleet:
         assert not self.in_flight, "a hand-off left after the last event"
         for i, t_queued in self.queue:  # no replica will come back for them
             if math.isnan(self.trace.deadline_s[i]):
-                self.end_in_fleet(i, State.FAILED, Reject.NONE, t_queued)
+                first = (self.carry[i] or {}).get("first_token", math.nan)  # a step in flight streamed it
+                self.end_in_fleet(i, State.FAILED, Reject.NONE, t_queued if math.isnan(first) else max(t_queued, first))
             else:
                 self.end_by_deadline_in_fleet(i)
         self.queue.clear()
