@@ -236,9 +236,9 @@ class StudySpec:
         from studies import formats
         from studies.traces import TraceError, load_trace
 
-        if not self.trace.is_file() or (self.trace_format or formats.detect(self.trace)) != "native":
-            return 0
         try:
+            if not self.trace.is_file() or (self.trace_format or formats.detect(self.trace)) != "native":
+                return 0
             trace = load_trace(self.trace, format="native", **dict(self.trace_options))
         except TraceError:
             return 0  # not counted here: the evaluator loads the file and reports what is wrong with it
