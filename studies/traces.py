@@ -223,12 +223,12 @@ class Trace:
     @property
     def adapter_labels(self) -> np.ndarray:
         """Adapter name of every request (``""``: the base model)."""
-        return np.asarray(self.adapter_names, dtype=object)[self.adapter]
+        return self.labels("adapter")
 
     @property
     def cache_salt_labels(self) -> np.ndarray:
         """Cache salt of every request (``""``: none)."""
-        return np.asarray(self.cache_salt_names, dtype=object)[self.cache_salt]
+        return self.labels("cache_salt")
 
     @property
     def cache_block_hashes(self) -> np.ndarray:
@@ -238,8 +238,7 @@ class Trace:
         if all(getattr(self, f"{key}_names") == (BASE,) for key in IDENTITY_KEYS):
             return np.array(self.block_hashes, dtype=np.int64)  # nothing to salt
         return identity_salted_hashes(self.block_offsets, self.block_hashes,
-                                      [np.asarray(getattr(self, f"{key}_names"), dtype=object)[getattr(self, key)]
-                                       for key in IDENTITY_KEYS])
+                                      [self.labels(key) for key in IDENTITY_KEYS])
 
     @property
     def block_counts(self) -> np.ndarray:
@@ -324,15 +323,20 @@ class Trace:
         columns = {name: getattr(self, name)[rows] for name in self._DTYPES}
         return self.replace(**columns, block_offsets=offsets, block_hashes=hashes, meta=dict(self.meta))
 
+    def labels(self, column: str) -> np.ndarray:
+        """The names of a coded column (``tenant``, ``slo_class`` or an ``IDENTITY_KEYS`` one)
+        per request, for comparisons and files that must not depend on codes."""
+        return np.asarray(getattr(self, f"{column}_names"), dtype=object)[getattr(self, column)]
+
     @property
     def tenant_labels(self) -> np.ndarray:
         """Tenant name of every request, for comparisons that must not depend on codes."""
-        return np.asarray(self.tenant_names, dtype=object)[self.tenant]
+        return self.labels("tenant")
 
     @property
     def slo_class_labels(self) -> np.ndarray:
         """SLO class name of every request."""
-        return np.asarray(self.slo_class_names, dtype=object)[self.slo_class]
+        return self.labels("slo_class")
 
 
 def _outside(values: np.ndarray, low: int) -> np.ndarray:

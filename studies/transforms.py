@@ -121,7 +121,7 @@ def concat_as_tenants(parts: Sequence[tuple[str, Trace]], *, share_prefixes: boo
                        else np.array([f"{name}/{t}" for t in own], dtype=object))
         classes.append(part.slo_class_labels)
         for key in IDENTITY_KEYS:
-            identities[key].append(np.asarray(getattr(part, f"{key}_names"), dtype=object)[getattr(part, key)])
+            identities[key].append(part.labels(key))
         ids = part.block_hashes
         if not share_prefixes and len(ids):
             _, dense = np.unique(ids, return_inverse=True)

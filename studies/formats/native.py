@@ -227,8 +227,7 @@ def write(trace: Trace, path: Path) -> Path:
         "deadline_s": trace.deadline_s,
         "block_hashes": _lists(trace),
         "block_tokens": np.full(trace.n, trace.block_tokens, dtype=np.int64),
-        **{key: pl.Series(np.asarray(getattr(trace, f"{key}_names"), dtype=object)[getattr(trace, key)],
-                          dtype=pl.String) for key in IDENTITY_KEYS},
+        **{key: pl.Series(trace.labels(key), dtype=pl.String) for key in IDENTITY_KEYS},
     })
     with_estimate = trace.output_estimator != ESTIMATE_IS_CAP
     if with_estimate:
