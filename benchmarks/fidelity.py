@@ -71,10 +71,14 @@ LOGO_KEYS = ["model", "gpu", "framework", "gemm_dtype", "tp"]
 
 def logo_splits(runs: pl.DataFrame, keys=LOGO_KEYS):
     """(key, held-out rows, training rows) per group: the training rows are every other
-    group's, so no row of a group reaches the fit that scores it."""
+    group's, so no row of a group reaches the fit that scores it, nor does the same
+    measurement filed under another name (the breadth file lists DeepSeek-V3's TP8 runs
+    again, number for number, as DeepSeek-R1's)."""
     runs = runs.with_row_index("_split")
+    measurement = ["isl", "osl", "batch_size", "ttft_ms", "tpot_ms"]
     for key, held in runs.group_by(keys, maintain_order=True):
-        train = runs.join(held.select("_split"), on="_split", how="anti")
+        train = runs.join(held.select("_split"), on="_split", how="anti").join(
+            held.select(measurement), on=measurement, how="anti")
         yield key, held.drop("_split"), train.drop("_split")
 
 
@@ -216,6 +220,40 @@ def split_scorable(runs: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     return runs.filter(pl.col("reason").is_null()).drop("reason", "error"), runs.filter(pl.col("reason").is_not_null())
 
 
+#: two setups count as one server measured twice when their TPOTs agree this closely
+#: (median over the shared (ISL, OSL, concurrency) points; TPOT is the steadier metric)
+REPEAT_TPOT_TOL = 0.01
+REPEAT_MIN_POINTS = 5
+
+
+def repeats(runs: pl.DataFrame) -> list[dict]:
+    """Setups of one model, GPU, framework and dtype, labelled with different layouts, whose
+    runs repeat each other (median TPOT difference within ``REPEAT_TPOT_TOL`` over at
+    least ``REPEAT_MIN_POINTS`` shared points): how far apart the same measurement lands twice,
+    the noise floor no model of the server can get under. Differences are symmetric,
+    ``|a - b| / ((a + b) / 2)``."""
+    setup = ["model", "gpu", "framework", "gemm_dtype", "layout"]
+    point = ["isl", "osl", "batch_size"]
+    out = []
+    for _, same in runs.group_by(["model", "gpu", "framework", "gemm_dtype"], maintain_order=True):
+        labels = same["layout"].unique(maintain_order=True).to_list()
+        for i, a in enumerate(labels):
+            for b in labels[i + 1:]:
+                pair = same.filter(pl.col("layout") == a).join(same.filter(pl.col("layout") == b), on=point,
+                                                               suffix="_b")
+                if pair.height < REPEAT_MIN_POINTS:
+                    continue
+                diff = {m: ((pl.col(m) - pl.col(f"{m}_b")).abs() / ((pl.col(m) + pl.col(f"{m}_b")) / 2))
+                        for m in ("ttft_ms", "tpot_ms")}
+                d = pair.select(**{m: e for m, e in diff.items()})
+                if d["tpot_ms"].median() > REPEAT_TPOT_TOL:
+                    continue
+                out.append({**{k: pair[k][0] for k in setup[:-1]}, "layouts": [a, b], "points": pair.height,
+                            "ttft_diff_mean": 100 * d["ttft_ms"].mean(), "ttft_diff_max": 100 * d["ttft_ms"].max(),
+                            "tpot_diff_mean": 100 * d["tpot_ms"].mean()})
+    return out
+
+
 def breadth(path: Path, bench: BenchClient, pool, ttft_weight: float, quick: bool) -> tuple[str, dict, pl.DataFrame]:
     """The breadth runs (MoE, MLA, B200, parallel layouts) scored as the dense ones are:
     replay calibration, in sample and leaving one setup (``BREADTH_KEYS``) out. Returns the
@@ -244,12 +282,19 @@ def breadth(path: Path, bench: BenchClient, pool, ttft_weight: float, quick: boo
              f"{BREADTH_TARGETS['tpot']:.0f}%); in sample {total['ttft_in']:.1f}% / {total['tpot_in']:.1f}%", "",
              f"scored rows the engine could not replay out of sample ({failed.height}):"]
     lines += [f"  {r['error']}" for r in failed.iter_rows(named=True)] or ["  none"]
+    twice = repeats(runs)
+    lines += ["", "the same server measured twice (setups whose TPOT agrees within "
+              f"{100 * REPEAT_TPOT_TOL:.0f}% at the median shared point; the TTFT noise floor):"]
+    lines += [f"  {r['model']} {r['gpu']} {r['gemm_dtype']} {' = '.join(r['layouts'])}: {r['points']} points, TTFT "
+              f"apart by {r['ttft_diff_mean']:.1f}% on average (at most {r['ttft_diff_max']:.0f}%), TPOT by "
+              f"{r['tpot_diff_mean']:.1f}%" for r in twice] or ["  none"]
     lines += ["", "not scorable (rows, reason):"]
     for r in skipped.group_by(["model", "gpu", "gemm_dtype", "layout", "reason"], maintain_order=True).len().iter_rows(
             named=True):
         lines.append(f"  {r['len']:3d}  {r['model']} {r['gpu']} {r['gemm_dtype']} {r['layout']}: {r['reason']}")
     figures = {"runs_file": path.name, "runs": runs.height, "scored": scored.height,
                "not_scorable": skipped.select("row", "model", "layout", "reason").to_dicts(),
+               "measured_twice": twice,
                "groups": [r for r in summary.iter_rows(named=True) if r["model"] != "all"],
                "setups": [r for r in setups.iter_rows(named=True) if r["model"] != "all"],
                "leave_one_group_out": {"ttft_mape": total["ttft_logo"], "tpot_mape": total["tpot_logo"]},
