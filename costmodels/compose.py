@@ -9,7 +9,8 @@ One engine step at a ``ParallelLayout``, with T new tokens:
     + per-step overhead (scheduler, sampling, launch gaps), then x scale.
 
 Attention is read from the GQA attention tables, or for an MLA model from its attention-
-module tables (``costmodels.mlaops``), which include the attention projections.
+module tables (``costmodels.mlaops``, composed from the module's parts where a framework
+has no module table), which include the attention projections.
 
 Measured tables are noisy by a few percent; each grid is made non-decreasing along every
 axis (running maximum), so a step with more work never costs less.
@@ -22,7 +23,7 @@ import numpy as np
 from costmodels.architecture import ModelArch
 from costmodels.layout import ParallelLayout
 from costmodels.linear import linear_seconds
-from costmodels.mlaops import mla_decode_rows, mla_prefill_rows, mla_shape
+from costmodels.mlaops import mla_rows, mla_shape
 from costmodels.moeops import moe_shape
 from costmodels.optables import AttentionShape
 from costmodels.steptable import StepTables
@@ -32,12 +33,12 @@ def attention_shape(arch: ModelArch, tp: int, kv_dtype: str) -> AttentionShape:
     return AttentionShape(arch.num_heads // tp, arch.kv_heads_per_gpu(tp), arch.head_dim, kv_dtype)
 
 
-def attention_rows(arch: ModelArch, ops, layout: ParallelLayout, gemm_dtype: str, kv_dtype: str):
+def attention_rows(arch: ModelArch, ops, layout: ParallelLayout, gemm_dtype: str, kv_dtype: str,
+                   hbm_bytes_per_s: float):
     """(decode rows, prefill rows) of one layer's attention: ``decode_rows`` and
-    ``prefill_rows`` of the GQA tables, or the MLA module tables for an MLA model."""
+    ``prefill_rows`` of the GQA tables, or the MLA module (measured or composed) for an MLA model."""
     if arch.mla is not None:
-        shape = mla_shape(arch, layout, gemm_dtype, kv_dtype)
-        return mla_decode_rows(ops, shape), mla_prefill_rows(ops, shape)
+        return mla_rows(ops, mla_shape(arch, layout, gemm_dtype, kv_dtype), hbm_bytes_per_s)
     shape = attention_shape(arch, layout.attention_tp, kv_dtype)
     return ops.decode_rows(shape), ops.prefill_rows(shape)
 
@@ -101,7 +102,7 @@ def compose(arch: ModelArch, ops, layout: ParallelLayout, kv_dtype: str, hbm_byt
     linear = _monotone(linear, 0)
     seqs = tokens[tokens <= max_logit_seqs]
     head = _monotone(ops.gemm(seqs, -(-arch.vocab_size // layout.attention_tp), arch.hidden_size), 0)
-    decode_rows, prefill_rows = attention_rows(arch, ops, layout, gemm_dtype, kv_dtype)
+    decode_rows, prefill_rows = attention_rows(arch, ops, layout, gemm_dtype, kv_dtype, hbm_bytes_per_s)
     batch, kv_axis, decode, measured = decode_grid(arch, decode_rows)
     pairs, prefill = prefill_curve(arch, prefill_rows)
     return StepTables.from_grids(

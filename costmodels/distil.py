@@ -7,8 +7,9 @@ framework): the GEMM grid for bf16 and fp8 (dense [m, n, k] array, the few unmea
 cells filled by interpolation in log m), decode and context attention for head dims 64,
 128 and 256 without sliding window, the framework's all-reduce, NCCL all-gather /
 reduce-scatter / all-to-all (expert and attention data parallelism), the fused-MoE rows
-of the built-in MoE models' expert shapes, and the MLA attention-module rows (DeepSeek). Latencies are stored
-as float16 milliseconds (0.05 % rounding, far below run-to-run noise). It also writes the
+of the built-in MoE models' expert shapes, and the MLA attention-module rows (DeepSeek), or
+where a framework measured only the module's parts (SGLang) the parts (``mla_part_rows``).
+Latencies are stored as float16 milliseconds (0.05 % rounding, far below run-to-run noise). It also writes the
 GPU specs, the model configs, and ``calibration.json`` fitted to the measured H100 runs.
 Run:
 
@@ -28,6 +29,7 @@ import polars as pl
 import yaml
 
 from costmodels.architecture import ModelArch
+from costmodels.mlaops import BMM_OPS
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 GPUS = ("a100_sxm", "h100_sxm", "h200_sxm", "b200_sxm")
@@ -207,6 +209,51 @@ def mla_rows(df: pl.DataFrame, length_col: str) -> dict[str, np.ndarray]:
     }
 
 
+def _one_kernel(df: pl.DataFrame, what: str) -> pl.DataFrame:
+    kernels = df["kernel_source"].unique().to_list()
+    if len(kernels) != 1:
+        raise ValueError(f"{what}: expected one kernel, measured {sorted(kernels)}")
+    return df
+
+
+def mla_part_rows(base: Path, fw: str, version: str) -> dict[str, np.ndarray]:
+    """What ``costmodels.mlaops`` composes an MLA attention module from, where the framework
+    measured the parts but not the module (SGLang): the latent-attention kernel alone
+    (``mla_kernel_{gen,ctx}_*``: heads per GPU, KV dtype code, batch, step / isl as measured,
+    latency ms), the absorbed-weight batched matmuls of decode (``mla_bmm_*``: op 0 = pre,
+    1 = post, heads, tokens; bf16, what both engines run, see mlaops) and the block-scaled
+    fp8 GEMM grid (``gemm_fp8_block`` on its own ``gemm_fp8_block_{m,n,k}`` axes) the
+    projections of an fp8 checkpoint run. {} if any part is missing."""
+    mla, bmm = base / "mla" / fw / version, base / "mla_bmm" / fw / version / "mla_bmm_perf.parquet"
+    kernels = {"gen": (mla / "generation_mla_perf.parquet", "step"), "ctx": (mla / "context_mla_perf.parquet", "isl")}
+    gemm = base / "gemm" / fw / version / "gemm_perf.parquet"
+    if not (bmm.is_file() and all(path.is_file() for path, _ in kernels.values())):
+        return {}
+    out: dict[str, np.ndarray] = {}
+    for name, (path, length_col) in kernels.items():
+        df = _one_kernel(pl.read_parquet(path), f"{path}").filter(
+            (pl.col("mla_dtype") == "bfloat16") & pl.col("kv_cache_dtype").is_in(list(KV_DTYPES)))
+        keys = ["kv_cache_dtype", "num_heads", "batch_size", length_col]
+        df = df.group_by(keys).agg(pl.col("latency").median()).sort(keys)
+        out |= {f"mla_kernel_{name}_heads": df["num_heads"].to_numpy().astype(np.int16),
+                f"mla_kernel_{name}_kv_dtype": df["kv_cache_dtype"].replace_strict(KV_DTYPES).to_numpy().astype(np.int8),
+                f"mla_kernel_{name}_batch": df["batch_size"].to_numpy().astype(np.int32),
+                f"mla_kernel_{name}_length": df[length_col].to_numpy().astype(np.int32),
+                f"mla_kernel_{name}_latency": df["latency"].to_numpy().astype(np.float16)}
+    df = pl.read_parquet(bmm).filter(pl.col("bmm_dtype") == "bfloat16")
+    df = _one_kernel(df, f"{bmm}").group_by(["op_name", "num_heads", "num_tokens"]).agg(
+        pl.col("latency").median()).sort(["op_name", "num_heads", "num_tokens"])
+    codes = {f"mla_gen_{op}": code for op, code in BMM_OPS.items()}
+    out |= {"mla_bmm_op": df["op_name"].replace_strict(codes).to_numpy().astype(np.int8),
+            "mla_bmm_heads": df["num_heads"].to_numpy().astype(np.int16),
+            "mla_bmm_tokens": df["num_tokens"].to_numpy().astype(np.int32),
+            "mla_bmm_latency": df["latency"].to_numpy().astype(np.float16)}
+    rows = pl.read_parquet(gemm).filter(pl.col("gemm_dtype") == "fp8_block")
+    m, n, k, grid = gemm_grid(_one_kernel(rows, f"{gemm} fp8_block"))
+    out |= {"gemm_fp8_block_m": m, "gemm_fp8_block_n": n, "gemm_fp8_block_k": k, "gemm_fp8_block": grid}
+    return out
+
+
 def distil_one(root: Path, gpu: str, fw: str, version: str) -> dict[str, np.ndarray]:
     base = root / "systems" / "data" / gpu
     out: dict[str, np.ndarray] = {}
@@ -242,6 +289,8 @@ def distil_one(root: Path, gpu: str, fw: str, version: str) -> dict[str, np.ndar
         if module.is_file():
             for key, arr in mla_rows(pl.read_parquet(module), length_col).items():
                 out[f"mla_{name}_{key}"] = arr
+    if "mla_gen_heads" not in out:  # the module tables are preferred where measured
+        out.update(mla_part_rows(base, fw, version))
     meta = {"gpu": gpu, "framework": fw, "version": version, "device": gemm["device"][0],
             "source": "aiconfigurator-core 0.12.0 (Apache-2.0, NVIDIA)"}
     out["meta"] = np.array(json.dumps(meta))

@@ -3,7 +3,7 @@
 Per layer, on one GPU of a ``ParallelLayout``:
 
     attention projections  QKV and O GEMMs at m = T, heads split by the attention TP
-                           (none for MLA: its module tables time them with the attention)
+                           (none for MLA: its module rows time them with the attention)
     MLP                    dense: gate/up and down GEMMs, split by TP;
                            MoE: the fused-MoE table (``costmodels.moeops``) + shared-expert
                            GEMMs + the router GEMM

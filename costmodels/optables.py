@@ -64,15 +64,9 @@ class ProfiledOps:
         with np.load(path) as z:
             self._z = {key: z[key] for key in z.files}
         self.meta = json.loads(str(self._z["meta"]))
-        grid = self._z.get(f"gemm_{gemm_dtype}")
-        if grid is None:
-            have = [k.removeprefix("gemm_") for k in self._z if k in ("gemm_bf16", "gemm_fp8")]
-            raise CostModelError(f"{tables}/{framework}: no {gemm_dtype} GEMM table; measured: {', '.join(have)}")
+        self._grids: dict[str, tuple[np.ndarray, ...]] = {}
         self.gemm_dtype = gemm_dtype
-        self._m = self._z["gemm_m"].astype(np.float64)
-        self._n = self._z["gemm_n"].astype(np.float64)
-        self._k = self._z["gemm_k"].astype(np.float64)
-        self._gemm = grid.astype(np.float64) * MS
+        self._m = self._grid(gemm_dtype)[0]
         self.notes: list[str] = []
 
     @property
@@ -82,22 +76,42 @@ class ProfiledOps:
     def token_axis(self) -> np.ndarray:
         return self._m.copy()
 
-    def gemm(self, m: np.ndarray, n: int, k: int) -> np.ndarray:
-        """Seconds for GEMMs (m x k) @ (k x n), vectorised over m."""
+    def _grid(self, dtype: str) -> tuple[np.ndarray, ...]:
+        """(m, n, k axes, seconds[m, n, k]) of the ``dtype`` GEMM table. bf16 and fp8 share the
+        ``gemm_{m,n,k}`` axes; a table measured on other axes (fp8_block starts at 128) has its own."""
+        if dtype not in self._grids:
+            z = self._z
+            if f"gemm_{dtype}" not in z:
+                have = [k.removeprefix("gemm_") for k in z if k.startswith("gemm_") and z[k].ndim == 3]
+                raise CostModelError(f"{self.meta['gpu']}/{self.meta['framework']}: no {dtype} GEMM table; "
+                                     f"measured: {', '.join(have)}")
+            axes = [z.get(f"gemm_{dtype}_{a}", z[f"gemm_{a}"]).astype(np.float64) for a in "mnk"]
+            self._grids[dtype] = (*axes, z[f"gemm_{dtype}"].astype(np.float64) * MS)
+        return self._grids[dtype]
+
+    def gemm(self, m: np.ndarray, n: int, k: int, dtype: str | None = None) -> np.ndarray:
+        """Seconds for GEMMs (m x k) @ (k x n), vectorised over m, at ``dtype`` (default: the
+        ``gemm_dtype`` these ops were built for). Taller than the grid: linear in m (stacked
+        GEMMs of the tallest measured m, compute-bound by then)."""
         m = np.asarray(m, dtype=np.float64)
-        pieces = int(np.ceil(n / self._n[-1]))
+        ms, ns, ks, g = self._grid(dtype or self.gemm_dtype)
+        pieces = int(np.ceil(n / ns[-1]))
         n_piece = n / pieces
-        if k > self._k[-1]:
-            raise CostModelError(f"GEMM k={k} exceeds the profiled maximum {int(self._k[-1])}")
+        if k > ks[-1]:
+            raise CostModelError(f"GEMM k={k} exceeds the profiled maximum {int(ks[-1])}")
         # bilinear in (n, k) on each measured m, then log-linear in m
-        jn = _bracket(self._n, n_piece)
-        jk = _bracket(self._k, k)
-        wn = max(n_piece - self._n[jn], 0.0) / (self._n[jn + 1] - self._n[jn])
-        wk = max(k - self._k[jk], 0.0) / (self._k[jk + 1] - self._k[jk])
-        g = self._gemm
+        jn = _bracket(ns, n_piece)
+        jk = _bracket(ks, k)
+        wn = max(n_piece - ns[jn], 0.0) / (ns[jn + 1] - ns[jn])
+        wk = max(k - ks[jk], 0.0) / (ks[jk + 1] - ks[jk])
         along_m = ((1 - wn) * (1 - wk) * g[:, jn, jk] + wn * (1 - wk) * g[:, jn + 1, jk]
                    + (1 - wn) * wk * g[:, jn, jk + 1] + wn * wk * g[:, jn + 1, jk + 1])
-        return pieces * np.interp(np.log(np.maximum(m, 1.0)), np.log(self._m), along_m)
+        inside = np.interp(np.log(np.maximum(m, 1.0)), np.log(ms), along_m)
+        return pieces * np.where(m > ms[-1], along_m[-1] * m / ms[-1], inside)
+
+    def has_table(self, prefix: str) -> bool:
+        """Whether the framework's tables for this GPU hold ``<prefix>_*`` columns."""
+        return any(k.startswith(prefix + "_") for k in self._z)
 
     def _attention_rows(self, prefix: str, shape: AttentionShape) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(batch, length, seconds) rows for the shape; an unmeasured one is carried from the nearest
@@ -150,7 +164,7 @@ class ProfiledOps:
 
     def table(self, prefix: str) -> dict[str, np.ndarray]:
         """The distilled columns ``<prefix>_*`` by their short names; CostModelError if the
-        framework's tables for this GPU hold none (e.g. no MLA module table for SGLang)."""
+        framework's tables for this GPU hold none (e.g. no fused-MoE table on A100)."""
         cut = len(prefix) + 1
         cols = {k[cut:]: v for k, v in self._z.items() if k.startswith(prefix + "_")}
         if not cols:
