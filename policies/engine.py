@@ -1448,21 +1448,33 @@ def _settle_verify(rep, st, cfg):
 # boundary events: arrivals, deadlines, max wait
 # ======================================================================================
 @njit(cache=True, nogil=True)
-def _arrival_reject(ri, g, pc, tables, prompt, deadline, cfg, r, t):
-    """Reason to turn r away on arrival, or R_NONE."""
+def _exceeds_capacity(ri, g, pc, cfg, r, p, max_out):
+    """Whether r (prompt p, up to max_out tokens out) could never run here, not even alone:
+    the arrival rule EXCEEDS_CAPACITY, whatever the replica's state."""
     block_size = int(cfg[I_BLOCK_SIZE])
-    p = prompt[r]
     if p >= g[MAX_LEN]:
-        return R_EXCEEDS
-    max_out = ri[MAX_OUT, r]
+        return True
     limit = g[CAP] - g[HEADROOM]
     mode = int(cfg[I_ADMISSION])
     # the mode's need when the engine is empty, at the worst point of this request's life
     if _need_blocks(ri, pc, r, p + max_out - 1, 0, 0, block_size) > limit:
-        return R_EXCEEDS
+        return True
     if (mode == ADMIT_RESERVATION or mode == ADMIT_PREDICTED) and _blocks(p + max_out, block_size) > limit:
-        return R_EXCEEDS
-    if mode == ADMIT_NTR and p + max_out >= limit * block_size:
+        return True
+    return mode == ADMIT_NTR and p + max_out >= limit * block_size
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _max_out(g, si, r):
+    """Most tokens r may generate here: its max_tokens, within max_model_len."""
+    return min(si[S_MAX_TOKENS, r], g[MAX_LEN] - si[S_PROMPT, r])
+
+
+@njit(cache=True, nogil=True)
+def _arrival_reject(ri, g, pc, tables, prompt, deadline, cfg, r, t):
+    """Reason to turn r away on arrival, or R_NONE."""
+    p = prompt[r]
+    if _exceeds_capacity(ri, g, pc, cfg, r, p, ri[MAX_OUT, r]):
         return R_EXCEEDS
     if cfg[I_UNMEETABLE] != 0.0 and not math.isnan(deadline[r]):
         alone_s, _ = step_seconds(tables, p, 1, 0, 0, p * (p + 1) // 2)
@@ -1498,7 +1510,7 @@ def _arrive(rep, st, tables, cfg, t):
             break
         g[INBOX_HEAD] += 1
         rep.gf[NEXT_DELIVERY] = np.inf
-        max_out = min(si[S_MAX_TOKENS, r], g[MAX_LEN] - prompt[r])
+        max_out = _max_out(g, si, r)
         ri[MAX_OUT, r] = max_out
         ri[TARGET, r] = max(1, min(si[S_OUTPUT, r], max_out))
         reason = _arrival_reject(ri, g, _cache(rep, st), tables, prompt, deadline, cfg, r, t)
@@ -2388,6 +2400,15 @@ def capacity_blocks(rep):
 def max_len(rep):
     """Longest prompt + output a request may reach here (``max_model_len``)."""
     return rep.g[MAX_LEN]
+
+
+@njit(cache=True, nogil=True)
+def never_admits(rep, st, cfg, r):
+    """Whether request r, never delivered here, would be rejected EXCEEDS_CAPACITY on
+    arrival whatever this replica's state (P/D: the fleet turns it away before a decode
+    replica promises it KV)."""
+    g = rep.g
+    return _exceeds_capacity(rep.ri, g, _cache(rep, st), cfg, r, st.si[S_PROMPT, r], _max_out(g, st.si, r))
 
 
 # -- requests moving between replicas (the fleet) ------------------------------------------

@@ -23,10 +23,15 @@ it request by request:
 * Migration (Llumnix, ``migration``): at each tick, per pool, replicas short of KV with a
   blocked queue head hand their newest running request, with its KV, to the freest
   replicas when moving it is quicker than the head has waited.
-* P/D (``prefill_replicas`` P > 0): replicas 0..P-1 prefill, the rest decode. A request
-  leaves its prefill replica once it has sampled a token and reaches its decode replica
-  with its KV after the transfer time. While P/D is on, each prefill replica's step end is
-  an event, and so is each decode replica's while the queue holds requests.
+* P/D (``prefill_replicas`` P > 0): replicas 0..P-1 prefill, the rest decode. An arrival
+  every prefill replica would reject EXCEEDS_CAPACITY (``engine.never_admits``) is
+  rejected by the fleet at once, before it could hold a promise. A request leaves its
+  prefill replica once it has sampled a token and reaches its decode replica with its KV
+  after the transfer time. While P/D is on, each prefill replica's step end is an event,
+  and so is each decode replica's while the queue holds requests. A promise that ends as
+  those replicas start their steps at t, with requests queued, makes t an event again:
+  its request may have been turned away on arrival by an idle prefill replica, which
+  has no step end to come.
 
 The rules the contract leaves open are decided as the reference's docstring lists them.
 Every replica runs with the run's seed: the only random draws (speculative verifies) are
@@ -269,8 +274,9 @@ def fleet_kernel(statics, tables, block_hashes, kv_bytes, swap_bw, fail_t, fail_
         n_stepping = _watch_steps(fl)
         for k in range(n_stepping):
             _run(fl, fl.stepping[k], t, True)
-        _release_promises(fl)
-        t_next = _next_event(fl, t, n_stepping)
+        # a promise ended at t may unblock the queue, and no later event need come
+        released = _release_promises(fl)
+        t_next = t if released > 0 and fl.fg[FG_Q_LEN] > 0 else _next_event(fl, t, n_stepping)
         if t_next == np.inf:
             break
         t = t_next
@@ -578,8 +584,12 @@ def _events_at(fl, t):
     _dispatch(fl, t)
     arrival = fl.nodes[0][1].sf[S_ARRIVAL]
     while fg[FG_NEXT_ARRIVAL] < arrival.shape[0] and arrival[fg[FG_NEXT_ARRIVAL]] == t:
-        _enqueue(fl, fg[FG_NEXT_ARRIVAL], t)
+        r = fg[FG_NEXT_ARRIVAL]
         fg[FG_NEXT_ARRIVAL] += 1
+        if fg[FG_PD] != 0 and _no_prefill_admits(fl, r):
+            _end_in_fleet(fl, r, S_REJECTED, R_EXCEEDS, t)
+        else:
+            _enqueue(fl, r, t)
         _dispatch(fl, t)
 
 
@@ -652,6 +662,16 @@ def _drop_expired(fl, t):
             fl.queue[(head + kept) % n] = r
             kept += 1
     fg[FG_Q_LEN] = kept
+
+
+@njit(cache=True, nogil=True)
+def _no_prefill_admits(fl, r):
+    """P/D: whether every prefill replica, alive or not, would reject arrival r as
+    EXCEEDS_CAPACITY (``engine.never_admits``), so that no decode KV is promised to it."""
+    for j in range(fl.fr.shape[1]):
+        if fl.fr[FR_POOL, j] == 0 and not engine.never_admits(fl.nodes[j][0], fl.nodes[j][1], fl.cfg, r):
+            return False
+    return True
 
 
 @njit(cache=True, nogil=True)
@@ -786,9 +806,11 @@ def _send_handoffs(fl, j):
 @njit(cache=True, nogil=True)
 def _release_promises(fl):
     """P/D: a promise ends once its request is admitted on the decode replica (it started
-    running there, or was preempted there since it arrived) or ended anywhere."""
+    running there, or was preempted there since it arrived) or ended anywhere; returns how
+    many ended."""
     fg, fi = fl.fg, fl.fi
     k = 0
+    ended = 0
     while k < fg[FG_N_PROMISED]:
         r = fl.promised[k]
         o = fi[FI_OWNER, r]
@@ -800,8 +822,10 @@ def _release_promises(fl):
                 status == RUNNING or ri[PREEMPTS, r] > fl.carried_i[K_PREEMPTS, r]))
         if release:
             _end_promise(fl, r)  # moves the last entry to slot k
+            ended += 1
         else:
             k += 1
+    return ended
 
 
 @njit(cache=True, nogil=True)

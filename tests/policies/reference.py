@@ -238,16 +238,29 @@ class Reference:
         return min(live, key=rank)
 
     # -- boundary events -------------------------------------------------------------
-    def arrival_reason(self, r: Req) -> Reject:
+    def max_out(self, r: Req) -> int:
+        return min(r.max_tokens, self.max_len - r.prompt)
+
+    def exceeds_capacity(self, r: Req, max_out: int) -> bool:
+        """r (up to max_out tokens out) could never run here, not even alone."""
         c, bs = self.c, self.bs
         if r.prompt >= self.max_len:
-            return Reject.EXCEEDS_CAPACITY
+            return True
         limit = self.cap - self.headroom
-        if self.need(r, r.prompt + r.max_out - 1, 0) > limit:
-            return Reject.EXCEEDS_CAPACITY
-        if c.admission_mode in ("reservation", "predicted") and blocks(r.prompt + r.max_out, bs) > limit:
-            return Reject.EXCEEDS_CAPACITY
-        if c.admission_mode == "new_token_ratio" and r.prompt + r.max_out >= limit * bs:
+        if self.need(r, r.prompt + max_out - 1, 0) > limit:
+            return True
+        if c.admission_mode in ("reservation", "predicted") and blocks(r.prompt + max_out, bs) > limit:
+            return True
+        return c.admission_mode == "new_token_ratio" and r.prompt + max_out >= limit * bs
+
+    def never_admits(self, i: int) -> bool:
+        """Request i, never delivered here, would be rejected EXCEEDS_CAPACITY on arrival."""
+        r = self.reqs[i]
+        return self.exceeds_capacity(r, self.max_out(r))
+
+    def arrival_reason(self, r: Req) -> Reject:
+        c = self.c
+        if self.exceeds_capacity(r, r.max_out):
             return Reject.EXCEEDS_CAPACITY
         if c.reject_unmeetable_deadline and not math.isnan(r.deadline):
             p = r.prompt
@@ -263,7 +276,7 @@ class Reference:
     def arrive(self) -> None:
         while self.inbox and self.inbox[0][0] <= self.t:
             r = self.inbox.pop(0)[1]
-            r.max_out = min(r.max_tokens, self.max_len - r.prompt)
+            r.max_out = self.max_out(r)
             r.target = max(1, min(r.output, r.max_out))
             reason = self.arrival_reason(r)
             if reason != Reject.NONE:

@@ -72,10 +72,13 @@ Rules the contract leaves open, as implemented here:
   replica d with promised_d + need <= free_d − headroom_d, taking the one with the largest
   (free_d − promised_d − headroom_d − head_demand_d) / max(1, running_d + waiting_d); a
   head no decode replica could ever hold (need > capacity − headroom on each) is rejected
-  EXCEEDS_CAPACITY by the fleet. The promise ends when the request is admitted on d or
-  ends. A prefill replica hands a request off at the end of the step that sampled its
-  token (in batch order, where a finishing request would end; one whose deadline passed
-  by then stays to expire there); it reaches d at step end + (computed + 1)·kv_bytes /
+  EXCEEDS_CAPACITY by the fleet, and so is an arrival every prefill replica would reject
+  EXCEEDS_CAPACITY (``Reference.never_admits``), at its arrival. The promise ends when
+  the request is admitted on d or ends; one that ends as the replicas start their steps
+  at t (below), with requests queued, makes t the next event again. A prefill replica
+  hands a request off at the end of the step that sampled its token (in batch order,
+  where a finishing request would end; one whose deadline passed by then stays to
+  expire there); it reaches d at step end + (computed + 1)·kv_bytes /
   bandwidth. While P/D is on, every prefill replica's step
   end is an event, and so is every decode replica's while the queue holds requests: after
   the events at t the replicas concerned start their step at t (``advance(t,
@@ -208,10 +211,12 @@ class Fleet:
             d, need = self.promise.pop(i)
             self.promised[d] -= need
 
-    def collect(self, rep: Reference) -> None:
+    def collect(self, rep: Reference) -> bool:
         """After a replica ran: hand-offs leave for their decode replica, promises of
-        requests admitted on their decode replica or ended anywhere are released."""
+        requests admitted on their decode replica or ended anywhere are released; returns
+        whether one was."""
         j = rep.index
+        promised = len(self.promise)
         for i, t_end, carried in rep.handoffs:
             d = self.promise[i][0]
             kv_bytes = (carried["computed"] + 1) * self.costs[j].kv_bytes_per_token
@@ -224,10 +229,12 @@ class Fleet:
         rep.admitted.clear()
         for i in [i for i in self.promise if self.request_done(i)]:
             self.promise_end(i)
+        return len(self.promise) < promised
 
-    def run_replica(self, j: int, t_limit: float, inclusive: bool = False) -> None:
+    def run_replica(self, j: int, t_limit: float, inclusive: bool = False) -> bool:
+        """Advance replica j to ``t_limit``; returns whether a promise ended (``collect``)."""
         self.reps[j].advance(t_limit, inclusive)
-        self.collect(self.reps[j])
+        return self.collect(self.reps[j])
 
     # -- routing -------------------------------------------------------------------------
     def route(self, i: int, cands: list[int]) -> int:
@@ -488,17 +495,23 @@ class Fleet:
             self.migrate(t)
         self.dispatch(t)
         while self.next_arrival < self.trace.n and self.trace.arrival_s[self.next_arrival] == t:
-            self.queue.append((self.next_arrival, t))
+            i = self.next_arrival
             self.next_arrival += 1
+            if self.pd and all(self.reps[j].never_admits(i) for j in range(self.n_rep) if self.pool[j] == 0):
+                self.end_in_fleet(i, State.REJECTED, Reject.EXCEEDS_CAPACITY, t)
+            else:
+                self.queue.append((i, t))
             self.dispatch(t)
 
     def run(self) -> dict:
         t = self.t0
         while True:
             stepping = self.stepwise()
+            released = False
             for j in stepping:
-                self.run_replica(j, t, inclusive=True)
-            t_next = self.next_event(t, stepping)
+                released |= self.run_replica(j, t, inclusive=True)
+            # a promise ended at t may unblock the queue, and no later event need come
+            t_next = t if released and self.queue else self.next_event(t, stepping)
             if t_next is None:
                 break
             t = t_next

@@ -214,9 +214,10 @@ def test_withdrawing_a_request_the_replica_does_not_hold_is_an_error_not_a_hang(
 
 @pytest.mark.parametrize("simulator", [simulate_fleet, reference_fleet], ids=["kernel", "reference"])
 def test_a_request_withdrawn_from_a_step_in_flight_fails_after_the_token_it_streamed(simulator):
-    """P/D: a prefill step starts before its decode replica fails and ends after; the token
-    it samples reaches the client, so when the request can go nowhere it FAILS no earlier
-    than that token (found by the fleet property test: it ended at the failure, before it)."""
+    """P/D: a prefill step starts before the only decode replica fails for good and ends
+    after; the token it samples reaches the client, so the request, which can go nowhere,
+    FAILS no earlier than that token (found by the fleet property test: it ended at the
+    failure, before it)."""
     prompt = [1] * 11 + [56, 76, 116, 124, 48]
     blocks = [1] * 11 + [2, 3, 4, 4, 2]
     trace = make_trace([0.0] * 16, prompt, [0, 0, 0, 2] + [0] * 12, max_tokens=[1, 1, 1, 2] + [1] * 12,
@@ -224,7 +225,7 @@ def test_a_request_withdrawn_from_a_step_in_flight_fails_after_the_token_it_stre
     config = PolicyConfig(max_num_batched_tokens=32, max_num_seqs=2, enable_chunked_prefill=False,
                           gpu_memory_utilization=1.0, block_size=4, enable_prefix_caching=False, router="round_robin",
                           interconnect_gbps=0.1, prefill_replicas=2)
-    failures = FailureSchedule.from_rows([(2, 0.00390625, 0.00890625)])
+    failures = FailureSchedule.from_rows([(2, 0.00390625, math.inf)])
     result = simulator(trace, [cost_model(300)] * 3, config, failures=failures)
     get = (lambda k: result[k]) if isinstance(result, dict) else (lambda k: getattr(result, k))
     first, finish, state = np.asarray(get("first_token_s")), np.asarray(get("finish_s")), np.asarray(get("state"))
