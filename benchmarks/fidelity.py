@@ -232,10 +232,10 @@ def repeats(runs: pl.DataFrame) -> list[dict]:
     least ``REPEAT_MIN_POINTS`` shared points): how far apart the same measurement lands twice,
     the noise floor no model of the server can get under. Differences are symmetric,
     ``|a - b| / ((a + b) / 2)``."""
-    setup = ["model", "gpu", "framework", "gemm_dtype", "layout"]
+    server = ["model", "gpu", "framework", "gemm_dtype"]
     point = ["isl", "osl", "batch_size"]
     out = []
-    for _, same in runs.group_by(["model", "gpu", "framework", "gemm_dtype"], maintain_order=True):
+    for _, same in runs.group_by(server, maintain_order=True):
         labels = same["layout"].unique(maintain_order=True).to_list()
         for i, a in enumerate(labels):
             for b in labels[i + 1:]:
@@ -245,10 +245,10 @@ def repeats(runs: pl.DataFrame) -> list[dict]:
                     continue
                 diff = {m: ((pl.col(m) - pl.col(f"{m}_b")).abs() / ((pl.col(m) + pl.col(f"{m}_b")) / 2))
                         for m in ("ttft_ms", "tpot_ms")}
-                d = pair.select(**{m: e for m, e in diff.items()})
+                d = pair.select(**diff)
                 if d["tpot_ms"].median() > REPEAT_TPOT_TOL:
                     continue
-                out.append({**{k: pair[k][0] for k in setup[:-1]}, "layouts": [a, b], "points": pair.height,
+                out.append({**{k: pair[k][0] for k in server}, "layouts": [a, b], "points": pair.height,
                             "ttft_diff_mean": 100 * d["ttft_ms"].mean(), "ttft_diff_max": 100 * d["ttft_ms"].max(),
                             "tpot_diff_mean": 100 * d["tpot_ms"].mean()})
     return out
