@@ -19,7 +19,10 @@ it request by request:
 * Failures (``policies.failures``): at t_down the replica's requests, those in flight to
   it and, for a decode replica, those it promised KV lose their KV (generated tokens are
   kept: they were streamed) and rejoin the queue in trace order; they prefill again
-  wherever they land. The replica returns empty at t_up.
+  wherever they land. A step in flight at t_down completes (the engine commits a step
+  when it starts it), so a request withdrawn from a replica whose clock is past t_down is
+  not placed before that clock, and the FIFO queue waits for it. The replica returns
+  empty at t_up.
 * Migration (Llumnix, ``migration``): at each tick, per pool, replicas short of KV with a
   blocked queue head hand their newest running request, with its KV, to the freest
   replicas when moving it is quicker than the head has waited.
@@ -220,6 +223,7 @@ class Fleet(NamedTuple):
     fg: np.ndarray
     queue: np.ndarray  # i8[n] ring
     queued_at: np.ndarray  # f8[n], by request
+    ready_at: np.ndarray  # f8[n]: a request a failure displaced is placed no earlier (its last step's end)
     flight_t: np.ndarray  # f8[n], sorted by (time, request)
     flight_r: np.ndarray  # i8[n]
     promised: np.ndarray  # i8[n], requests holding a promise (FG_N_PROMISED of them)
@@ -336,7 +340,8 @@ def _new_fleet(statics, tables, block_hashes, kv_bytes, swap_bw, fail_t, fail_re
     out.out_i[O_STATE] = -1  # not ended yet
     out.requests[RQ_ENDED_ON] = -1
     return Fleet(owners, nodes, cfg, np.full((N_FI, n), -1, dtype=np.int64), carried_i, carried_f, fr, fg,
-                 np.zeros(n, dtype=np.int64), np.zeros(n), np.zeros(n), np.zeros(n, dtype=np.int64),
+                 np.zeros(n, dtype=np.int64), np.zeros(n), np.full(n, -np.inf), np.zeros(n),
+                 np.zeros(n, dtype=np.int64),
                  np.zeros(n, dtype=np.int64), np.zeros((n_rep, rt.N_SUMMARY)), np.zeros(n_rep, dtype=np.int64),
                  np.zeros((N_SCRATCH, n_rep), dtype=np.int64), np.zeros(n_rep), router, out, block_hashes, caps,
                  hosts, kv_bytes, swap_bw, tenant_params, class_params, fail_t, fail_replica, fail_up, t0, seed,
@@ -349,7 +354,8 @@ def _borrow_fleet(fl):
     out, router = fl.out, fl.router
     return Fleet(
         fl.owners, fl.nodes, borrowed(fl.cfg), borrowed(fl.fi), borrowed(fl.carried_i), borrowed(fl.carried_f),
-        borrowed(fl.fr), borrowed(fl.fg), borrowed(fl.queue), borrowed(fl.queued_at), borrowed(fl.flight_t),
+        borrowed(fl.fr), borrowed(fl.fg), borrowed(fl.queue), borrowed(fl.queued_at), borrowed(fl.ready_at),
+        borrowed(fl.flight_t),
         borrowed(fl.flight_r), borrowed(fl.promised), borrowed(fl.summary), borrowed(fl.stepping),
         borrowed(fl.scratch), borrowed(fl.freeness),
         rt.RouterState(borrowed(router.next_rr), borrowed(router.entry_owners), borrowed(router.set_size),
@@ -498,6 +504,8 @@ def _next_event(fl, t, n_stepping):
         t_next = arrival[fg[FG_NEXT_ARRIVAL]]
     if fg[FG_N_FLIGHT] > 0:
         t_next = min(t_next, fl.flight_t[0])
+    if fg[FG_Q_LEN] > 0 and fl.ready_at[fl.queue[fg[FG_Q_HEAD]]] > t:
+        t_next = min(t_next, fl.ready_at[fl.queue[fg[FG_Q_HEAD]]])
     if fg[FG_NEXT_FAILURE] < fl.fail_t.shape[0]:
         t_next = min(t_next, fl.fail_t[fg[FG_NEXT_FAILURE]])
     if fl.cfg[I_MIGRATION] != 0.0:
@@ -624,9 +632,9 @@ def _dispatch(fl, t):
     prompt = fl.nodes[0][1].si[S_PROMPT]
     block_size = int(fl.cfg[I_BLOCK_SIZE])
     while fg[FG_Q_LEN] > 0:
-        if not _any_alive(fl, 0):
-            return
         r = fl.queue[fg[FG_Q_HEAD]]
+        if not _any_alive(fl, 0) or fl.ready_at[r] > t:
+            return
         if pd:
             need = _blocks(prompt[r] + fl.carried_i[K_GENERATED, r] + 1, block_size)
             if need > _largest_room(fl, 1):  # no decode replica could ever hold it
@@ -864,9 +872,12 @@ def _fail(fl, j, t):
         held = o == j
         if not (held or fi[FI_DEST, r] == j or (decode and fi[FI_PROMISE, r] == j)):
             continue
+        fl.ready_at[r] = t
         if o >= 0:
             rep, st, _ = fl.nodes[o]
             lost = engine.withdraw(rep, st, r, False, fl.carried_i, fl.carried_f)
+            # its replica's step in flight completes and streams: placed once it ends
+            fl.ready_at[r] = max(t, engine.clock(rep))
         else:  # in flight
             for k in range(fl.fg[FG_N_FLIGHT]):
                 if fl.flight_r[k] == r:

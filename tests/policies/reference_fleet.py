@@ -52,7 +52,9 @@ Rules the contract leaves open, as implemented here:
   loses every request it holds, every request in flight to it, and, for a decode replica,
   every request it promised KV to (still on a prefill replica): each is withdrawn without
   its KV (``reprefill_tokens`` += the computed tokens lost) and queued again in arrival
-  order. Its promises and prefix set are dropped. At t_up it returns as a new replica
+  order. A step in flight at t_down completes (its tokens were streamed), so a request
+  withdrawn from a replica whose clock is past t_down is not placed before that clock:
+  the queue (FIFO) waits for it. Its promises and prefix set are dropped. At t_up it returns as a new replica
   (empty KV, cache, queue, scheduler state) with its clock at t_up. The fleet queue is
   looked at only at events: a queued request whose deadline passed before the current
   event ends at its deadline (in no replica); one that can be placed is placed even if
@@ -149,6 +151,7 @@ class Fleet:
         self.owner: list[Reference | None] = [None] * n  # the replica a request is on, if any
         self.carry: list[dict | None] = [None] * n  # what a queued / moving request brings along
         self.queue: list[tuple[int, float]] = []  # fleet queue: (request, time queued)
+        self.ready: dict[int, float] = {}  # a displaced request: when its last step ended
         self.in_flight: list[tuple[float, int, int]] = []  # sorted (delivery time, request, destination)
         self.fleet_end: dict[int, tuple[int, int, float]] = {}  # ended in the queue: state, reason, finish
         self.promise: dict[int, tuple[int, int]] = {}  # request -> (decode replica, blocks)
@@ -194,13 +197,15 @@ class Fleet:
         self.carry[i] = carried
         bisect.insort(self.in_flight, (t_arrive, i, j))
 
-    def requeue(self, i: int, t: float, carried: dict, lost_tokens: int) -> None:
-        """Request i lost ``lost_tokens`` of KV to a failure: it is placed again, fresh."""
+    def requeue(self, i: int, t: float, carried: dict, lost_tokens: int, ready: float) -> None:
+        """Request i lost ``lost_tokens`` of KV to a failure: it is placed again, fresh, once
+        the step it was last in ended (``ready``)."""
         self.reprefill[i] += lost_tokens
         self.reroutes[i] += 1
         self.promise_end(i)
         self.owner[i] = None
         self.carry[i] = carried
+        self.ready[i] = ready
         self.queue.append((i, t))
 
     def end_in_fleet(self, i: int, state: State, reason: Reject, t: float) -> None:
@@ -386,7 +391,7 @@ class Fleet:
         while self.queue:
             i = self.queue[0][0]
             cands = self.alive_in(0)
-            if not cands:
+            if not cands or self.ready.get(i, t) > t:
                 return
             if self.pd:
                 if self.never_fits(i):
@@ -411,8 +416,8 @@ class Fleet:
 
     # -- failures and migration ----------------------------------------------------------
     def fail(self, j: int, t: float) -> None:
-        def lose(rep: Reference, i: int) -> tuple[dict, int]:
-            return rep.withdraw(i, keep_kv=False), rep.reqs[i].computed
+        def lose(rep: Reference, i: int) -> tuple[dict, int, float]:
+            return rep.withdraw(i, keep_kv=False), rep.reqs[i].computed, max(t, rep.t)
 
         rep = self.reps[j]
         lost = {i: lose(rep, i) for i in rep.holds()}
@@ -422,7 +427,7 @@ class Fleet:
         for i in doomed:
             if self.owner[i] is None:
                 self.in_flight = [f for f in self.in_flight if f[1] != i]
-                lost[i] = {**self.carry[i], "computed": 0}, self.carry[i]["computed"]
+                lost[i] = {**self.carry[i], "computed": 0}, self.carry[i]["computed"], t
             else:
                 lost[i] = lose(self.owner[i], i)
         for i in sorted(lost):
@@ -471,6 +476,8 @@ class Fleet:
             times.append(self.downs[0][0])
         if self.ups:
             times.append(self.ups[0][0])
+        if self.queue and self.ready.get(self.queue[0][0], t) > t:
+            times.append(self.ready[self.queue[0][0]])
         if self.c.migration:
             while self.t0 + self.tick * self.c.migration_interval_s <= t:
                 self.tick += 1
