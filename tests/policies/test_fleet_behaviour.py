@@ -9,7 +9,6 @@ were checked on the reference, which the kernel must equal request by request (s
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 from pathlib import Path
@@ -143,7 +142,7 @@ def test_a_failure_mid_step_displaces_its_requests_when_the_step_ends(simulator)
     for name in ("state", "first_token_s", "finish_s", "tokens_generated", "replica", "reprefill_tokens"):
         assert np.array_equal(outcome(mid, name), outcome(at_end, name)), name
     assert outcome(mid, "first_token_s")[0] == step_end and outcome(mid, "replica")[0] == 1
-    full = dataclasses.replace(config, max_queue_len=1)
+    full = config.replace(max_queue_len=1)
     turned_away = simulator(trace, costs, full, failures=FailureSchedule.from_rows([(0, step_end / 2, math.inf)]))
     assert outcome(turned_away, "state")[0] == State.REJECTED
     assert outcome(turned_away, "finish_s")[0] >= outcome(turned_away, "first_token_s")[0] == step_end
