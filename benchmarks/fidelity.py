@@ -23,8 +23,9 @@ both with the steady-state formula calibration ``costmodels.calibrate`` fits.
 Writes ``fidelity.md``, ``fidelity.json`` (the figures), ``fidelity.csv`` (per-run
 predictions, in sample and LOGO), ``fidelity_scatter.png`` (LOGO) and
 ``fidelity_calibration.json`` (the replay calibration of every row, each entry with its
-in-sample and LOGO error) to ``--out``; ``--install`` also writes that file as the
-bundled calibration ``costmodels/data/calibration.json``, which is how it was made.
+in-sample and LOGO error) to ``--out``; ``--install`` also writes those entries into the
+bundled calibration ``costmodels/data/calibration.json`` (replacing entries of the same
+keys), which is how it was made.
 
 The **breadth** runs (``silicon_breadth_dev.csv``: Qwen3-235B-A22B-FP8 on H100,
 DeepSeek-V3/R1 on H200, Llama-3.1-70B on B200, all TRT-LLM, with expert and attention data
@@ -32,7 +33,8 @@ parallelism) are scored the same way on their own (``breadth``): replay calibrat
 on breadth rows only, in sample and leaving one setup (model, GPU, framework, dtype,
 layout) out, each run replayed on the cost model of one attention-DP group of its layout;
 the figures per model x GPU x framework and per setup go to ``fidelity_breadth.md``,
-``.json`` and ``.csv``. Rows servetune cannot score (64-GPU instances, FP4 GEMMs) are
+``.json`` and ``.csv``, the entries (with their leave-one-setup-out error) to
+``fidelity_breadth_calibration.json`` and, with ``--install``, into the bundled file. Rows servetune cannot score (64-GPU instances, FP4 GEMMs) are
 listed with the reason. ``--part`` runs one half (the dense files are left as they are).
 
     python benchmarks/fidelity.py [--runs FILE.csv] [--breadth-runs FILE.csv] [--part both|dense|breadth]
@@ -56,9 +58,18 @@ import polars as pl
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from costmodels import calibrate, load_runs, save_calibration  # noqa: E402
+from costmodels import calibrate, load_calibration, load_runs, save_calibration  # noqa: E402
 from costmodels.architecture import load_model  # noqa: E402
-from costmodels.calibration import BUNDLED, layout_label, match_entry  # noqa: E402
+from costmodels.calibration import (  # noqa: E402
+    BUNDLED,
+    SETUP,
+    entry_key,
+    fitted_layouts,
+    layout_label,
+    match_entry,
+    parallel_path,
+    with_layout,
+)
 from costmodels.costmodel import CostModelError  # noqa: E402
 from costmodels.distil import aic_root, shared_dir  # noqa: E402
 from costmodels.gpus import load_gpu  # noqa: E402
@@ -83,22 +94,26 @@ def logo_splits(runs: pl.DataFrame, keys=LOGO_KEYS):
 
 
 def fallback_key(held: pl.DataFrame, train: pl.DataFrame) -> tuple | None:
-    """The (gpu, framework, model, dtype) of the calibration entry ``apply_calibration``
-    would give the held-out setup from entries fitted on the training rows (one per model
-    across its TPs and one pooled per GPU, framework and dtype, as ``calibrate_replay``
-    fits them), walking the same chain (``costmodels.calibration.match_entry``); None
-    when no training entry matches."""
-    r = held.row(0, named=True)
-    train = train.with_columns(pl.col("gpu").map_elements(lambda g: load_gpu(g).name, return_dtype=pl.Utf8))
+    """The key (``entry_key``) of the calibration entry ``apply_calibration`` would give the
+    held-out setup from entries fitted on the training rows (one per model and parallel
+    path across its layouts, one pooled per GPU, framework, dtype and path, as
+    ``calibrate_replay`` fits them), walking the same chain
+    (``costmodels.calibration.match_entry``); None when no training entry matches."""
+    r = with_layout(held).row(0, named=True)
+    train = with_layout(train).with_columns(
+        pl.col("gpu").map_elements(lambda g: load_gpu(g).name, return_dtype=pl.Utf8),
+        pl.struct("moe_ep_size", "attention_dp_size").map_elements(
+            lambda x: parallel_path(x["moe_ep_size"], x["attention_dp_size"]), return_dtype=pl.Utf8).alias("path"))
     candidates = []
-    for cols in (["gpu", "framework", "model", "gemm_dtype"], ["gpu", "framework", "gemm_dtype"]):
+    for cols in (["gpu", "framework", "model", "gemm_dtype", "path"], ["gpu", "framework", "gemm_dtype", "path"]):
         for key, group in train.group_by(cols, maintain_order=True):
             e = dict(zip(cols, key, strict=True))
-            candidates.append({"model": "*", **e, "kv_dtype": e["gemm_dtype"], "tp": sorted(set(group["tp"]))})
+            candidates.append({"model": "*", **e, "kv_dtype": e["gemm_dtype"],
+                               "layouts": fitted_layouts(group.select(list(SETUP)).iter_rows())})
     entry, _ = match_entry(candidates, model=r["model"], family=load_model(r["model"]).family,
                            gpu=load_gpu(r["gpu"]).name, framework=r["framework"], gemm_dtype=r["gemm_dtype"],
-                           tp=r["tp"], kv_dtype=r["gemm_dtype"])
-    return None if entry is None else (entry["gpu"], entry["framework"], entry["model"], entry["gemm_dtype"])
+                           tp=r["tp"], kv_dtype=r["gemm_dtype"], layout=(r["moe_ep_size"], r["attention_dp_size"]))
+    return None if entry is None else entry_key(entry)
 
 
 def formula_fitter(train: pl.DataFrame, keys=None) -> list[dict]:
@@ -138,7 +153,7 @@ def evaluate(runs: pl.DataFrame, fitter, bench: BenchClient, pool=None, keys=LOG
         insample = predict_with(runs, entries, bench, Path(tmp), "all")
         parts = []
         for i, ((_, held, _), k, fold) in enumerate(zip(splits, fold_keys, folds, strict=True)):
-            mine = [e for e in fold if k is not None and (e["gpu"], e["framework"], e["model"], e["gemm_dtype"]) == k]
+            mine = [e for e in fold if k is not None and entry_key(e) == k]
             parts.append(predict_with(held, mine, bench, Path(tmp), f"fold{i}"))
         logo = pl.concat(parts, how="vertical_relaxed").sort("row")
     return insample, logo, entries
@@ -254,7 +269,8 @@ def repeats(runs: pl.DataFrame) -> list[dict]:
     return out
 
 
-def breadth(path: Path, bench: BenchClient, pool, ttft_weight: float, quick: bool) -> tuple[str, dict, pl.DataFrame]:
+def breadth(path: Path, bench: BenchClient, pool, ttft_weight: float, quick: bool,
+            command: str) -> tuple[str, dict, pl.DataFrame]:
     """The breadth runs (MoE, MLA, B200, parallel layouts) scored as the dense ones are:
     replay calibration, in sample and leaving one setup (``BREADTH_KEYS``) out. Returns the
     report text, its figures and the per-run predictions; rows servetune cannot score are
@@ -268,6 +284,7 @@ def breadth(path: Path, bench: BenchClient, pool, ttft_weight: float, quick: boo
     t0 = time.perf_counter()
     insample, logo, entries = evaluate(scored, functools.partial(replay_fitter, ttft_weight=ttft_weight), bench, pool,
                                        keys=BREADTH_KEYS)
+    state_errors(entries, logo, "leave one setup (model, GPU, framework, dtype, layout) out", command)
     setups, summary = group_table(insample, logo, BREADTH_KEYS), group_table(insample, logo, BREADTH_SUMMARY)
     total = summary.row(-1, named=True)
     failed = logo.filter(pl.col("error").is_not_null())
@@ -332,18 +349,46 @@ def main() -> None:
             run_breadth(args, pool)
 
 
+def state_errors(entries: list[dict], logo: pl.DataFrame, method: str, command: str) -> None:
+    """Each entry's stated out-of-sample error: the LOGO MAPE over the held-out runs it
+    stands for (its GPU, framework, dtype and parallel path; its model unless pooled)."""
+    logo = with_layout(logo).with_columns(
+        pl.col("gpu").map_elements(lambda g: load_gpu(g).name, return_dtype=pl.Utf8),
+        pl.struct("moe_ep_size", "attention_dp_size").map_elements(
+            lambda x: parallel_path(x["moe_ep_size"], x["attention_dp_size"]), return_dtype=pl.Utf8).alias("_path"))
+    for e in entries:
+        gpu, framework, model, dtype, path = entry_key(e)
+        mine = logo.filter((pl.col("gpu") == gpu) & (pl.col("framework") == framework)
+                           & (pl.col("gemm_dtype") == dtype) & (pl.col("_path") == path)
+                           & ((pl.col("model") == model) if model != "*" else pl.lit(True)))
+        t, p = overall(mine) if mine.height else (None, None)
+        e["error"]["out_of_sample"] = {"method": method, "ttft_mape": t, "tpot_mape": p, "runs": mine.height,
+                                       "command": command}
+
+
+def install(entries: list[dict]) -> None:
+    """Write ``entries`` into the bundled calibration, replacing the entries of the same keys
+    (``entry_key``) and keeping the rest: the dense and the breadth parts install apart."""
+    new = {entry_key(e) for e in entries}
+    kept = [e for e in load_calibration(BUNDLED) if entry_key(e) not in new] if BUNDLED.is_file() else []
+    save_calibration(kept + entries, BUNDLED)
+
+
 def run_breadth(args, pool) -> None:
     """``breadth`` on the breadth runs; writes ``fidelity_breadth.{md,json,csv}`` to ``--out``."""
     path = args.breadth_runs or aic_root(shared_dir()) / "systems" / "silicon_breadth_dev.csv"
     if not path.is_file():
         sys.exit(f"breadth runs not found at {path}; set SERVETUNE_SHARED or pass --breadth-runs")
     command = f"python benchmarks/fidelity.py --part breadth{' --quick' if args.quick else ''}"
-    text, figures, out = breadth(path, BenchClient(), pool, args.ttft_weight, args.quick)
+    text, figures, out = breadth(path, BenchClient(), pool, args.ttft_weight, args.quick, command)
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "fidelity_breadth.md").write_text(f"# Fidelity: breadth runs\n\nCommand: `{command}`\n\n```\n{text}\n```\n")
     (args.out / "fidelity_breadth.json").write_text(json.dumps({"command": command, **figures}, indent=1) + "\n")
     out.write_csv(args.out / "fidelity_breadth.csv")
+    save_calibration(figures["calibration"], args.out / "fidelity_breadth_calibration.json")
+    if args.install:
+        install(figures["calibration"])
 
 
 def run_dense(args, pool) -> None:
@@ -388,17 +433,11 @@ def run_dense(args, pool) -> None:
     lines += ["", "--- leave one group out, per (model, framework) ---", format_report(logo, worst=8)]
     text = "\n".join(lines)
     print(text)
-    # each entry's stated error: in sample, and LOGO over the groups it stands in for
-    for e in entries:
-        mine = logo.filter((pl.col("framework") == e["framework"]) & (pl.col("gemm_dtype") == e["gemm_dtype"])
-                           & ((pl.col("model") == e["model"]) if e["model"] != "*" else pl.lit(True)))
-        t, p = overall(mine) if mine.height else (None, None)
-        e["error"]["out_of_sample"] = {"method": "leave one (model, framework, TP) group out", "ttft_mape": t,
-                                       "tpot_mape": p, "runs": mine.height, "command": command}
+    state_errors(entries, logo, "leave one (model, framework, TP) group out", command)
     args.out.mkdir(parents=True, exist_ok=True)
     save_calibration(entries, args.out / "fidelity_calibration.json")
     if args.install:
-        save_calibration(entries, BUNDLED)
+        install(entries)
     (args.out / "fidelity.md").write_text(f"# Fidelity\n\nCommand: `{command}`\n\n```\n{text}\n```\n")
     (args.out / "fidelity.json").write_text(json.dumps({
         "command": command, "runs_file": path.name, "runs": len(runs),

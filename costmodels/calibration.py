@@ -226,6 +226,27 @@ def fitted_layouts(layouts) -> list[list[int]]:
     return [list(lay) for lay in sorted({tuple(int(v) for v in lay) for lay in layouts})]
 
 
+def parallel_path(moe_ep_size: int, attention_dp_size: int) -> str:
+    """The execution path a layout runs, which an entry's corrections belong to: "tp" (plain
+    tensor parallelism), "ep" (experts spread by expert parallelism: all-to-all dispatch and
+    combine around grouped GEMMs instead of an all-reduce after the MoE), "dp" (attention
+    data parallelism: each group schedules its own batch, gathered around the experts) or
+    "ep+dp". Each runs other kernels and collectives with their own fixed costs, so an
+    entry fitted on one path is no evidence about another."""
+    return "+".join(p for p, on in (("ep", moe_ep_size > 1), ("dp", attention_dp_size > 1)) if on) or "tp"
+
+
+def entry_path(entry: dict) -> str:
+    """The path (``parallel_path``) an entry was fitted on: entries without the field were
+    fitted on plain TP."""
+    return entry.get("path", "tp")
+
+
+def entry_key(entry: dict) -> tuple[str, str, str, str, str]:
+    """What one entry is fitted for: (gpu, framework, model or "*", gemm_dtype, path)."""
+    return entry["gpu"], entry["framework"], entry["model"], entry["gemm_dtype"], entry_path(entry)
+
+
 def layout_label(run: dict) -> str:
     """A run's layout as text: "tp8", or "tp8 ep8 dp8" with expert / attention data parallelism."""
     ep, dp = run["moe_ep_size"], run["attention_dp_size"]
@@ -276,7 +297,8 @@ def fit(table_s: np.ndarray, measured_s: np.ndarray, overhead0: float) -> tuple[
 
 
 def calibrate(runs: pl.DataFrame, builder=None) -> list[dict]:
-    """Fit entries per (gpu, framework, model, gemm_dtype) and pooled per (gpu, framework, gemm_dtype)."""
+    """Fit entries per (gpu, framework, model, gemm_dtype, parallel path) and pooled per
+    (gpu, framework, gemm_dtype, parallel path)."""
     from costmodels.build import build
     from costmodels.gpus import load_gpu
 
@@ -293,15 +315,15 @@ def calibrate(runs: pl.DataFrame, builder=None) -> list[dict]:
             raise CostModelError(f"runs for {model} on {gpu} {label} {fw}/{dtype}: {exc}") from exc
         b, s, o = (group[c].to_numpy().astype(np.float64) for c in ("batch_size", "isl", "osl"))
         rows.append(dict(model=model, gpu=load_gpu(gpu).name, framework=fw, gemm_dtype=dtype, tp=int(tp),
-                         layout=[int(tp), int(ep), int(dp)],
+                         layout=[int(tp), int(ep), int(dp)], path=parallel_path(int(ep), int(dp)),
                          step_source=step_source(cost),
                          tpot=tpot_parts(cost.tables, b, s, o), ttft=ttft_parts(cost.tables, b, s, o),
                          tpot_ms=group["tpot_ms"].to_numpy(), ttft_ms=group["ttft_ms"].to_numpy(),
                          overhead0=cost.tables.overhead_s))
     entries = []
     for pooled in (False, True):
-        keys = ("gpu", "framework", "gemm_dtype", "step_source") if pooled else (
-            "gpu", "framework", "model", "gemm_dtype", "step_source")
+        keys = ("gpu", "framework", "gemm_dtype", "path", "step_source") if pooled else (
+            "gpu", "framework", "model", "gemm_dtype", "path", "step_source")
         for key in dict.fromkeys(tuple(r[k] for k in keys) for r in rows):
             sel = [r for r in rows if tuple(r[k] for k in keys) == key]
             entries.append(_fit_entry(dict(zip(keys, key, strict=True)) | ({"model": "*"} if pooled else {}), sel))
@@ -340,11 +362,15 @@ def load_calibration(path: str | Path) -> list[dict]:
         missing = [k for k in ("model", "gpu", "framework", "gemm_dtype") if k not in e]
         if missing:
             raise CostModelError(f"calibration file {path}: entry {i} lacks {missing}")
+        paths = {parallel_path(ep, dp) for _, ep, dp in e.get("layouts", [])} - {entry_path(e)}
+        if paths:
+            raise CostModelError(f"calibration file {path}: entry {i} is for the {entry_path(e)!r} path but was "
+                                 f"fitted on layouts of {sorted(paths)}; refit it (one entry per parallel path)")
     return data["entries"]
 
 
 #: How an entry was chosen for a cost model, most specific first (the fallback chain).
-MATCHES = ("setup", "model", "family", "pooled", "other_gpu")
+MATCHES = ("setup", "model", "family", "pooled", "other_gpu", "other_path")
 
 
 def step_source(cost: CostModel) -> str:
@@ -370,30 +396,37 @@ def match_entry(entries: list[dict], *, model: str, family: str, gpu: str, frame
     dtype: the same model on this GPU at this TP, layout (``layout``: EP size, attention-DP
     size; an entry fitted on other layouts of the TP, or one without ``layouts``, which was
     fitted on plain TP, is no ``setup`` match of another) and KV dtype (``setup``), at any
-    TP or layout (``model``), another model of its family (``family``), the pooled fit of the GPU
-    (``pooled``); failing all, the same chain fitted on another GPU (``other_gpu``: the
-    overhead and scales of one GPU's tables applied to another's); (None, "none"). Only
-    entries fitted on the same ``source`` of step times count (entries without the field
-    were fitted on profiled tables)."""
+    TP or layout of its parallel path (``model``), another model of its family (``family``),
+    the pooled fit of the GPU (``pooled``), the same chain fitted on another GPU
+    (``other_gpu``: the overhead and scales of one GPU's tables applied to another's).
+    Every tier keeps to the setup's parallel path (``parallel_path``): EP and attention DP
+    run other kernels and collectives with other fixed costs, so only when no entry of the
+    path exists anywhere does an entry of another path stand in (``other_path``: the same
+    model, its family, then pooled, this GPU first). (None, "none") when nothing matches.
+    Only entries fitted on the same ``source`` of step times count (entries without the
+    field were fitted on profiled tables)."""
     kind = [e for e in entries if e["framework"] == framework and e["gemm_dtype"] == gemm_dtype
             and e.get("step_source", "profiled") == source]
-    here = [e for e in kind if e["gpu"] == gpu]
-    mine = [e for e in here if e["model"] == model]
-    for e in mine:
+    path = parallel_path(*layout)
+    same = [e for e in kind if entry_path(e) == path]
+    for e in same:
         fitted = e.get("layouts", [[t, 1, 1] for t in e.get("tp", [])])
-        if [tp, *layout] in fitted and e.get("kv_dtype", e["gemm_dtype"]) == kv_dtype:
+        if e["gpu"] == gpu and e["model"] == model and [tp, *layout] in fitted \
+                and e.get("kv_dtype", e["gemm_dtype"]) == kv_dtype:
             return e, "setup"
     tiers = (lambda e: e["model"] == model,
              lambda e: bool(family) and e["model"] not in ("*", model) and entry_family(e) == family,
              lambda e: e["model"] == "*")
     for how, test in zip(("model", "family", "pooled"), tiers, strict=True):
-        found = next((e for e in here if test(e)), None)
+        found = next((e for e in same if e["gpu"] == gpu and test(e)), None)
         if found is not None:
             return found, how
-    for test in tiers:
-        found = next((e for e in kind if test(e)), None)
-        if found is not None:
-            return found, "other_gpu"
+    other = [e for e in kind if entry_path(e) != path]
+    for pool, how in ((same, "other_gpu"), (other, "other_path")):
+        for test in tiers:
+            found = next((e for e in sorted(pool, key=lambda e: e["gpu"] != gpu) if test(e)), None)
+            if found is not None:
+                return found, how
     return None, "none"
 
 
@@ -418,7 +451,7 @@ def apply_calibration(cost: CostModel, model: str, gpu: str, framework: str, gem
     if entry is None:
         if calibration is not None:
             raise CostModelError(f"calibration file {path} has no entry for {model} on {gpu} with "
-                                 f"{framework}/{gemm_dtype}")
+                                 f"{framework}/{gemm_dtype} on the {parallel_path(*layout)!r} path")
         return replace(cost, source=cost.source + "; uncalibrated", calibration={"file": None, "match": "none"})
     scales = {k: float(entry.get(k, 1.0)) for k in ("prefill_scale", "decode_scale")}
     tables = cost.tables._replace(overhead_s=entry["overhead_s"], scale=entry["scale"], **scales)
@@ -437,6 +470,9 @@ def apply_calibration(cost: CostModel, model: str, gpu: str, framework: str, gem
 
 def _fitted_on(entry: dict, how: str) -> str:
     """Where a fallback entry was fitted, for the source label."""
+    if how == "other_path":
+        fitted = entry["model"] if entry["model"] != "*" else "pooled"
+        return f" ({fitted} on {entry['gpu']}, {entry_path(entry)} path)"
     if how in ("family", "other_gpu") and entry["model"] != "*":
         return f" ({entry['model']} on {entry['gpu']})" if how == "other_gpu" else f" ({entry['model']})"
     return f" (pooled on {entry['gpu']})" if how == "other_gpu" else ""

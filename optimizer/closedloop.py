@@ -65,7 +65,15 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from numba import njit
 
-from costmodels.calibration import SETUP, entry_family, fitted_layouts, step_source, with_layout
+from costmodels.calibration import (
+    SETUP,
+    entry_family,
+    entry_key,
+    fitted_layouts,
+    parallel_path,
+    step_source,
+    with_layout,
+)
 from costmodels.costmodel import CostModel, CostModelError
 from costmodels.steptable import step_seconds
 from policies import engine
@@ -605,42 +613,45 @@ def fit_replay(runs, *, bench: BenchClient | None = None, start: tuple[float, fl
 def calibrate_replay(runs, *, bench: BenchClient | None = None, ttft_weight: float = TTFT_WEIGHT, builder=None,
                      keys: list[tuple] | None = None, max_nfev: int = 40) -> list[dict]:
     """Calibration entries (``costmodels.calibration`` format, for ``build(calibration=...)``)
-    fitted by replay (``fit_replay``): one per (GPU, framework, model, GEMM dtype) across
-    its TPs, then one pooled per (GPU, framework, GEMM dtype) (``model`` "*") for models
-    without their own, the fallback chain ``apply_calibration`` walks
-    (``costmodels.calibration.match_entry``: setup, model, family, pooled, other GPU).
-    The steady-state formula fit (``costmodels.calibrate``) gives the starting point.
-    ``keys`` limits the fit to those (gpu, framework, model, gemm_dtype) entries (model
-    "*" for a pooled one): a leave-one-out fold needs only the entry its held-out setup
-    falls back to. A pooled fit over the same runs as a model's entry reuses its result."""
+    fitted by replay (``fit_replay``): one per (GPU, framework, model, GEMM dtype, parallel
+    path) across its layouts of that path, then one pooled per (GPU, framework, GEMM dtype,
+    parallel path) (``model`` "*") for models without their own, the fallback chain
+    ``apply_calibration`` walks (``costmodels.calibration.match_entry``: setup, model,
+    family, pooled, other GPU, never across paths). The steady-state formula fit
+    (``costmodels.calibrate``) gives the starting point. ``keys`` limits the fit to those
+    (gpu, framework, model, gemm_dtype, path) entries (model "*" for a pooled one): a
+    leave-one-out fold needs only the entry its held-out setup falls back to. A pooled fit
+    over the same runs as a model's entry reuses its result."""
     import polars as pl
 
     from costmodels import calibrate
     from costmodels.gpus import load_gpu
 
     runs = with_layout(runs).with_row_index("_r").with_columns(
-        pl.col("gpu").map_elements(lambda g: load_gpu(g).name, return_dtype=pl.Utf8).alias("_gpu"))
-    formula = {(e["gpu"], e["framework"], e["model"], e["gemm_dtype"]): e for e in calibrate(runs.drop("_gpu", "_r"),
-                                                                                            builder)}
+        pl.col("gpu").map_elements(lambda g: load_gpu(g).name, return_dtype=pl.Utf8).alias("_gpu"),
+        pl.struct("moe_ep_size", "attention_dp_size").map_elements(
+            lambda r: parallel_path(r["moe_ep_size"], r["attention_dp_size"]), return_dtype=pl.Utf8).alias("_path"))
+    formula = {entry_key(e): e for e in calibrate(runs.drop("_gpu", "_r", "_path"), builder)}
     entries, done = [], {}
     for pooled in (False, True):
-        cols = ["_gpu", "framework", "gemm_dtype"] if pooled else ["_gpu", "framework", "model", "gemm_dtype"]
+        cols = ["_gpu", "framework", "gemm_dtype", "_path"] if pooled else ["_gpu", "framework", "model", "gemm_dtype",
+                                                                            "_path"]
         for key, group in runs.group_by(cols, maintain_order=True):
-            gpu, fw, dtype = key[0], key[1], key[-1]
+            gpu, fw, dtype, path = key[0], key[1], key[-2], key[-1]
             model = "*" if pooled else key[2]
-            if keys is not None and (gpu, fw, model, dtype) not in keys:
+            if keys is not None and (gpu, fw, model, dtype, path) not in keys:
                 continue
             rows_id = tuple(sorted(group["_r"].to_list()))
-            f = formula.get((gpu, fw, model, dtype))
+            f = formula.get((gpu, fw, model, dtype, path))
             start = (f["overhead_s"], f["scale"]) if f else None
             if rows_id in done:
                 fitted = dict(done[rows_id])
             else:
-                fitted = done[rows_id] = fit_replay(group.drop("_gpu", "_r"), bench=bench, start=start,
+                fitted = done[rows_id] = fit_replay(group.drop("_gpu", "_r", "_path"), bench=bench, start=start,
                                                     ttft_weight=ttft_weight, builder=builder, max_nfev=max_nfev)
             family = "" if pooled else entry_family({"model": model})
             entries.append({"gpu": gpu, "framework": fw, "model": model, "family": family, "gemm_dtype": dtype,
-                            "kv_dtype": dtype,
+                            "kv_dtype": dtype, "path": path,
                             "tp": sorted(set(group["tp"].to_list())),
                             "layouts": fitted_layouts(group.select(list(SETUP)).iter_rows()), "n_runs": len(group), **fitted,
                             "error": {"in_sample_tpot_mape": fitted["tpot_mape_after"],

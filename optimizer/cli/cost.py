@@ -180,10 +180,11 @@ def calibrate_cmd(
 
     The replay fit (``optimizer.closedloop.calibrate_replay``) replays every run through
     the engine as AIPerf drove it and fits TTFT and TPOT together; it takes about a minute
-    per (model, framework, dtype) on 2 cores. Entries are per model across its TPs, plus
-    one pooled per (GPU, framework, dtype); ``build`` walks setup, model, family, pooled,
-    other GPU (``costmodels.calibration.match_entry``)."""
+    per (model, framework, dtype) on 2 cores. Entries are per model and parallel path across
+    its layouts, plus one pooled per (GPU, framework, dtype, path); ``build`` walks setup,
+    model, family, pooled, other GPU, other path (``costmodels.calibration.match_entry``)."""
     from costmodels import CostModelError, calibrate, load_runs, save_calibration
+    from costmodels.calibration import entry_path
     from optimizer.closedloop import ClosedLoopError, calibrate_replay
 
     if fit not in ("replay", "formula"):
@@ -195,12 +196,12 @@ def calibrate_cmd(
     except (CostModelError, ClosedLoopError, OSError) as exc:
         _fail(str(exc))
     table = Table(title=f"{fit} calibration (in-sample MAPE %, before -> after)")
-    for col in ("gpu", "framework", "model", "dtype", "tp", "runs", "overhead ms", "prefill x", "decode x", "TPOT",
+    for col in ("gpu", "framework", "model", "dtype", "path", "tp", "runs", "overhead ms", "prefill x", "decode x", "TPOT",
                 "TTFT"):
         table.add_column(col)
     for e in entries:
         scale = e["scale"]
-        table.add_row(e["gpu"], e["framework"], e["model"], e["gemm_dtype"], ",".join(map(str, e["tp"])),
+        table.add_row(e["gpu"], e["framework"], e["model"], e["gemm_dtype"], entry_path(e), ",".join(map(str, e["tp"])),
                       str(e["n_runs"]), f"{e['overhead_s'] * 1e3:.2f}", f"{scale * e.get('prefill_scale', 1.0):.3f}",
                       f"{scale * e.get('decode_scale', 1.0):.3f}",
                       f"{e['tpot_mape_before']:.1f} -> {e['tpot_mape_after']:.1f}",

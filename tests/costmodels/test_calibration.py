@@ -92,3 +92,17 @@ def test_canonical_runs_csv_is_accepted_and_fit(tmp_path):
 def test_bad_runs_csv_names_the_problem(tmp_path, change, message):
     with pytest.raises(CostModelError, match=message):
         load_runs(write(tmp_path, change(pl.DataFrame(GOOD))))
+
+
+def test_bundled_entries_are_one_per_key_with_their_out_of_sample_error():
+    from costmodels.calibration import BUNDLED, entry_key
+
+    bundled = load_calibration(BUNDLED)
+    keys = [entry_key(e) for e in bundled]
+    assert len(keys) == len(set(keys))
+    assert all(e["error"]["out_of_sample"]["runs"] > 0 for e in bundled)
+    v3 = dict(gemm_dtype="fp8", kv_dtype="fp8", framework="trtllm")
+    tp8 = build("deepseek-ai/DeepSeek-V3", "h200", tp=8, **v3)
+    assert (tp8.calibration["match"], tp8.calibration["model"]) == ("setup", "deepseek-ai/DeepSeek-V3")
+    ep8 = build("deepseek-ai/DeepSeek-V3", "h200", tp=8, moe_ep_size=8, **v3)  # V3 never measured with EP
+    assert (ep8.calibration["match"], ep8.calibration["model"]) == ("family", "deepseek-ai/DeepSeek-R1")

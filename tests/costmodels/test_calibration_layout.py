@@ -86,20 +86,49 @@ def test_a_row_is_replayed_on_one_attention_dp_group_of_its_layout(tmp_path):
 
 
 def test_an_entry_is_a_setup_match_only_at_a_layout_it_was_fitted_on(tmp_path):
-    [entry, _pooled] = calibrate(load_runs(write(tmp_path, ROWS[2:3])))  # R1 at tp8 ep8 only
-    assert entry["layouts"] == [[8, 8, 1]]
+    plain_tp8 = (R1, "h200_sxm", "trtllm", 8, 1, 8, 1, 1, "fp8", 2, 128, 8, 120.0, 18.0)
+    entries = calibrate(load_runs(write(tmp_path, [ROWS[2], plain_tp8])))
+    ep, tp = (next(e for e in entries if e["model"] == R1 and e["path"] == p) for p in ("ep", "tp"))
+    assert (ep["layouts"], tp["layouts"]) == ([[8, 8, 1]], [[8, 1, 1]])  # one entry per parallel path
     key = dict(model=R1, family="deepseek_v3", gpu="h200_sxm", framework="trtllm", gemm_dtype="fp8", tp=8,
                kv_dtype="fp8")
-    assert match_entry([entry], **key, layout=(8, 1)) == (entry, "setup")
-    assert match_entry([entry], **key, layout=(8, 8)) == (entry, "model")  # same TP, other layout
-    assert match_entry([entry], **key) == (entry, "model")  # plain TP
-    plain = {k: v for k, v in entry.items() if k != "layouts"}  # an entry of a plain-TP fit (the bundled file)
+    assert match_entry(entries, **key, layout=(8, 1)) == (ep, "setup")
+    assert match_entry(entries, **key, layout=(4, 1)) == (ep, "model")  # same path, another layout
+    assert match_entry(entries, **key) == (tp, "setup")
+    plain = {k: v for k, v in tp.items() if k not in ("layouts", "path")}  # a plain-TP fit (the bundled file)
     assert match_entry([plain], **key) == (plain, "setup")
+    assert match_entry([plain], **key, layout=(8, 1)) == (plain, "other_path")
     path = tmp_path / "cal.json"
-    save_calibration([entry], path)
+    save_calibration([ep], path)
     cost = build(R1, "h200_sxm", tp=8, framework="trtllm", gemm_dtype="fp8", kv_dtype="fp8", calibration=path,
                  moe_ep_size=8, attention_dp_size=1)
     assert cost.calibration["match"] == "setup"
+
+
+def test_an_entry_of_another_parallel_path_stands_in_only_when_its_path_has_none(tmp_path):
+    """Expert parallelism and attention DP run other kernels and collectives than plain TP:
+    an entry of the setup's path, even one fitted on another GPU, comes before one of
+    another path, which is the last resort and says so."""
+    [ep, pooled] = calibrate(load_runs(write(tmp_path, ROWS[2:3])))  # R1 at tp8 ep8 only
+    key = dict(model=R1, family="deepseek_v3", gpu="h200_sxm", framework="trtllm", gemm_dtype="fp8", tp=8,
+               kv_dtype="fp8")
+    for layout in ((1, 1), (8, 8)):
+        assert match_entry([pooled, ep], **key, layout=layout) == (ep, "other_path")  # its own model first
+    plain_elsewhere = {**pooled, "gpu": "h100_sxm", "path": "tp", "layouts": [[8, 1, 1]]}
+    assert match_entry([ep, pooled, plain_elsewhere], **key) == (plain_elsewhere, "other_gpu")
+    assert match_entry([ep, pooled, plain_elsewhere], **key, layout=(8, 8)) == (ep, "other_path")
+    path = tmp_path / "cal.json"
+    save_calibration([ep, pooled], path)
     cost = build(R1, "h200_sxm", tp=8, framework="trtllm", gemm_dtype="fp8", kv_dtype="fp8", calibration=path,
                  moe_ep_size=8, attention_dp_size=8)
-    assert cost.calibration["match"] == "model"
+    assert cost.calibration["match"] == "other_path"
+    assert f"other_path ({R1} on h200_sxm, ep path)" in cost.source
+
+
+def test_an_entry_whose_layouts_span_another_path_is_refused(tmp_path):
+    [ep, _] = calibrate(load_runs(write(tmp_path, ROWS[2:3])))
+    path = tmp_path / "cal.json"
+    save_calibration([ep | {"layouts": [[8, 8, 1], [8, 1, 1]]}], path)
+    with pytest.raises(CostModelError, match=r"entry 0 is for the 'ep' path but was fitted on layouts of \['tp'\]"):
+        build(R1, "h200_sxm", tp=8, framework="trtllm", gemm_dtype="fp8", kv_dtype="fp8", calibration=path,
+              moe_ep_size=8)

@@ -37,8 +37,8 @@ def test_every_group_is_held_out_once_and_never_trained_on():
 
 def test_the_fold_falls_back_as_apply_calibration_would():
     keys = {tuple(k): fidelity.fallback_key(held, train) for k, held, train in fidelity.logo_splits(RUNS)}
-    assert keys[(LLAMA, "h100_sxm", "trtllm", "bf16", 1)] == ("h100_sxm", "trtllm", LLAMA, "bf16")  # its other TP
-    assert keys[(QWEN, "h100_sxm", "trtllm", "bf16", 2)] == ("h100_sxm", "trtllm", "*", "bf16")  # pooled
+    assert keys[(LLAMA, "h100_sxm", "trtllm", "bf16", 1)] == ("h100_sxm", "trtllm", LLAMA, "bf16", "tp")  # its other TP
+    assert keys[(QWEN, "h100_sxm", "trtllm", "bf16", 2)] == ("h100_sxm", "trtllm", "*", "bf16", "tp")  # pooled
     assert keys[(QWEN, "h100_sxm", "vllm", "bf16", 2)] is None  # nothing of its framework: uncalibrated
 
 
@@ -93,3 +93,16 @@ def test_breadth_rows_servetune_cannot_score_are_kept_with_their_reason(tmp_path
     assert reasons[1].startswith("no cost model: ") and "tp=64" in reasons[1]
     assert "unknown dtype 'nvfp4'" in reasons[2]
     assert reasons[3] == "row 5: layout: moe_tp_size 2 x moe_ep_size 2 = 4 GPUs, but tp_size 4 x attention_dp_size 2 = 8"
+
+
+def test_install_replaces_entries_of_the_same_key_and_keeps_the_rest(tmp_path, monkeypatch):
+    from costmodels import load_calibration, save_calibration
+
+    base = {"gpu": "h100_sxm", "framework": "trtllm", "gemm_dtype": "fp8", "overhead_s": 0.001, "scale": 1.0,
+            "error": {}}
+    dense, old_ep = {**base, "model": "*"}, {**base, "model": "*", "path": "ep", "overhead_s": 0.002}
+    monkeypatch.setattr(fidelity, "BUNDLED", tmp_path / "calibration.json")
+    save_calibration([dense, old_ep], fidelity.BUNDLED)
+    new_ep = {**old_ep, "overhead_s": 0.003}
+    fidelity.install([new_ep])
+    assert load_calibration(fidelity.BUNDLED) == [dense, new_ep]
