@@ -275,8 +275,9 @@ def warmup_command() -> None:
 
 
 #: A cold compile of the kernels a study runs on a 2-core machine: the single-replica engine
-#: only (1.4-5 min measured, 3.3 min in benchmarks/first_run.py) / with the fleet's (6-10 min).
-COLD_COMPILE = {False: "2-5 min", True: "6-10 min"}
+#: only (1.4-5 min measured, 1.5 min in benchmarks/first_run.py on a quiet machine, 3.3 min on
+#: a busy one) / with the fleet's (6-10 min).
+COLD_COMPILE = {False: "1.5-5 min", True: "6-10 min"}
 
 
 def _may_use_fleet(spec) -> bool:
