@@ -67,7 +67,7 @@ from costmodels.calibration import (  # noqa: E402
     fitted_layouts,
     layout_label,
     match_entry,
-    parallel_path,
+    path_of_runs,
     with_layout,
 )
 from costmodels.costmodel import CostModelError  # noqa: E402
@@ -102,8 +102,7 @@ def fallback_key(held: pl.DataFrame, train: pl.DataFrame) -> tuple | None:
     r = with_layout(held).row(0, named=True)
     train = with_layout(train).with_columns(
         pl.col("gpu").map_elements(lambda g: load_gpu(g).name, return_dtype=pl.Utf8),
-        pl.struct("moe_ep_size", "attention_dp_size").map_elements(
-            lambda x: parallel_path(x["moe_ep_size"], x["attention_dp_size"]), return_dtype=pl.Utf8).alias("path"))
+        path_of_runs().alias("path"))
     candidates = []
     for cols in (["gpu", "framework", "model", "gemm_dtype", "path"], ["gpu", "framework", "gemm_dtype", "path"]):
         for key, group in train.group_by(cols, maintain_order=True):
@@ -354,8 +353,7 @@ def state_errors(entries: list[dict], logo: pl.DataFrame, method: str, command: 
     stands for (its GPU, framework, dtype and parallel path; its model unless pooled)."""
     logo = with_layout(logo).with_columns(
         pl.col("gpu").map_elements(lambda g: load_gpu(g).name, return_dtype=pl.Utf8),
-        pl.struct("moe_ep_size", "attention_dp_size").map_elements(
-            lambda x: parallel_path(x["moe_ep_size"], x["attention_dp_size"]), return_dtype=pl.Utf8).alias("_path"))
+        path_of_runs().alias("_path"))
     for e in entries:
         gpu, framework, model, dtype, path = entry_key(e)
         mine = logo.filter((pl.col("gpu") == gpu) & (pl.col("framework") == framework)

@@ -236,6 +236,12 @@ def parallel_path(moe_ep_size: int, attention_dp_size: int) -> str:
     return "+".join(p for p, on in (("ep", moe_ep_size > 1), ("dp", attention_dp_size > 1)) if on) or "tp"
 
 
+def path_of_runs() -> pl.Expr:
+    """Each run's ``parallel_path``, from the layout columns of ``load_runs``."""
+    return pl.struct("moe_ep_size", "attention_dp_size").map_elements(
+        lambda r: parallel_path(r["moe_ep_size"], r["attention_dp_size"]), return_dtype=pl.Utf8)
+
+
 def entry_path(entry: dict) -> str:
     """The path (``parallel_path``) an entry was fitted on: entries without the field were
     fitted on plain TP."""
@@ -451,7 +457,7 @@ def apply_calibration(cost: CostModel, model: str, gpu: str, framework: str, gem
     if entry is None:
         if calibration is not None:
             raise CostModelError(f"calibration file {path} has no entry for {model} on {gpu} with "
-                                 f"{framework}/{gemm_dtype} on the {parallel_path(*layout)!r} path")
+                                 f"{framework}/{gemm_dtype}")
         return replace(cost, source=cost.source + "; uncalibrated", calibration={"file": None, "match": "none"})
     scales = {k: float(entry.get(k, 1.0)) for k in ("prefill_scale", "decode_scale")}
     tables = cost.tables._replace(overhead_s=entry["overhead_s"], scale=entry["scale"], **scales)

@@ -70,7 +70,7 @@ from costmodels.calibration import (
     entry_family,
     entry_key,
     fitted_layouts,
-    parallel_path,
+    path_of_runs,
     step_source,
     with_layout,
 )
@@ -617,7 +617,7 @@ def calibrate_replay(runs, *, bench: BenchClient | None = None, ttft_weight: flo
     path) across its layouts of that path, then one pooled per (GPU, framework, GEMM dtype,
     parallel path) (``model`` "*") for models without their own, the fallback chain
     ``apply_calibration`` walks (``costmodels.calibration.match_entry``: setup, model,
-    family, pooled, other GPU, never across paths). The steady-state formula fit
+    family, pooled, other GPU, another path last). The steady-state formula fit
     (``costmodels.calibrate``) gives the starting point. ``keys`` limits the fit to those
     (gpu, framework, model, gemm_dtype, path) entries (model "*" for a pooled one): a
     leave-one-out fold needs only the entry its held-out setup falls back to. A pooled fit
@@ -629,8 +629,7 @@ def calibrate_replay(runs, *, bench: BenchClient | None = None, ttft_weight: flo
 
     runs = with_layout(runs).with_row_index("_r").with_columns(
         pl.col("gpu").map_elements(lambda g: load_gpu(g).name, return_dtype=pl.Utf8).alias("_gpu"),
-        pl.struct("moe_ep_size", "attention_dp_size").map_elements(
-            lambda r: parallel_path(r["moe_ep_size"], r["attention_dp_size"]), return_dtype=pl.Utf8).alias("_path"))
+        path_of_runs().alias("_path"))
     formula = {entry_key(e): e for e in calibrate(runs.drop("_gpu", "_r", "_path"), builder)}
     entries, done = [], {}
     for pooled in (False, True):
