@@ -34,8 +34,8 @@ on breadth rows only, in sample and leaving one setup (model, GPU, framework, dt
 layout) out, each run replayed on the cost model of one attention-DP group of its layout;
 the figures per model x GPU x framework and per setup go to ``fidelity_breadth.md``,
 ``.json`` and ``.csv``, the entries (with their leave-one-setup-out error) to
-``fidelity_breadth_calibration.json`` and, with ``--install``, into the bundled file. Rows servetune cannot score (64-GPU instances, FP4 GEMMs) are
-listed with the reason. ``--part`` runs one half (the dense files are left as they are).
+``fidelity_breadth_calibration.json`` and, with ``--install``, into the bundled file.
+Rows servetune cannot score (64-GPU instances, FP4 GEMMs) are listed with the reason. ``--part`` runs one half (the dense files are left as they are).
 
     python benchmarks/fidelity.py [--runs FILE.csv] [--breadth-runs FILE.csv] [--part both|dense|breadth]
                                   [--quick] [--jobs 2] [--install]
@@ -67,7 +67,7 @@ from costmodels.calibration import (  # noqa: E402
     fitted_layouts,
     layout_label,
     match_entry,
-    path_of_runs,
+    with_key_columns,
     with_layout,
 )
 from costmodels.costmodel import CostModelError  # noqa: E402
@@ -100,9 +100,7 @@ def fallback_key(held: pl.DataFrame, train: pl.DataFrame) -> tuple | None:
     ``calibrate_replay`` fits them), walking the same chain
     (``costmodels.calibration.match_entry``); None when no training entry matches."""
     r = with_layout(held).row(0, named=True)
-    train = with_layout(train).with_columns(
-        pl.col("gpu").map_elements(lambda g: load_gpu(g).name, return_dtype=pl.Utf8),
-        path_of_runs().alias("path"))
+    train = with_key_columns(train).drop("gpu").rename({"_gpu": "gpu", "_path": "path"})
     candidates = []
     for cols in (["gpu", "framework", "model", "gemm_dtype", "path"], ["gpu", "framework", "gemm_dtype", "path"]):
         for key, group in train.group_by(cols, maintain_order=True):
@@ -351,12 +349,10 @@ def main() -> None:
 def state_errors(entries: list[dict], logo: pl.DataFrame, method: str, command: str) -> None:
     """Each entry's stated out-of-sample error: the LOGO MAPE over the held-out runs it
     stands for (its GPU, framework, dtype and parallel path; its model unless pooled)."""
-    logo = with_layout(logo).with_columns(
-        pl.col("gpu").map_elements(lambda g: load_gpu(g).name, return_dtype=pl.Utf8),
-        path_of_runs().alias("_path"))
+    logo = with_key_columns(logo)
     for e in entries:
         gpu, framework, model, dtype, path = entry_key(e)
-        mine = logo.filter((pl.col("gpu") == gpu) & (pl.col("framework") == framework)
+        mine = logo.filter((pl.col("_gpu") == gpu) & (pl.col("framework") == framework)
                            & (pl.col("gemm_dtype") == dtype) & (pl.col("_path") == path)
                            & ((pl.col("model") == model) if model != "*" else pl.lit(True)))
         t, p = overall(mine) if mine.height else (None, None)

@@ -236,10 +236,15 @@ def parallel_path(moe_ep_size: int, attention_dp_size: int) -> str:
     return "+".join(p for p, on in (("ep", moe_ep_size > 1), ("dp", attention_dp_size > 1)) if on) or "tp"
 
 
-def path_of_runs() -> pl.Expr:
-    """Each run's ``parallel_path``, from the layout columns of ``load_runs``."""
-    return pl.struct("moe_ep_size", "attention_dp_size").map_elements(
-        lambda r: parallel_path(r["moe_ep_size"], r["attention_dp_size"]), return_dtype=pl.Utf8)
+def with_key_columns(runs: pl.DataFrame) -> pl.DataFrame:
+    """``runs`` (``with_layout``) with what an entry's key (``entry_key``) reads off a run:
+    ``_gpu``, the GPU's canonical name, and ``_path``, its ``parallel_path``."""
+    from costmodels.gpus import load_gpu
+
+    return with_layout(runs).with_columns(
+        pl.col("gpu").map_elements(lambda g: load_gpu(g).name, return_dtype=pl.Utf8).alias("_gpu"),
+        pl.struct("moe_ep_size", "attention_dp_size").map_elements(
+            lambda r: parallel_path(r["moe_ep_size"], r["attention_dp_size"]), return_dtype=pl.Utf8).alias("_path"))
 
 
 def entry_path(entry: dict) -> str:
@@ -427,10 +432,10 @@ def match_entry(entries: list[dict], *, model: str, family: str, gpu: str, frame
         found = next((e for e in same if e["gpu"] == gpu and test(e)), None)
         if found is not None:
             return found, how
-    other = [e for e in kind if entry_path(e) != path]
-    for pool, how in ((same, "other_gpu"), (other, "other_path")):
+    other = sorted((e for e in kind if entry_path(e) != path), key=lambda e: e["gpu"] != gpu)
+    for pool, how in ((same, "other_gpu"), (other, "other_path")):  # same: this GPU's failed the tiers above
         for test in tiers:
-            found = next((e for e in sorted(pool, key=lambda e: e["gpu"] != gpu) if test(e)), None)
+            found = next((e for e in pool if test(e)), None)
             if found is not None:
                 return found, how
     return None, "none"

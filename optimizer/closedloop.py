@@ -70,8 +70,8 @@ from costmodels.calibration import (
     entry_family,
     entry_key,
     fitted_layouts,
-    path_of_runs,
     step_source,
+    with_key_columns,
     with_layout,
 )
 from costmodels.costmodel import CostModel, CostModelError
@@ -622,14 +622,9 @@ def calibrate_replay(runs, *, bench: BenchClient | None = None, ttft_weight: flo
     (gpu, framework, model, gemm_dtype, path) entries (model "*" for a pooled one): a
     leave-one-out fold needs only the entry its held-out setup falls back to. A pooled fit
     over the same runs as a model's entry reuses its result."""
-    import polars as pl
-
     from costmodels import calibrate
-    from costmodels.gpus import load_gpu
 
-    runs = with_layout(runs).with_row_index("_r").with_columns(
-        pl.col("gpu").map_elements(lambda g: load_gpu(g).name, return_dtype=pl.Utf8).alias("_gpu"),
-        path_of_runs().alias("_path"))
+    runs = with_key_columns(runs).with_row_index("_r")
     formula = {entry_key(e): e for e in calibrate(runs.drop("_gpu", "_r", "_path"), builder)}
     entries, done = [], {}
     for pooled in (False, True):
