@@ -302,6 +302,8 @@ def breadth(path: Path, bench: BenchClient, pool, ttft_weight: float, quick: boo
     lines += [f"  {r['model']} {r['gpu']} {r['gemm_dtype']} {' = '.join(r['layouts'])}: {r['points']} points, TTFT "
               f"apart by {r['ttft_diff_mean']:.1f}% on average (at most {r['ttft_diff_max']:.0f}%), TPOT by "
               f"{r['tpot_diff_mean']:.1f}%" for r in twice] or ["  none"]
+    osl, osl_split = osl_sensitivity(insample, logo, BREADTH_KEYS)
+    lines += ["", *format_osl(osl, osl_split, BREADTH_KEYS)]
     lines += ["", "not scorable (rows, reason):"]
     for r in skipped.group_by(["model", "gpu", "gemm_dtype", "layout", "reason"], maintain_order=True).len().iter_rows(
             named=True):
@@ -309,6 +311,7 @@ def breadth(path: Path, bench: BenchClient, pool, ttft_weight: float, quick: boo
     figures = {"runs_file": path.name, "runs": runs.height, "scored": scored.height,
                "not_scorable": skipped.select("row", "model", "layout", "reason").to_dicts(),
                "measured_twice": twice,
+               "ttft_osl_sensitivity": {"setups": osl.to_dicts(), **osl_split},
                "groups": [r for r in summary.iter_rows(named=True) if r["model"] != "all"],
                "setups": [r for r in setups.iter_rows(named=True) if r["model"] != "all"],
                "leave_one_group_out": {"ttft_mape": total["ttft_logo"], "tpot_mape": total["tpot_logo"]},
@@ -385,6 +388,60 @@ def run_breadth(args, pool) -> None:
         install(figures["calibration"])
 
 
+#: Concurrency up to which these closed loops hold no queue: a request's TTFT is its prefill
+#: and the few decode steps it shares, whatever the other requests' output length.
+LIGHT_LOAD = 16
+#: A setup's measured TTFT depends on the output length when its median ratio (longest over
+#: shortest OSL, same ISL and concurrency) leaves [1 / band, band].
+OSL_BAND = 1.25
+
+
+def osl_sensitivity(pred: pl.DataFrame, logo: pl.DataFrame, keys) -> tuple[pl.DataFrame, dict]:
+    """How a setup's TTFT moves with the output length at light load (concurrency up to
+    ``LIGHT_LOAD``), measured and replayed (``pred``, the in-sample predictions): per ``keys``
+    setup, the median over its (ISL, concurrency) points of TTFT at the longest OSL over
+    TTFT at the shortest. ``flagged`` marks setups whose measured ratio leaves the
+    ``OSL_BAND`` while the replay's stays in it: there the measurement moves with something
+    the scheduler does not see (no queue forms, so output length cannot delay a first
+    token), and no step-time calibration can follow it. Returns the table and the LOGO
+    TTFT MAPE (``logo``) over the rows of setups flagged and not, so a reader sees how much
+    of the error they carry; the headline figure keeps every row."""
+    light = pred.filter(pl.col("error").is_null(), pl.col("batch_size") <= LIGHT_LOAD)
+    point = light.group_by([*keys, "isl", "batch_size"]).agg(
+        pl.len().alias("osls"),
+        (pl.col("ttft_ms").sort_by("osl").last() / pl.col("ttft_ms").sort_by("osl").first()).alias("measured"),
+        (pl.col("pred_ttft_ms").sort_by("osl").last() / pl.col("pred_ttft_ms").sort_by("osl").first()).alias("replayed"),
+    ).filter(pl.col("osls") > 1)
+    inside = lambda c: pl.col(c).is_between(1 / OSL_BAND, OSL_BAND)  # noqa: E731
+    table = point.group_by(keys, maintain_order=True).agg(
+        pl.len().alias("points"), pl.col("measured").median(), pl.col("replayed").median(),
+    ).with_columns(flagged=~inside("measured") & inside("replayed")).sort(keys)
+    scored = logo.filter(pl.col("error").is_null()).join(table.select(*keys, "flagged"), on=keys, how="left")
+    scored = scored.with_columns(pl.col("flagged").fill_null(False))
+    split = {}
+    for flag, name in ((True, "flagged"), (False, "not_flagged")):
+        part = scored.filter(pl.col("flagged") == flag)
+        split[name] = {"runs": part.height,
+                       "logo_ttft_mape": part.select(_ape("pred_ttft_ms", "ttft_ms").mean()).item() if part.height else None}
+    return table, split
+
+
+def format_osl(table: pl.DataFrame, split: dict, keys) -> list[str]:
+    """``osl_sensitivity`` as report lines."""
+    lines = [f"TTFT against output length at light load (concurrency <= {LIGHT_LOAD}; median over (ISL, "
+             f"concurrency) points of TTFT at the longest OSL / at the shortest; flagged: measured outside "
+             f"[{1 / OSL_BAND:.2f}, {OSL_BAND:.2f}], replayed inside):"]
+    for r in table.iter_rows(named=True):
+        setup = " ".join(str(r[k]) for k in keys)
+        lines.append(f"  {setup}: {r['points']} points, measured x{r['measured']:.2f}, replayed x{r['replayed']:.2f}"
+                     f"{'  FLAGGED' if r['flagged'] else ''}")
+    for name, label in (("flagged", "flagged setups"), ("not_flagged", "the other setups")):
+        s = split[name]
+        mape = "-" if s["logo_ttft_mape"] is None else f"{s['logo_ttft_mape']:.1f}%"
+        lines.append(f"  LOGO TTFT MAPE over {label}: {mape} ({s['runs']} runs)")
+    return lines
+
+
 def run_dense(args, pool) -> None:
     """The dense runs scored against the baselines; writes ``fidelity.*`` to ``--out``."""
     path = args.runs or aic_root(shared_dir()) / "systems" / "silicon_dense_h100.csv"
@@ -404,6 +461,7 @@ def run_dense(args, pool) -> None:
     t2 = time.perf_counter()
     table = group_table(insample, logo)
     total = table.row(-1, named=True)
+    osl, osl_split = osl_sensitivity(insample, logo, GROUP_KEYS)
     summary = {
         "lockstep harness, formula calibration (before)": (overall(base_lock[0]), overall(base_lock[1])),
         "AIPerf harness, formula calibration": (overall(base_aiperf[0]), overall(base_aiperf[1])),
@@ -419,7 +477,7 @@ def run_dense(args, pool) -> None:
               "(LOGO: fit without the group, score on it):", format_groups(table), "",
               f"out of sample (LOGO), the figure to quote: TTFT MAPE {total['ttft_logo']:.1f}%, TPOT MAPE "
               f"{total['tpot_logo']:.1f}% (in sample {total['ttft_in']:.1f}% / {total['tpot_in']:.1f}%)", "",
-              "fitted entries (in sample):"]
+              *format_osl(osl, osl_split, GROUP_KEYS), "", "fitted entries (in sample):"]
     for e in entries:
         lines.append(f"  {e['model']:24} {e['framework']}/{e['gemm_dtype']} tp{e['tp']}: overhead "
                      f"{e['overhead_s'] * 1e3:.2f} ms, prefill x{e['prefill_scale']:.3f}, decode x{e['decode_scale']:.3f}, "
@@ -439,6 +497,7 @@ def run_dense(args, pool) -> None:
                            "leave_one_group_out": {"ttft_mape": b[0], "tpot_mape": b[1]}}
                     for name, (a, b) in summary.items()},
         "groups": [r for r in table.iter_rows(named=True) if r["model"] != "all"],
+        "ttft_osl_sensitivity": {"setups": osl.to_dicts(), **osl_split},
         "targets": {"tpot_logo_mape_max": 7.0, "ttft_logo_mape_max": 25.0,
                     "met": {"tpot": total["tpot_logo"] <= 7.0, "ttft": total["ttft_logo"] <= 25.0}},
     }, indent=1) + "\n")

@@ -106,3 +106,26 @@ def test_install_replaces_entries_of_the_same_key_and_keeps_the_rest(tmp_path, m
     new_ep = {**old_ep, "overhead_s": 0.003}
     fidelity.install([new_ep])
     assert load_calibration(fidelity.BUNDLED) == [dense, new_ep]
+
+
+def test_a_setup_whose_light_load_ttft_moves_with_output_length_is_flagged():
+    # same ISL and concurrency, OSL 128 then 512: A's measured TTFT doubles, B's holds;
+    # the replay holds both (no queue at this load), so only A is flagged
+    rows = []
+    for model, ttft_long in (("A", 200.0), ("B", 105.0)):
+        for c in (4, 8):
+            rows += [(model, c, 128, 100.0, 100.0), (model, c, 512, ttft_long, 101.0)]
+        rows.append((model, 64, 128, 900.0, 300.0))  # past LIGHT_LOAD: not a point
+    pred = pl.DataFrame(rows, schema=["model", "batch_size", "osl", "ttft_ms", "pred_ttft_ms"], orient="row")
+    pred = pred.with_columns(isl=pl.lit(1024), error=pl.lit(None, pl.Utf8))
+    logo = pred.with_columns(pl.when(pl.col("model") == "A").then(pl.col("ttft_ms") * 1.5)
+                             .otherwise(pl.col("ttft_ms") * 1.1).alias("pred_ttft_ms"))
+    table, split = fidelity.osl_sensitivity(pred, logo, ["model"])
+    by = {r["model"]: r for r in table.iter_rows(named=True)}
+    assert by["A"]["points"] == 2 and by["A"]["measured"] == pytest.approx(2.0) and by["A"]["flagged"]
+    assert by["B"]["measured"] == pytest.approx(1.05) and not by["B"]["flagged"]
+    assert by["A"]["replayed"] == pytest.approx(1.01)
+    assert split["flagged"] == {"runs": 5, "logo_ttft_mape": pytest.approx(50.0)}
+    assert split["not_flagged"] == {"runs": 5, "logo_ttft_mape": pytest.approx(10.0)}
+    text = "\n".join(fidelity.format_osl(table, split, ["model"]))
+    assert "A: 2 points, measured x2.00, replayed x1.01  FLAGGED" in text and "B: 2 points" in text
