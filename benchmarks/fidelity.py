@@ -38,7 +38,11 @@ the figures per model x GPU x framework and per setup go to ``fidelity_breadth.m
 Rows servetune cannot score (64-GPU instances, FP4 GEMMs) are listed with the reason. ``--part`` runs one half (the dense files are left as they are).
 
     python benchmarks/fidelity.py [--runs FILE.csv] [--breadth-runs FILE.csv] [--part both|dense|breadth]
-                                  [--quick] [--jobs 2] [--install]
+                                  [--quick] [--jobs 2] [--install] [--client-ingress-ms MS] [--client-jitter-ms MS]
+
+``--client-ingress-ms`` / ``--client-jitter-ms`` fit and replay with a variant of the
+client (``BenchClient.ingress_s``, ``jitter_s``) to test what the harness explains; the
+bundled figures use neither.
 """
 
 from __future__ import annotations
@@ -117,8 +121,9 @@ def formula_fitter(train: pl.DataFrame, keys=None) -> list[dict]:
     return calibrate(train)
 
 
-def replay_fitter(train: pl.DataFrame, keys=None, ttft_weight: float = TTFT_WEIGHT) -> list[dict]:
-    return calibrate_replay(train, keys=keys, ttft_weight=ttft_weight)
+def replay_fitter(train: pl.DataFrame, keys=None, ttft_weight: float = TTFT_WEIGHT,
+                  bench: BenchClient | None = None) -> list[dict]:
+    return calibrate_replay(train, keys=keys, ttft_weight=ttft_weight, bench=bench)
 
 
 def _fold(args):
@@ -279,8 +284,8 @@ def breadth(path: Path, bench: BenchClient, pool, ttft_weight: float, quick: boo
     if quick:
         scored = scored.gather_every(4)
     t0 = time.perf_counter()
-    insample, logo, entries = evaluate(scored, functools.partial(replay_fitter, ttft_weight=ttft_weight), bench, pool,
-                                       keys=BREADTH_KEYS)
+    insample, logo, entries = evaluate(scored, functools.partial(replay_fitter, ttft_weight=ttft_weight, bench=bench),
+                                       bench, pool, keys=BREADTH_KEYS)
     state_errors(entries, logo, "leave one setup (model, GPU, framework, dtype, layout) out", command)
     setups, summary = group_table(insample, logo, BREADTH_KEYS), group_table(insample, logo, BREADTH_SUMMARY)
     total = summary.row(-1, named=True)
@@ -340,6 +345,10 @@ def main() -> None:
                         help="breadth runs CSV (default: ../shared silicon_breadth_dev.csv)")
     parser.add_argument("--part", choices=("both", "dense", "breadth"), default="both",
                         help="score the dense runs, the breadth runs or both (each writes its own files)")
+    parser.add_argument("--client-ingress-ms", type=float, default=0.0,
+                        help="BenchClient.ingress_s in ms, for fit and replay (a harness variant; default 0)")
+    parser.add_argument("--client-jitter-ms", type=float, default=0.0,
+                        help="BenchClient.jitter_s in ms, for fit and replay (a harness variant; default 0)")
     args = parser.parse_args()
     ctx = multiprocessing.get_context("spawn")  # polars thread pools do not survive a fork
     with ProcessPoolExecutor(max_workers=args.jobs, mp_context=ctx) if args.jobs > 1 else _Serial() as pool:
@@ -347,6 +356,20 @@ def main() -> None:
             run_dense(args, pool)
         if args.part in ("both", "breadth"):
             run_breadth(args, pool)
+
+
+def bench_client(args) -> BenchClient:
+    """The AIPerf client, with the ``--client-*`` variant if one is given."""
+    return BenchClient(ingress_s=args.client_ingress_ms * 1e-3, jitter_s=args.client_jitter_ms * 1e-3)
+
+
+def command_line(args, part: str) -> str:
+    """The command that reproduces ``part``'s figures, with the options that change them."""
+    extra = [f" --part {part}"] if part == "breadth" else []
+    extra += [" --quick"] if args.quick else []
+    extra += [f" --client-{k}-ms {v:g}" for k, v in (("ingress", args.client_ingress_ms),
+                                                    ("jitter", args.client_jitter_ms)) if v]
+    return "python benchmarks/fidelity.py" + "".join(extra)
 
 
 def state_errors(entries: list[dict], logo: pl.DataFrame, method: str, command: str) -> None:
@@ -376,8 +399,8 @@ def run_breadth(args, pool) -> None:
     path = args.breadth_runs or aic_root(shared_dir()) / "systems" / "silicon_breadth_dev.csv"
     if not path.is_file():
         sys.exit(f"breadth runs not found at {path}; set SERVETUNE_SHARED or pass --breadth-runs")
-    command = f"python benchmarks/fidelity.py --part breadth{' --quick' if args.quick else ''}"
-    text, figures, out = breadth(path, BenchClient(), pool, args.ttft_weight, args.quick, command)
+    command = command_line(args, "breadth")
+    text, figures, out = breadth(path, bench_client(args), pool, args.ttft_weight, args.quick, command)
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "fidelity_breadth.md").write_text(f"# Fidelity: breadth runs\n\nCommand: `{command}`\n\n```\n{text}\n```\n")
@@ -451,13 +474,13 @@ def run_dense(args, pool) -> None:
     if args.quick:
         runs = runs.gather_every(4)
     runs = runs.with_row_index("row")  # joins the in-sample and LOGO predictions of a run
-    aiperf = BenchClient()
+    aiperf = bench_client(args)
     t0 = time.perf_counter()
     base_lock = evaluate(runs, formula_fitter, LOCKSTEP, pool)
     base_aiperf = evaluate(runs, formula_fitter, aiperf, pool)
     t1 = time.perf_counter()
-    insample, logo, entries = evaluate(runs, functools.partial(replay_fitter, ttft_weight=args.ttft_weight),
-                                       aiperf, pool)
+    insample, logo, entries = evaluate(runs, functools.partial(replay_fitter, ttft_weight=args.ttft_weight,
+                                                               bench=aiperf), aiperf, pool)
     t2 = time.perf_counter()
     table = group_table(insample, logo)
     total = table.row(-1, named=True)
@@ -467,7 +490,7 @@ def run_dense(args, pool) -> None:
         "AIPerf harness, formula calibration": (overall(base_aiperf[0]), overall(base_aiperf[1])),
         "AIPerf harness, replay calibration (now)": (overall(insample), overall(logo)),
     }
-    command = f"python benchmarks/fidelity.py{' --quick' if args.quick else ''}"
+    command = command_line(args, "dense")
     lines = [f"{len(runs)} runs from {path.name}; baselines in {t1 - t0:.0f} s, replay calibration (in sample and "
              f"{len(list(logo_splits(runs)))} leave-one-group-out folds) in {t2 - t1:.0f} s", "",
              "harness and calibration                              TTFT in   LOGO   TPOT in   LOGO"]
