@@ -429,16 +429,16 @@ def osl_sensitivity(pred: pl.DataFrame, logo: pl.DataFrame, keys) -> tuple[pl.Da
     token), and no step-time calibration can follow it. Returns the table and the LOGO
     TTFT MAPE (``logo``) over the rows of setups flagged and not, so a reader sees how much
     of the error they carry; the headline figure keeps every row."""
-    light = pred.filter(pl.col("error").is_null(), pl.col("batch_size") <= LIGHT_LOAD)
+    # a group keeps its rows' order, so sorted by OSL its last row over its first is the ratio
+    light = pred.filter(pl.col("error").is_null(), pl.col("batch_size") <= LIGHT_LOAD).sort("osl")
     point = light.group_by([*keys, "isl", "batch_size"]).agg(
         pl.len().alias("osls"),
-        (pl.col("ttft_ms").sort_by("osl").last() / pl.col("ttft_ms").sort_by("osl").first()).alias("measured"),
-        (pl.col("pred_ttft_ms").sort_by("osl").last() / pl.col("pred_ttft_ms").sort_by("osl").first()).alias("replayed"),
+        *((pl.col(c).last() / pl.col(c).first()).alias(name) for c, name in (("ttft_ms", "measured"),
+                                                                              ("pred_ttft_ms", "replayed"))),
     ).filter(pl.col("osls") > 1)
-    inside = lambda c: pl.col(c).is_between(1 / OSL_BAND, OSL_BAND)  # noqa: E731
     table = point.group_by(keys, maintain_order=True).agg(
         pl.len().alias("points"), pl.col("measured").median(), pl.col("replayed").median(),
-    ).with_columns(flagged=~inside("measured") & inside("replayed")).sort(keys)
+    ).with_columns(flagged=~_in_band("measured") & _in_band("replayed")).sort(keys)
     scored = logo.filter(pl.col("error").is_null()).join(table.select(*keys, "flagged"), on=keys, how="left")
     scored = scored.with_columns(pl.col("flagged").fill_null(False))
     split = {}
@@ -447,6 +447,10 @@ def osl_sensitivity(pred: pl.DataFrame, logo: pl.DataFrame, keys) -> tuple[pl.Da
         split[name] = {"runs": part.height,
                        "logo_ttft_mape": part.select(_ape("pred_ttft_ms", "ttft_ms").mean()).item() if part.height else None}
     return table, split
+
+
+def _in_band(column: str) -> pl.Expr:
+    return pl.col(column).is_between(1 / OSL_BAND, OSL_BAND)
 
 
 def format_osl(table: pl.DataFrame, split: dict, keys) -> list[str]:
