@@ -313,7 +313,7 @@ def _decode(d, n_decode, kv_tokens):
     return at_low + u * (at_high - at_low), batch_past or kv_past or kv_tokens > measured_kv
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def step_seconds(t, n_tokens, n_logit_seqs, n_decode, kv_decode_tokens, prefill_pairs):
     """Seconds for one engine step, and whether any part left the profiled range.
 
@@ -322,7 +322,17 @@ def step_seconds(t, n_tokens, n_logit_seqs, n_decode, kv_decode_tokens, prefill_
     their attention reads in total; prefill_pairs: prefill attention work (see module).
     The token-linear ops at ``n_decode`` tokens are the decode part, their increment up
     to ``n_tokens`` the prefill part (module docstring).
+
+    Any mix of int and float arguments runs one compiled body (``_step_seconds``): every
+    lookup reads them as floats anyway, and each extra signature costs seconds to compile.
     """
+    return _step_seconds(t, float(n_tokens), float(n_logit_seqs), float(n_decode), float(kv_decode_tokens),
+                         float(prefill_pairs))
+
+
+@njit(cache=True, nogil=True)
+def _step_seconds(t, n_tokens, n_logit_seqs, n_decode, kv_decode_tokens, prefill_pairs):
+    """``step_seconds`` on float arguments."""
     if n_tokens <= 0:
         return 0.0, False
     d = t.data

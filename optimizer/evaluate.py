@@ -1,7 +1,7 @@
 """Evaluator: a study's trace, cost models and SLOs, loaded once, and configs scored on them.
 
 Trials call ``reports(configs, fleets=...)``: the configs not seen before are simulated
-(one ``simulate_many`` per fleet, which runs them in parallel with ``prange``), each
+(one ``simulate_many`` per fleet, which runs them in parallel on threads), each
 scored into a Report. Results are cached by the config's vector, the fleet and the rate
 scale, so a config the sampler proposes twice is simulated once. Reports are kept for
 every config; SimResults (per-request arrays, megabytes on a large trace) only for the

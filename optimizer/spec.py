@@ -61,7 +61,7 @@ FIXED_FLEET_FLAGS = ("router", "prefill_replicas")
 
 
 def default_batch_size() -> int:
-    """One simulation per core: the engine runs a batch with prange over configs."""
+    """One simulation per core: the engine runs a batch in parallel over configs."""
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 

@@ -82,7 +82,7 @@ def _tick(state):
     return state[STAMP]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")  # inlined: both callers pass a constant exclude_gpu
 def _oldest(stamps, running, exclude_gpu, gpu):
     """The adapter with the smallest stamp >= 0 that no running request uses (and, with
     ``exclude_gpu``, that is not on the GPU); -1 if none."""

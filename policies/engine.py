@@ -133,11 +133,13 @@ from __future__ import annotations
 import math
 import os
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
+import numba
 import numpy as np
-from numba import njit, prange, types
+from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
@@ -689,7 +691,7 @@ def _release_reservation(ri, g, r):
     ri[RESERVED, r] = 0
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")  # inlined: callers pass constant state/reason pairs
 def _end_request(rep, st, r, state, reason, t_end):
     """Final state for r; frees everything it holds. A second call is a no-op."""
     ri = rep.ri
@@ -734,7 +736,7 @@ def _end_by_deadline(rep, st, r):
         rep.ri[GENERATED, r] = 0
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")  # inlined: callers pass a constant in_front
 def _push_waiting(rep, st, cfg, r, in_front):
     """Queue r under the configured order (``policies.queues``); FCFS-like orders keep
     push order with preempted requests first; its tenant may become backlogged (VTC)."""
@@ -1165,7 +1167,7 @@ def _admit_waiting(rep, st, tables, cfg, prefill_first, threshold):
     if order == DFS_WEIGHT and caching and g[N_RUN] < max_seqs and g[BUDGET] > 0:
         qm.dfs_rekey(wq, pc, offsets, prompt)  # SGLang sorts once per round that may admit (calc_priority)
     lora = g[LORA] != 0
-    skipped = 0
+    skipped = np.int64(0)  # not a literal 0: Numba would compile _skip and _unskip for it too
     while g[N_RUN] < max_seqs and g[BUDGET] > 0:
         r = qm.pick(wq, order, lane_blocked, sh.tenants[fm.TS_COUNTER], pc, offsets, prompt)
         if r < 0:
@@ -1288,7 +1290,7 @@ def _form_batch(rep, st, tables, cfg):
             n = threshold
         n = min(n, g[BUDGET])
         if cfg[I_STEP_CAP_MS] > 0.0:
-            n = _fit_step_cap(ri, g, gf, tables, prompt, cfg, r, n, True)
+            n = _fit_step_cap(ri, g, gf, tables, prompt, cfg, r, n, np.bool_(True))  # one signature with _admit_waiting's
         if n == 0:
             continue
         if plain_decodes and _is_decode(ri, prompt, r, n):
@@ -1308,7 +1310,7 @@ def _form_batch(rep, st, tables, cfg):
         for i in range(k):
             r = order[i]
             if ri[STATUS, r] == RUNNING:
-                _schedule_running(rep, st, tables, cfg, r, 1)
+                _schedule_running(rep, st, tables, cfg, r, np.int64(1))  # one signature with the call above
     if g[PREEMPTED_NOW] != 0 and int(cfg[I_ADMISSION]) == ADMIT_NTR:
         _retract_ratio(ri, g, gf, run, cfg)
 
@@ -1358,7 +1360,7 @@ def _plan_verify(rep, st, tables, cfg):
     gamma = int(cfg[I_SPEC_GAMMA])
     block_size = int(cfg[I_BLOCK_SIZE])
     hash_tokens = st.block_tokens
-    n_req = 0
+    n_req = np.int64(0)  # not a literal 0: Numba would compile the speculative planners for it too
     for i in range(g[N_BATCH]):
         r = batch[i]
         if ri[SCHED, r] == 1 and _is_decode(ri, prompt, r, 1):
@@ -2617,17 +2619,6 @@ def simulate_kernel(st, tables, cfg, cap_blocks, host_blocks, kv_bytes, swap_bw,
     write_outputs(rep, out_i, out_f, out_counts, out_fcounts, series, out_cached, out_service, out_prefix)
 
 
-@njit(cache=True, parallel=True)
-def simulate_many_kernel(st, tables, cfgs, caps, hosts, kv_bytes, swap_bw, seed, series_every, fast_forward,
-                         tenant_params, class_params, out_i, out_f, out_counts, out_fcounts, series, out_cached,
-                         out_service, out_prefix, budget):
-    """``simulate_kernel`` for every row of ``cfgs``, in parallel; each writes only its slot."""
-    for m in prange(cfgs.shape[0]):
-        simulate_kernel(st, tables, cfgs[m], caps[m], hosts[m], kv_bytes, swap_bw, seed, series_every[m],
-                        fast_forward, tenant_params[m], class_params[m], out_i[m], out_f[m], out_counts[m],
-                        out_fcounts[m], series[m], out_cached[m], out_service[m], out_prefix[m], budget)
-
-
 # ======================================================================================
 # Python side
 # ======================================================================================
@@ -2933,10 +2924,29 @@ def simulate_many(trace, cost_model: CostModel, configs: Sequence[PolicyConfig],
     tenant_params = np.stack([t for t, _ in side])
     class_params = np.stack([c for _, c in side])
     bufs = _buffers(m, trace.n, tenant_params.shape[1])
-    simulate_many_kernel(statics(trace, cost_model, configs, acceptance), cost_model.tables, cfgs, caps, hosts,
-                         cost_model.kv_bytes_per_token, cost_model.swap_bytes_per_s, seed, every,
-                         _fast_forward_enabled(), tenant_params, class_params, *bufs, budget)
+    st, fast_forward = statics(trace, cost_model, configs, acceptance), _fast_forward_enabled()
+
+    def replay(k: int) -> None:
+        simulate_kernel(st, cost_model.tables, cfgs[k], caps[k], hosts[k], cost_model.kv_bytes_per_token,
+                        cost_model.swap_bytes_per_s, seed, every[k], fast_forward, tenant_params[k], class_params[k],
+                        *(b[k] for b in bufs), budget)
+
+    in_parallel(replay, m)
     return [_result(trace, *(b[k] for b in bufs), tenant_params[k, :, fm.T_WEIGHT]) for k in range(m)]
+
+
+def in_parallel(run: Callable[[int], None], m: int) -> None:
+    """``run(k)`` for k < m on up to Numba's thread count of threads, for kernels that
+    release the GIL (``nogil``): the same parallelism as a ``prange`` kernel over the
+    configs, without compiling a second kernel around the first (about 20 s cold)."""
+    workers = min(m, numba.get_num_threads())
+    if workers <= 1:
+        for k in range(m):
+            run(k)
+        return
+    with ThreadPoolExecutor(workers) as pool:
+        for _ in pool.map(run, range(m)):  # re-raises a replay's error here
+            pass
 
 
 def warmup() -> None:

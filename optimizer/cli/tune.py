@@ -303,7 +303,7 @@ def _compile_if_cold(console: Console, *, fleet: bool) -> None:
     from policies import engine
     from policies import fleet as fleet_sim
 
-    kernels = [engine.simulate_kernel, engine.simulate_many_kernel]
+    kernels = [engine.simulate_kernel]
     kernels += [fleet_sim.fleet_kernel, fleet_sim.fleet_many_kernel] if fleet else []
     if not any(_cold(k) for k in kernels):
         return

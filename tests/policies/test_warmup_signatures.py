@@ -26,7 +26,6 @@ from studies.traces import Trace, load_trace, write_trace
 #: The dispatchers simulate, simulate_many and simulate_fleet(_many) call from Python.
 MAIN_KERNELS = {
     "policies.engine.simulate_kernel": engine.simulate_kernel,
-    "policies.engine.simulate_many_kernel": engine.simulate_many_kernel,
     "policies.fleet.fleet_kernel": fleet.fleet_kernel,
     "policies.fleet.fleet_many_kernel": fleet.fleet_many_kernel,
     "optimizer.closedloop._drive": closedloop._drive,
