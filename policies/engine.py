@@ -495,21 +495,29 @@ def _borrowed_jit(a):
     return lambda a: _borrow(a)
 
 
+class SpecInputs(NamedTuple):
+    """The drafter's acceptance profile as the speculative planner reads it."""
+
+    profiles: np.ndarray  # f8[P, gamma], conditional acceptance per position
+    spread: float
+    bias: float
+
+
 class Statics(NamedTuple):
     """Read-only inputs of every replica: trace columns (rows of ``policies.kernel_state``)
     and the prefix-cache, lane and speculative layouts. ``S_MIN_SERVICE``/``S_JOB`` come
-    from a cost model's tables, so replicas with other tables need their own ``sf``."""
+    from a cost model's tables, so replicas with other tables need their own ``sf``.
+    ``spec`` is None when no config of the run speculates: its type then tells Numba to
+    compile the kernels without the speculative planner (a fifth of a cold compile)."""
 
     si: np.ndarray  # i8[N_SI, n]
     sf: np.ndarray  # f8[N_SF, n]
     offsets: np.ndarray  # i8[n + 1], CSR prefix blocks of each prompt
     entry: np.ndarray  # i8[blocks], dense prefix-cache entry of each trace block
     lane_tenant: np.ndarray  # i8[lanes]
-    spec_profiles: np.ndarray  # f8[P, gamma], conditional acceptance per position
+    spec: SpecInputs | None
     n_entries: int
     block_tokens: int
-    spec_spread: float
-    spec_bias: float
     lora: np.ndarray  # f8[ranks + 2, tokens + 1]: row 0 the LORA_* parameters, then LoRACost.grid
 
 
@@ -623,8 +631,15 @@ def _adapter_tokens(rep, st):
 @njit(cache=True, nogil=True)
 def _borrow_statics(st):
     return Statics(borrowed(st.si), borrowed(st.sf), borrowed(st.offsets), borrowed(st.entry),
-                   borrowed(st.lane_tenant), borrowed(st.spec_profiles), st.n_entries, st.block_tokens,
-                   st.spec_spread, st.spec_bias, borrowed(st.lora))
+                   borrowed(st.lane_tenant), _borrow_spec(st.spec), st.n_entries, st.block_tokens,
+                   borrowed(st.lora))
+
+
+@njit(cache=True, nogil=True)
+def _borrow_spec(spec):
+    if spec is None:  # pruned by type
+        return None
+    return SpecInputs(borrowed(spec.profiles), spec.spread, spec.bias)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -1347,9 +1362,12 @@ def _decay_ratio(gf, cfg):
 # speculative decoding: verify budgets after the batch is formed, outcomes at its end
 # ======================================================================================
 @njit(cache=True, nogil=True)
-def _plan_verify(rep, st, tables, cfg):
+def _plan_verify(rep, st, tables, cfg, spec):
     """Give the batch's decodes their verify budgets (``policies.speculative``) from the
-    token budget and KV the formed batch left, taking blocks for the draft tokens."""
+    token budget and KV the formed batch left, taking blocks for the draft tokens.
+    ``spec``: ``st.spec``; None compiles to nothing."""
+    if spec is None:  # pruned by type: the planner is not compiled for runs that never speculate
+        return
     ri, g, gf, lists = rep.ri, rep.g, rep.gf, rep.lists
     batch = lists[L_BATCH]
     prompt = st.si[S_PROMPT]
@@ -1374,8 +1392,8 @@ def _plan_verify(rep, st, tables, cfg):
         return
     surv, alpha = rep.surv, rep.fl[FL_ALPHA]
     if mode == spm.MODE_DSPARK or mode == spm.MODE_DSPARK_LAGGED:
-        spm.draft_confidences(reqs, tok, n_req, st.spec_profiles, st.si[S_SPEC_ROW], g[RNG_SEED], st.spec_spread,
-                              st.spec_bias, gamma, surv)
+        spm.draft_confidences(reqs, tok, n_req, spec.profiles, st.si[S_SPEC_ROW], g[RNG_SEED], spec.spread,
+                              spec.bias, gamma, surv)
     elif mode == spm.MODE_SMARTSPEC:
         spm.acceptance_estimate(rep.rf[SPEC_HITS], rep.rf[SPEC_TRIALS], gf[SPEC_EST:SPEC_EST + 2], reqs, n_req, alpha)
     draft_pp = spm.draft_seconds_per_position(tables, int(cfg[I_DRAFT_MODE]), cfg[I_DRAFT_COST], n_req,
@@ -1411,15 +1429,17 @@ def _plan_verify(rep, st, tables, cfg):
 
 
 @njit(cache=True, nogil=True)
-def _settle_verify(rep, st, cfg):
+def _settle_verify(rep, st, cfg, spec):
     """Sample the verifies and keep the accepted drafts: each request advances by them on
-    top of its own token (up to its output length), and the rejected drafts' KV is freed."""
+    top of its own token (up to its output length), and the rejected drafts' KV is freed.
+    ``spec`` as in ``_plan_verify``."""
+    if spec is None:  # pruned by type
+        return
     ri, g, lists = rep.ri, rep.g, rep.lists
     reqs, tok = lists[L_SPEC + SP_REQS], lists[L_SPEC + SP_TOK]
     ell, accepted = lists[L_SPEC + SP_ELL], lists[L_SPEC + SP_ACCEPTED]
     n_req = g[SPEC_SLOTS]
-    spm.sample_verify(reqs, tok, ell, n_req, st.spec_profiles, st.si[S_SPEC_ROW], g[RNG_SEED], st.spec_spread,
-                      accepted)
+    spm.sample_verify(reqs, tok, ell, n_req, spec.profiles, st.si[S_SPEC_ROW], g[RNG_SEED], spec.spread, accepted)
     if int(cfg[I_SPEC_MODE]) == spm.MODE_SMARTSPEC:
         spm.observe_acceptance(rep.rf[SPEC_HITS], rep.rf[SPEC_TRIALS], rep.gf[SPEC_EST:SPEC_EST + 2], reqs, ell,
                                accepted, n_req)
@@ -2221,13 +2241,13 @@ def _advance(rep, st, tables, cfg, t_limit, through):
             return
         if speculating and g[B_DECODES] > 0:
             gf[DRAFT_S] = 0.0
-            _plan_verify(rep, st, tables, cfg)
+            _plan_verify(rep, st, tables, cfg, st.spec)
         dt, oor = step_seconds(tables, g[B_TOKENS], g[B_LOGITS], g[B_DECODES], g[B_KV_DECODE], g[B_PAIRS])
         if g[LORA] != 0:
             dt += adm.step_seconds(st.lora[1:], cfg[I_LORA_RANK], _adapter_tokens(rep, st))
         if speculating and g[SPEC_SLOTS] > 0:
             dt += gf[DRAFT_S]
-            _settle_verify(rep, st, cfg)
+            _settle_verify(rep, st, cfg, st.spec)
         t_end, dt = _book_step(g, gf, series, cfg, dt, oor)
         _end_step(rep, st, cfg, t_end, dt)
         gf[CLOCK] = t_end
@@ -2779,8 +2799,8 @@ def statics(trace, cost_model: CostModel, configs: Sequence[PolicyConfig],
     lora[0, LORA_BYTES_PER_RANK] = cost.bytes_per_rank if cost is not None else 0.0
     lora[0, LORA_DISK_BW] = cost.disk_bytes_per_s if cost is not None else 1.0
     lora[0, LORA_ADAPTERS] = sin.n_adapters
-    return Statics(si, sf, sin.offsets, sin.entry, sin.lane_tenant, profiles, sin.n_entries, sin.block_tokens,
-                   spread, bias, lora)
+    spec = SpecInputs(profiles, spread, bias) if any(c.speculative_mode != "off" for c in configs) else None
+    return Statics(si, sf, sin.offsets, sin.entry, sin.lane_tenant, spec, sin.n_entries, sin.block_tokens, lora)
 
 
 def _spec_inputs(trace, configs: Sequence[PolicyConfig], acceptance: spm.AcceptanceModel | None):
@@ -2949,12 +2969,17 @@ def in_parallel(run: Callable[[int], None], m: int) -> None:
             pass
 
 
-def warmup() -> None:
+def warmup(speculative: bool = True) -> None:
     """Compile (or load from cache) every kernel on a tiny trace, with every mode exercised,
-    through the entry points a study calls, so a real run compiles nothing more."""
+    through the entry points a study calls, so a real run compiles nothing more.
+    ``speculative=False``: only for runs where no config speculates (``Statics.spec``)."""
     trace, cost, configs = warmup_inputs()
     simulate(trace, cost, configs[0])
-    simulate_many(trace, cost, configs)
+    simulate_many(trace, cost, configs if speculative else _plain(configs))
+
+
+def _plain(configs: Sequence[PolicyConfig]) -> list[PolicyConfig]:
+    return [c for c in configs if c.speculative_mode == "off"]
 
 
 def warmup_inputs():

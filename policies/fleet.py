@@ -1052,14 +1052,15 @@ def _blocks(tokens, block_size):
 # ======================================================================================
 # Python side
 # ======================================================================================
-def warmup() -> None:
+def warmup(speculative: bool = True) -> None:
     """Compile (or load from cache) the fleet kernels on the engine's warm-up trace, two
-    replicas, with migration, P/D and a failure exercised."""
+    replicas, with migration, P/D and a failure exercised; ``speculative`` as in
+    ``engine.warmup``."""
     trace, cost, configs = engine.warmup_inputs()
     fleets = [c.replace(router="least_kv", migration=True) for c in configs]
     fleets[1] = fleets[1].replace(prefill_replicas=1)
     simulate_fleet(trace, cost, fleets[0], replicas=2, failures=FailureSchedule.from_rows([(1, 0.01, 0.02)]))
-    simulate_fleet_many(trace, cost, fleets, replicas=2)
+    simulate_fleet_many(trace, cost, fleets if speculative else engine._plain(fleets), replicas=2)
 
 
 def simulate_fleet(trace, cost_models, config: PolicyConfig, seed: int = 0, *, replicas: int | None = None,

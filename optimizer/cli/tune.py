@@ -223,7 +223,7 @@ def _tune(spec, console: Console, *, resume: bool, outputs: bool, quiet: bool) -
                   + f"), cost model {evaluator.cost_model.source}; "
                   f"{spec.trials} trials{f', {done} done' if done else ''}; run folder {spec.run_dir}")
     enqueue_baselines(study, spec, evaluator.baselines())
-    _compile_if_cold(console, fleet=_may_use_fleet(spec))
+    _compile_if_cold(console, fleet=_may_use_fleet(spec), speculative=spec.speculative is not None)
     stats = _run(study, spec, evaluator, quiet, done)
     _print_summary(console, study, spec, stats)
     if not outputs:
@@ -275,9 +275,10 @@ def warmup_command() -> None:
 
 
 #: A cold compile of the kernels a study runs on a 2-core machine: the single-replica engine
-#: only (1.4-5 min measured, 1.5 min in benchmarks/first_run.py on a quiet machine, 3.3 min on
-#: a busy one) / with the fleet's (6-10 min).
-COLD_COMPILE = {False: "1.5-5 min", True: "6-10 min"}
+#: only (73 s in benchmarks/first_run.py on a quiet machine, without the speculative planner;
+#: about twice that on a busy one or with a drafter) / with the fleet's (6-10 min measured
+#: before the engine's compile was halved, so an upper bound).
+COLD_COMPILE = {False: "1-3 min", True: "3-10 min"}
 
 
 def _may_use_fleet(spec) -> bool:
@@ -297,9 +298,10 @@ def _cold(kernel) -> bool:
         return False
 
 
-def _compile_if_cold(console: Console, *, fleet: bool) -> None:
+def _compile_if_cold(console: Console, *, fleet: bool, speculative: bool) -> None:
     """Before a study's first trial: if the kernels it runs are not compiled yet, say so and
-    compile them (the warm-up), so the progress bar starts once they are."""
+    compile them (the warm-up), so the progress bar starts once they are; a study without
+    a drafter compiles them without the speculative planner (``engine.Statics.spec``)."""
     from policies import engine
     from policies import fleet as fleet_sim
 
@@ -310,9 +312,9 @@ def _compile_if_cold(console: Console, *, fleet: bool) -> None:
     console.print(f"compiling the simulator kernels (first run of this version on this machine; usually "
                   f"{COLD_COMPILE[fleet]} on 2 cores; cached afterwards)")
     start = time.perf_counter()
-    engine.warmup()
+    engine.warmup(speculative)
     if fleet:
-        fleet_sim.warmup()
+        fleet_sim.warmup(speculative)
     console.print(f"kernels compiled in {time.perf_counter() - start:.0f} s")
 
 

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from policies.config import ConfigError, PolicyConfig
-from policies.engine import simulate, simulate_many
+from policies.engine import simulate, simulate_many, statics
 from policies.result import Reject, State
 
 from .conftest import cost_model, poisson_trace
@@ -107,6 +107,22 @@ def test_simulate_many_equals_simulate():
             np.testing.assert_array_equal(getattr(got, name), getattr(one, name))
         assert got.steps == one.steps
     assert many[0].steps != many[1].steps
+
+
+def test_a_plain_config_replays_alike_with_and_without_the_speculative_inputs():
+    """``Statics.spec`` is None unless a config of the batch speculates (the kernels then
+    compile without the planner); a config that does not speculate must not notice which."""
+    trace = poisson_trace(200, rate=60.0, seed=4)
+    cost = cost_model(3000)
+    plain = PolicyConfig(gpu_memory_utilization=1.0)
+    drafting = plain.replace(speculative_mode="fixed", num_speculative_tokens=3)
+    assert statics(trace, cost, [plain, plain.replace(max_num_seqs=8)]).spec is None
+    assert statics(trace, cost, [plain, drafting]).spec is not None
+    alone = simulate(trace, cost, plain)
+    beside, drafted = simulate_many(trace, cost, [plain, drafting])
+    for name in ("state", "first_token_s", "finish_s", "tokens_generated"):
+        np.testing.assert_array_equal(getattr(beside, name), getattr(alone, name))
+    assert beside.steps == alone.steps and drafted.steps < alone.steps  # the drafter did run
 
 
 _JIT_OFF_SCRIPT = textwrap.dedent("""
