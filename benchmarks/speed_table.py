@@ -5,7 +5,7 @@ All figures come from one run on this machine, with the timing helpers of
 ``tuner_speed.py`` measures:
 
 - one replay per trace on one core (``simulate``, vLLM defaults at the recorded rate);
-- eight configs at once (``simulate_many``, prange over configs), as requests per second
+- eight configs at once (``simulate_many``, in parallel over configs), as requests per second
   per core, and its ratio to eight single-core replays one after another (the baseline);
 - a ``--trials``-trial tuning study on the Azure trace: trials per second, and the share
   of its wall time spent in the engine.

@@ -64,7 +64,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit, prange, typed
+from numba import njit, typed
 
 from costmodels.costmodel import CostModel
 from policies import engine
@@ -295,18 +295,6 @@ def fleet_kernel(statics, tables, block_hashes, kv_bytes, swap_bw, fail_t, fail_
             _stall(fl, t, ERROR_ENGINE, j, iterations, _engine_error(fl, j))
             break
     _finish(owned, iterations)
-
-
-@njit(cache=True, parallel=True)
-def fleet_many_kernel(statics, tables, block_hashes, kv_bytes, swap_bw, fail_t, fail_replica, fail_up, cfgs, caps,
-                      hosts, seed, series_every, fast_forward, tenant_params, class_params, routers, outs, budget):
-    """``fleet_kernel`` for every row of ``cfgs`` (each its own fleet), in parallel."""
-    signed = np.arange(cfgs.shape[0])  # prange counts unsigned; typed lists take a signed index
-    for m in prange(cfgs.shape[0]):
-        k = signed[m]
-        fleet_kernel(statics, tables, block_hashes, kv_bytes, swap_bw, fail_t, fail_replica, fail_up, cfgs[k],
-                     caps[k], hosts[k], seed, series_every, fast_forward, tenant_params[k], class_params[k],
-                     routers[k], outs[k], budget)
 
 
 @njit(cache=True, nogil=True)
@@ -1126,13 +1114,12 @@ def simulate_fleet_many(trace, cost_models, configs: Sequence[PolicyConfig], see
     every = engine.default_series_every(trace)
     fast_forward = engine._fast_forward_enabled()
     budget = engine.progress_bound(progress_budget, trace.n + len(fail_t) + n_rep)
-    if len(configs) == 1:
-        fleet_kernel(*args, cfgs[0], caps[0], hosts[0], seed, every, fast_forward, side[0][0], side[0][1],
-                     routers[0], outs[0], budget)
-    else:
-        fleet_many_kernel(*args, cfgs, caps, hosts, seed, every, fast_forward,
-                          np.stack([t for t, _ in side]), np.stack([c for _, c in side]), typed.List(routers),
-                          typed.List(outs), budget)
+
+    def replay(k: int) -> None:
+        fleet_kernel(*args, cfgs[k], caps[k], hosts[k], seed, every, fast_forward, side[k][0], side[k][1],
+                     routers[k], outs[k], budget)
+
+    engine.in_parallel(replay, len(configs))
     return [_fleet_result(trace, out, side[k][0][:, fm.T_WEIGHT], schedule) for k, out in enumerate(outs)]
 
 

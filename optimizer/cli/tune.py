@@ -306,7 +306,7 @@ def _compile_if_cold(console: Console, *, fleet: bool, speculative: bool) -> Non
     from policies import fleet as fleet_sim
 
     kernels = [engine.simulate_kernel]
-    kernels += [fleet_sim.fleet_kernel, fleet_sim.fleet_many_kernel] if fleet else []
+    kernels += [fleet_sim.fleet_kernel] if fleet else []
     if not any(_cold(k) for k in kernels):
         return
     console.print(f"compiling the simulator kernels (first run of this version on this machine; usually "

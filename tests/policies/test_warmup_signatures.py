@@ -27,7 +27,6 @@ from studies.traces import Trace, load_trace, write_trace
 MAIN_KERNELS = {
     "policies.engine.simulate_kernel": engine.simulate_kernel,
     "policies.fleet.fleet_kernel": fleet.fleet_kernel,
-    "policies.fleet.fleet_many_kernel": fleet.fleet_many_kernel,
     "optimizer.closedloop._drive": closedloop._drive,
 }
 
