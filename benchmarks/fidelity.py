@@ -35,7 +35,9 @@ layout) out, each run replayed on the cost model of one attention-DP group of it
 the figures per model x GPU x framework and per setup go to ``fidelity_breadth.md``,
 ``.json`` and ``.csv``, the entries (with their leave-one-setup-out error) to
 ``fidelity_breadth_calibration.json`` and, with ``--install``, into the bundled file.
-Rows servetune cannot score (64-GPU instances, FP4 GEMMs) are listed with the reason. ``--part`` runs one half (the dense files are left as they are).
+Rows servetune cannot score (64-GPU instances, FP4 GEMMs) and runs the file lists twice under
+two model names (scored once) are listed with the reason. ``--part`` runs one half (the
+dense files are left as they are).
 
     python benchmarks/fidelity.py [--runs FILE.csv] [--breadth-runs FILE.csv] [--part both|dense|breadth]
                                   [--quick] [--jobs 2] [--install] [--client-ingress-ms MS] [--client-jitter-ms MS]
@@ -87,8 +89,7 @@ LOGO_KEYS = ["model", "gpu", "framework", "gemm_dtype", "tp"]
 def logo_splits(runs: pl.DataFrame, keys=LOGO_KEYS):
     """(key, held-out rows, training rows) per group: the training rows are every other
     group's, so no row of a group reaches the fit that scores it, nor does the same
-    measurement filed under another name (the breadth file lists DeepSeek-V3's TP8 runs
-    again, number for number, as DeepSeek-R1's)."""
+    measurement filed under another name (``refiled_runs``)."""
     runs = runs.with_row_index("_split")
     measurement = ["isl", "osl", "batch_size", "ttft_ms", "tpot_ms"]
     for key, held in runs.group_by(keys, maintain_order=True):
@@ -216,15 +217,34 @@ BREADTH_SUMMARY = ["model", "gpu", "framework"]
 BREADTH_TARGETS = {"tpot": 10.0, "ttft": 20.0}  # LOGO MAPE, issue 17
 
 
+#: A run's setup and measurement: two rows equal in all of these are one run filed twice.
+MEASUREMENT = ["gpu", "framework", "gemm_dtype", "tp", "moe_ep_size", "attention_dp_size", "isl", "osl",
+               "batch_size", "ttft_ms", "tpot_ms"]
+
+
+def refiled_runs(runs: pl.DataFrame) -> dict[int, str]:
+    """{row: reason} for good rows that repeat an earlier row number for number (``MEASUREMENT``)
+    under another model name (the breadth file lists DeepSeek-V3's TP8 runs again as
+    DeepSeek-R1's): one run scored twice would weigh twice in every MAPE, so it is scored
+    once, at its first row."""
+    copies = runs.filter(pl.col("error").is_null()).group_by(MEASUREMENT, maintain_order=True).agg("row", "model")
+    reasons = {}
+    for r in copies.filter(pl.col("row").list.len() > 1).iter_rows(named=True):
+        for row in r["row"][1:]:
+            reasons[row] = f"{r['model'][0]}'s run again, number for number: scored once, as {r['model'][0]}'s"
+    return reasons
+
+
 def split_scorable(runs: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(rows servetune can score, the others with their ``reason``) of ``load_runs(...,
-    bad_rows="mark")`` rows: a row is not scorable when it is bad (its ``error``) or its
-    setup has no cost model (``build`` says why: a 64-GPU instance, an FP4 GEMM)."""
+    bad_rows="mark")`` rows: a row is not scorable when it is bad (its ``error``), repeats an
+    earlier run under another name (``refiled_runs``) or its setup has no cost model
+    (``build`` says why: a 64-GPU instance, an FP4 GEMM)."""
     from costmodels import build
 
+    reasons = refiled_runs(runs)
     runs = runs.with_columns(pl.col("error").alias("reason"))
-    reasons = {}
-    for key, group in runs.filter(pl.col("reason").is_null()).group_by(
+    for key, group in runs.filter(pl.col("reason").is_null(), ~pl.col("row").is_in(list(reasons))).group_by(
             ["model", "gpu", "framework", "gemm_dtype", "tp", "moe_ep_size", "attention_dp_size"], maintain_order=True):
         model, gpu, fw, dtype, tp, ep, dp = key
         try:
@@ -314,6 +334,7 @@ def breadth(path: Path, bench: BenchClient, pool, ttft_weight: float, quick: boo
             named=True):
         lines.append(f"  {r['len']:3d}  {r['model']} {r['gpu']} {r['gemm_dtype']} {r['layout']}: {r['reason']}")
     figures = {"runs_file": path.name, "runs": runs.height, "scored": scored.height,
+               "models": sorted(runs["model"].drop_nulls().unique().to_list()),
                "not_scorable": skipped.select("row", "model", "layout", "reason").to_dicts(),
                "measured_twice": twice,
                "ttft_osl_sensitivity": {"setups": osl.to_dicts(), **osl_split},
@@ -386,11 +407,15 @@ def state_errors(entries: list[dict], logo: pl.DataFrame, method: str, command: 
                                        "command": command}
 
 
-def install(entries: list[dict]) -> None:
+def install(entries: list[dict], models: set[str]) -> None:
     """Write ``entries`` into the bundled calibration, replacing the entries of the same keys
-    (``entry_key``) and keeping the rest: the dense and the breadth parts install apart."""
+    (``entry_key``) and every entry of ``models`` (the models the runs file names: an entry
+    this fit no longer makes, such as one of a model whose runs all repeat another's, would
+    keep a stale stated error) and keeping the rest: the dense and the breadth parts install
+    apart."""
     new = {entry_key(e) for e in entries}
-    kept = [e for e in load_calibration(BUNDLED) if entry_key(e) not in new] if BUNDLED.is_file() else []
+    kept = [e for e in load_calibration(BUNDLED) if entry_key(e) not in new and e["model"] not in models] \
+        if BUNDLED.is_file() else []
     save_calibration(kept + entries, BUNDLED)
 
 
@@ -408,7 +433,7 @@ def run_breadth(args, pool) -> None:
     out.write_csv(args.out / "fidelity_breadth.csv")
     save_calibration(figures["calibration"], args.out / "fidelity_breadth_calibration.json")
     if args.install:
-        install(figures["calibration"])
+        install(figures["calibration"], set(figures["models"]))
 
 
 #: Concurrency up to which these closed loops hold no queue: a request's TTFT is its prefill
@@ -516,7 +541,7 @@ def run_dense(args, pool) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     save_calibration(entries, args.out / "fidelity_calibration.json")
     if args.install:
-        install(entries)
+        install(entries, set(runs["model"].to_list()))
     (args.out / "fidelity.md").write_text(f"# Fidelity\n\nCommand: `{command}`\n\n```\n{text}\n```\n")
     (args.out / "fidelity.json").write_text(json.dumps({
         "command": command, "runs_file": path.name, "runs": len(runs),

@@ -106,3 +106,5 @@ def test_bundled_entries_are_one_per_key_with_their_out_of_sample_error():
     assert (tp8.calibration["match"], tp8.calibration["model"]) == ("setup", "deepseek-ai/DeepSeek-V3")
     ep8 = build("deepseek-ai/DeepSeek-V3", "h200", tp=8, moe_ep_size=8, **v3)  # V3 never measured with EP
     assert (ep8.calibration["match"], ep8.calibration["model"]) == ("family", "deepseek-ai/DeepSeek-R1")
+    r1 = build("deepseek-ai/DeepSeek-R1", "h200", tp=8, **v3)  # its TP8 rows are V3's, filed again: scored once
+    assert (r1.calibration["match"], r1.calibration["model"]) == ("family", "deepseek-ai/DeepSeek-V3")

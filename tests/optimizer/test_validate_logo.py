@@ -95,17 +95,36 @@ def test_breadth_rows_servetune_cannot_score_are_kept_with_their_reason(tmp_path
     assert reasons[3] == "row 5: layout: moe_tp_size 2 x moe_ep_size 2 = 4 GPUs, but tp_size 4 x attention_dp_size 2 = 8"
 
 
-def test_install_replaces_entries_of_the_same_key_and_keeps_the_rest(tmp_path, monkeypatch):
+def test_a_run_filed_again_under_another_model_name_is_scored_once(tmp_path):
+    cols = ["model_path", "system", "backend", "tp_size", "attention_dp_size", "moe_tp_size", "moe_ep_size",
+            "gemm_quant_mode", "batch_size", "isl", "osl", "silicon_ttft_ms", "silicon_tpot_ms"]
+    v3, r1 = "deepseek-ai/DeepSeek-V3", "deepseek-ai/DeepSeek-R1"
+    path = tmp_path / "breadth.csv"
+    pl.DataFrame([
+        (v3, "h200_sxm", "trtllm", 8, 1, 8, 1, "fp8", 2, 128, 8, 150.0, 20.0),
+        (r1, "h200_sxm", "trtllm", 8, 1, 8, 1, "fp8", 2, 128, 8, 150.0, 20.0),  # row 0 again
+        (r1, "h200_sxm", "trtllm", 8, 1, 8, 1, "fp8", 2, 128, 8, 151.0, 20.0),  # another run of the point
+        (r1, "h200_sxm", "trtllm", 8, 1, 1, 8, "fp8", 2, 128, 8, 150.0, 20.0),  # another layout
+    ], schema=cols, orient="row").write_csv(path)
+    scored, skipped = fidelity.split_scorable(fidelity.load_runs(path, bad_rows="mark").with_row_index("row"))
+    assert scored["row"].to_list() == [0, 2, 3]
+    assert skipped["row"].to_list() == [1]
+    assert skipped["reason"][0] == f"{v3}'s run again, number for number: scored once, as {v3}'s"
+
+
+def test_install_replaces_entries_of_the_same_key_and_of_the_runs_models_and_keeps_the_rest(tmp_path, monkeypatch):
     from costmodels import load_calibration, save_calibration
 
     base = {"gpu": "h100_sxm", "framework": "trtllm", "gemm_dtype": "fp8", "overhead_s": 0.001, "scale": 1.0,
             "error": {}}
     dense, old_ep = {**base, "model": "*"}, {**base, "model": "*", "path": "ep", "overhead_s": 0.002}
+    stale = {**base, "model": "deepseek-ai/DeepSeek-R1", "gpu": "h200_sxm"}  # the new fit makes no such entry
+    other = {**stale, "model": "Qwen/Qwen3-32B", "gpu": "h100_sxm"}  # a model these runs do not name
     monkeypatch.setattr(fidelity, "BUNDLED", tmp_path / "calibration.json")
-    save_calibration([dense, old_ep], fidelity.BUNDLED)
+    save_calibration([dense, old_ep, stale, other], fidelity.BUNDLED)
     new_ep = {**old_ep, "overhead_s": 0.003}
-    fidelity.install([new_ep])
-    assert load_calibration(fidelity.BUNDLED) == [dense, new_ep]
+    fidelity.install([new_ep], {"deepseek-ai/DeepSeek-R1", "deepseek-ai/DeepSeek-V3"})
+    assert load_calibration(fidelity.BUNDLED) == [dense, other, new_ep]
 
 
 def test_a_setup_whose_light_load_ttft_moves_with_output_length_is_flagged():
