@@ -41,10 +41,12 @@ dense files are left as they are).
 
     python benchmarks/fidelity.py [--runs FILE.csv] [--breadth-runs FILE.csv] [--part both|dense|breadth]
                                   [--quick] [--jobs 2] [--install] [--client-ingress-ms MS] [--client-jitter-ms MS]
+                                  [--ttft-weight W] [--residual-scale S]
 
 ``--client-ingress-ms`` / ``--client-jitter-ms`` fit and replay with a variant of the
-client (``BenchClient.ingress_s``, ``jitter_s``) to test what the harness explains; the
-bundled figures use neither.
+client (``BenchClient.ingress_s``, ``jitter_s``) to test what the harness explains;
+``--ttft-weight`` / ``--residual-scale`` change the replay fit's loss
+(``closedloop.TTFT_WEIGHT``, ``RESIDUAL_SCALE``). The bundled figures use the defaults.
 """
 
 from __future__ import annotations
@@ -80,7 +82,13 @@ from costmodels.costmodel import CostModelError  # noqa: E402
 from costmodels.distil import aic_root, shared_dir  # noqa: E402
 from costmodels.gpus import load_gpu  # noqa: E402
 from optimizer.cli.validate import format_report, predict_runs, scatter_figure  # noqa: E402
-from optimizer.closedloop import LOCKSTEP, TTFT_WEIGHT, BenchClient, calibrate_replay  # noqa: E402
+from optimizer.closedloop import (  # noqa: E402
+    LOCKSTEP,
+    RESIDUAL_SCALE,
+    TTFT_WEIGHT,
+    BenchClient,
+    calibrate_replay,
+)
 
 #: A leave-one-out group: one measured setup (the GPU and dtype go with the model here).
 LOGO_KEYS = ["model", "gpu", "framework", "gemm_dtype", "tp"]
@@ -122,9 +130,9 @@ def formula_fitter(train: pl.DataFrame, keys=None) -> list[dict]:
     return calibrate(train)
 
 
-def replay_fitter(train: pl.DataFrame, keys=None, ttft_weight: float = TTFT_WEIGHT,
-                  bench: BenchClient | None = None) -> list[dict]:
-    return calibrate_replay(train, keys=keys, ttft_weight=ttft_weight, bench=bench)
+def replay_fitter(train: pl.DataFrame, keys=None, bench: BenchClient | None = None, **fit) -> list[dict]:
+    """``calibrate_replay`` with the fit's options (``fit_options``)."""
+    return calibrate_replay(train, keys=keys, bench=bench, **fit)
 
 
 def _fold(args):
@@ -291,7 +299,7 @@ def repeats(runs: pl.DataFrame) -> list[dict]:
     return out
 
 
-def breadth(path: Path, bench: BenchClient, pool, ttft_weight: float, quick: bool,
+def breadth(path: Path, bench: BenchClient, pool, fit: dict, quick: bool,
             command: str) -> tuple[str, dict, pl.DataFrame]:
     """The breadth runs (MoE, MLA, B200, parallel layouts) scored as the dense ones are:
     replay calibration, in sample and leaving one setup (``BREADTH_KEYS``) out. Returns the
@@ -304,7 +312,7 @@ def breadth(path: Path, bench: BenchClient, pool, ttft_weight: float, quick: boo
     if quick:
         scored = scored.gather_every(4)
     t0 = time.perf_counter()
-    insample, logo, entries = evaluate(scored, functools.partial(replay_fitter, ttft_weight=ttft_weight, bench=bench),
+    insample, logo, entries = evaluate(scored, functools.partial(replay_fitter, bench=bench, **fit),
                                        bench, pool, keys=BREADTH_KEYS)
     state_errors(entries, logo, "leave one setup (model, GPU, framework, dtype, layout) out", command)
     setups, summary = group_table(insample, logo, BREADTH_KEYS), group_table(insample, logo, BREADTH_SUMMARY)
@@ -358,6 +366,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="every 4th row")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes for the fits")
     parser.add_argument("--ttft-weight", type=float, default=TTFT_WEIGHT, help="TTFT residual weight in the replay fit")
+    parser.add_argument("--residual-scale", type=float, default=RESIDUAL_SCALE,
+                        help="soft-L1 scale of the replay fit's log-ratio residuals (closedloop.RESIDUAL_SCALE)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--install", action="store_true",
                         help="also write the fitted entries, with their stated errors, as the bundled calibration "
@@ -379,6 +389,11 @@ def main() -> None:
             run_breadth(args, pool)
 
 
+def fit_options(args) -> dict:
+    """The replay fit's options (``calibrate_replay``) from the command line."""
+    return {"ttft_weight": args.ttft_weight, "residual_scale": args.residual_scale}
+
+
 def bench_client(args) -> BenchClient:
     """The AIPerf client, with the ``--client-*`` variant if one is given."""
     return BenchClient(ingress_s=args.client_ingress_ms * 1e-3, jitter_s=args.client_jitter_ms * 1e-3)
@@ -390,6 +405,9 @@ def command_line(args, part: str) -> str:
     extra += [" --quick"] if args.quick else []
     extra += [f" --client-{k}-ms {v:g}" for k, v in (("ingress", args.client_ingress_ms),
                                                     ("jitter", args.client_jitter_ms)) if v]
+    extra += [f" --{k} {v:g}" for k, v, default in (("ttft-weight", args.ttft_weight, TTFT_WEIGHT),
+                                                   ("residual-scale", args.residual_scale, RESIDUAL_SCALE))
+              if v != default]
     return "python benchmarks/fidelity.py" + "".join(extra)
 
 
@@ -425,7 +443,7 @@ def run_breadth(args, pool) -> None:
     if not path.is_file():
         sys.exit(f"breadth runs not found at {path}; set SERVETUNE_SHARED or pass --breadth-runs")
     command = command_line(args, "breadth")
-    text, figures, out = breadth(path, bench_client(args), pool, args.ttft_weight, args.quick, command)
+    text, figures, out = breadth(path, bench_client(args), pool, fit_options(args), args.quick, command)
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "fidelity_breadth.md").write_text(f"# Fidelity: breadth runs\n\nCommand: `{command}`\n\n```\n{text}\n```\n")
@@ -508,8 +526,8 @@ def run_dense(args, pool) -> None:
     base_lock = evaluate(runs, formula_fitter, LOCKSTEP, pool)
     base_aiperf = evaluate(runs, formula_fitter, aiperf, pool)
     t1 = time.perf_counter()
-    insample, logo, entries = evaluate(runs, functools.partial(replay_fitter, ttft_weight=args.ttft_weight,
-                                                               bench=aiperf), aiperf, pool)
+    insample, logo, entries = evaluate(runs, functools.partial(replay_fitter, bench=aiperf, **fit_options(args)),
+                                       aiperf, pool)
     t2 = time.perf_counter()
     table = group_table(insample, logo)
     total = table.row(-1, named=True)

@@ -83,3 +83,25 @@ def test_uncalibrated_and_formula_entries_replay_with_the_framework_defaults(tmp
     pred = predict_runs(runs, calibration=False, bench=BENCH)
     assert pred["calibration_match"].to_list() == ["off", "off"] and pred["measured_server"][0] == "{}"
     assert np.isfinite(pred["pred_ttft_ms"].to_numpy()).all()
+
+
+def test_the_residual_scale_is_the_soft_l1_scale_of_the_fit(monkeypatch):
+    import types
+
+    import scipy.optimize
+
+    from optimizer.closedloop import RESIDUAL_SCALE
+
+    scales = []
+
+    def least_squares(fun, x0, **kw):
+        scales.append(kw["f_scale"])
+        assert kw["loss"] == "soft_l1"
+        return types.SimpleNamespace(x=np.array([3.0, 1.3, 0.85]), cost=0.0)
+
+    monkeypatch.setattr(scipy.optimize, "least_squares", least_squares)
+    runs = _measured("vllm", {}).head(1)
+    fit_replay(runs, bench=BENCH, candidates=({},))
+    fit = fit_replay(runs, bench=BENCH, candidates=({},), residual_scale=0.02)
+    assert scales == [RESIDUAL_SCALE, 0.02]
+    assert fit["overhead_s"] == pytest.approx(3e-3) and fit["decode_scale"] == pytest.approx(0.85)

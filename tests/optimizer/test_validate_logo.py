@@ -150,17 +150,23 @@ def test_a_setup_whose_light_load_ttft_moves_with_output_length_is_flagged():
     assert "A: 2 points, measured x2.00, replayed x1.01  FLAGGED" in text and "B: 2 points" in text
 
 
-def test_a_client_variant_is_fitted_replayed_and_named_in_the_command(monkeypatch):
+def test_a_client_or_fit_variant_is_fitted_replayed_and_named_in_the_command(monkeypatch):
     import argparse
 
-    args = argparse.Namespace(quick=False, client_ingress_ms=150.0, client_jitter_ms=0.0)
+    from optimizer.closedloop import RESIDUAL_SCALE, TTFT_WEIGHT
+
+    defaults = dict(ttft_weight=TTFT_WEIGHT, residual_scale=RESIDUAL_SCALE)
+    args = argparse.Namespace(quick=False, client_ingress_ms=150.0, client_jitter_ms=0.0, **defaults)
     bench = fidelity.bench_client(args)
     assert bench.ingress_s == pytest.approx(0.15) and bench.jitter_s == 0.0
     assert fidelity.command_line(args, "breadth") == "python benchmarks/fidelity.py --part breadth --client-ingress-ms 150"
-    plain = argparse.Namespace(quick=True, client_ingress_ms=0.0, client_jitter_ms=0.0)
+    plain = argparse.Namespace(quick=True, client_ingress_ms=0.0, client_jitter_ms=0.0, **defaults)
     assert fidelity.command_line(plain, "dense") == "python benchmarks/fidelity.py --quick"
     assert fidelity.bench_client(plain) == BenchClient()
+    fit = argparse.Namespace(quick=False, client_ingress_ms=0.0, client_jitter_ms=0.0, ttft_weight=TTFT_WEIGHT,
+                             residual_scale=0.02)
+    assert fidelity.command_line(fit, "dense") == "python benchmarks/fidelity.py --residual-scale 0.02"
     seen = []
-    monkeypatch.setattr(fidelity, "calibrate_replay", lambda train, **kw: seen.append(kw["bench"]) or [])
-    fidelity.replay_fitter(RUNS, bench=bench)
-    assert seen == [bench]  # the fit replays the runs through the same client the scores use
+    monkeypatch.setattr(fidelity, "calibrate_replay", lambda train, **kw: seen.append(kw) or [])
+    fidelity.replay_fitter(RUNS, bench=bench, **fidelity.fit_options(fit))
+    assert seen == [{"keys": None, "bench": bench, "ttft_weight": TTFT_WEIGHT, "residual_scale": 0.02}]
