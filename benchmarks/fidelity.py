@@ -94,15 +94,18 @@ from optimizer.closedloop import (  # noqa: E402
 LOGO_KEYS = ["model", "gpu", "framework", "gemm_dtype", "tp"]
 
 
+#: A run's point and what it measured, equal in no two runs of a server (floats to the last digit)
+RUN_POINT = ["isl", "osl", "batch_size", "ttft_ms", "tpot_ms"]
+
+
 def logo_splits(runs: pl.DataFrame, keys=LOGO_KEYS):
     """(key, held-out rows, training rows) per group: the training rows are every other
     group's, so no row of a group reaches the fit that scores it, nor does the same
     measurement filed under another name (``refiled_runs``)."""
     runs = runs.with_row_index("_split")
-    measurement = ["isl", "osl", "batch_size", "ttft_ms", "tpot_ms"]
     for key, held in runs.group_by(keys, maintain_order=True):
         train = runs.join(held.select("_split"), on="_split", how="anti").join(
-            held.select(measurement), on=measurement, how="anti")
+            held.select(RUN_POINT), on=RUN_POINT, how="anti")
         yield key, held.drop("_split"), train.drop("_split")
 
 
@@ -226,8 +229,7 @@ BREADTH_TARGETS = {"tpot": 10.0, "ttft": 20.0}  # LOGO MAPE, issue 17
 
 
 #: A run's setup and measurement: two rows equal in all of these are one run filed twice.
-MEASUREMENT = ["gpu", "framework", "gemm_dtype", "tp", "moe_ep_size", "attention_dp_size", "isl", "osl",
-               "batch_size", "ttft_ms", "tpot_ms"]
+MEASUREMENT = ["gpu", "framework", "gemm_dtype", "tp", "moe_ep_size", "attention_dp_size", *RUN_POINT]
 
 
 def refiled_runs(runs: pl.DataFrame) -> dict[int, str]:

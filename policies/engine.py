@@ -2975,10 +2975,11 @@ def warmup(speculative: bool = True) -> None:
     ``speculative=False``: only for runs where no config speculates (``Statics.spec``)."""
     trace, cost, configs = warmup_inputs()
     simulate(trace, cost, configs[0])
-    simulate_many(trace, cost, configs if speculative else _plain(configs))
+    simulate_many(trace, cost, configs if speculative else without_speculation(configs))
 
 
-def _plain(configs: Sequence[PolicyConfig]) -> list[PolicyConfig]:
+def without_speculation(configs: Sequence[PolicyConfig]) -> list[PolicyConfig]:
+    """The configs that never speculate: a batch of them compiles without the planner."""
     return [c for c in configs if c.speculative_mode == "off"]
 
 

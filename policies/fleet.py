@@ -1048,7 +1048,7 @@ def warmup(speculative: bool = True) -> None:
     fleets = [c.replace(router="least_kv", migration=True) for c in configs]
     fleets[1] = fleets[1].replace(prefill_replicas=1)
     simulate_fleet(trace, cost, fleets[0], replicas=2, failures=FailureSchedule.from_rows([(1, 0.01, 0.02)]))
-    simulate_fleet_many(trace, cost, fleets if speculative else engine._plain(fleets), replicas=2)
+    simulate_fleet_many(trace, cost, fleets if speculative else engine.without_speculation(fleets), replicas=2)
 
 
 def simulate_fleet(trace, cost_models, config: PolicyConfig, seed: int = 0, *, replicas: int | None = None,
