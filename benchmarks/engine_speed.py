@@ -62,7 +62,7 @@ def replay_event_by_event(st, tables, cfg, cap, host, kv_bytes, swap_bw, every, 
     rep = engine.new_replica(st, cfg, cap, host, kv_bytes, swap_bw, 0, every, True, tenant_params, class_params,
                              arrival[0])
     # borrowed once, as the fleet holds its replicas (rep, st and tables outlive them)
-    b_rep, b_st, b_tables = engine._borrow_replica(rep), engine._borrow_statics(st), engine._borrow_tables(tables)
+    b_rep, b_st, b_tables = engine.borrow_replica(rep), engine.borrow_statics(st), engine.borrow_tables(tables)
     for r in range(arrival.shape[0]):
         engine.advance(b_rep, b_st, b_tables, cfg, arrival[r])
         engine.deliver(b_rep, r, arrival[r])
@@ -73,14 +73,14 @@ def replay_event_by_event(st, tables, cfg, cap, host, kv_bytes, swap_bw, every, 
 def timed_event_by_event(trace, cost, config, repeats: int):
     """Best time and result of ``replay_event_by_event`` (the same inputs as ``simulate``)."""
     cap, host = engine.validate(trace, cost, config)
-    tenant_params, class_params = engine._side_params(trace, config, None)
+    tenant_params, class_params = engine.fairness_params(trace, config, None)
 
     def once():
-        bufs = engine._buffers(1, trace.n, len(tenant_params))
+        bufs = engine.output_buffers(1, trace.n, len(tenant_params))
         replay_event_by_event(engine.statics(trace, cost, [config]), cost.tables, config.to_vector(), cap, host,
                               cost.kv_bytes_per_token, cost.swap_bytes_per_s, engine.default_series_every(trace),
                               tenant_params, class_params, *(b[0] for b in bufs))
-        return engine._result(trace, *(b[0] for b in bufs), tenant_params[:, 0])
+        return engine.sim_result(trace, *(b[0] for b in bufs), tenant_params[:, 0])
 
     once()  # compile
     return best_of(once, repeats)

@@ -25,8 +25,8 @@ JIT_PACKAGES = ("costmodels", "policies")
 def source_digest(root: Path) -> str:
     digest = hashlib.sha256(numba.__version__.encode())
     for package in JIT_PACKAGES:
-        for path in sorted((root / package).glob("*.py")):
-            digest.update(path.name.encode())
+        for path in sorted((root / package).rglob("*.py")):  # subpackages too (policies.engine)
+            digest.update(path.relative_to(root).as_posix().encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 

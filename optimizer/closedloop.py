@@ -253,7 +253,7 @@ def run_benchmark(cost_model: CostModel, config: PolicyConfig, clients: int, isl
     placeholder, n_warm, client, sent, bufs, tenant_params = _simulate(cost_model, config, clients, isl, osl, bench,
                                                                         seed, exact_steps, max_seq_len)
     trace = replace(placeholder, arrival_s=sent)
-    result = engine._result(trace, *bufs, tenant_params[:, fm.T_WEIGHT])
+    result = engine.sim_result(trace, *bufs, tenant_params[:, fm.T_WEIGHT])
     lat = request_latencies(result, trace)
     profiled = np.arange(trace.n) >= n_warm
     return ClosedLoopResult(client=client, profiled=profiled, sent_s=sent, first_token_s=result.first_token_s,
@@ -349,17 +349,17 @@ def _simulate(cost_model, config, clients, isl, osl, bench, seed, exact_steps=Fa
     _check_lengths(prompt, output, config, max_seq_len)
     # -1: the replica keeps the engine's own limit
     max_len = -1 if max_seq_len is None else max_seq_len or cap * config.block_size
-    tenant_params, class_params = engine._side_params(placeholder, config, None)
+    tenant_params, class_params = engine.fairness_params(placeholder, config, None)
     st = engine.statics(placeholder, cost_model, [config])
     tables = cost_model.tables
     # the shortest step the tables allow (one decode, or one prompt token): no step is shorter
     floor = min(step_seconds(tables, 1, 1, 1, 1.0, 0.0)[0], step_seconds(tables, 1, 1, 0, 0.0, 1.0)[0])
-    bufs = [b[0] for b in engine._buffers(1, n, len(tenant_params))]
+    bufs = [b[0] for b in engine.output_buffers(1, n, len(tenant_params))]
     client = np.full(n, -1, dtype=np.int64)
     sent = np.zeros(n)
     status = np.zeros(3, dtype=np.int64)
     _drive(st, tables, config.to_vector(), cap, host, cost_model.kv_bytes_per_token, cost_model.swap_bytes_per_s,
-           seed, 0.05, engine._fast_forward_enabled(), tenant_params, class_params, clients, n_warm, n,
+           seed, 0.05, engine.fast_forward_enabled(), tenant_params, class_params, clients, n_warm, n,
            bench.await_warmup, bench.ramp_s, bench.gap_s, bench.ingress_s, bench.jitters(n),
            0.0 if exact_steps or floor <= 0 else 0.999 * floor, max_len, client, sent, status, *bufs)
     if status[0] == _STALLED:

@@ -314,8 +314,8 @@ def _new_fleet(statics, tables, block_hashes, kv_bytes, swap_bw, fail_t, fail_re
         if pd and j < prefill:
             engine.hand_off_after_first_token(rep)
         owners.append(rep)
-        nodes.append((engine._borrow_replica(rep), engine._borrow_statics(statics[j]),
-                      engine._borrow_tables(tables[j])))
+        nodes.append((engine.borrow_replica(rep), engine.borrow_statics(statics[j]),
+                      engine.borrow_tables(tables[j])))
         fr[FR_ALIVE, j] = 1
         fr[FR_POOL, j] = 1 if pd and j >= prefill else 0
         fr[FR_ROOM, j] = engine.capacity_blocks(rep) - engine.headroom_blocks(rep)
@@ -893,7 +893,7 @@ def _recover(fl, j, t):
     if fl.fg[FG_PD] != 0 and fl.fr[FR_POOL, j] == 0:
         engine.hand_off_after_first_token(rep)
     fl.owners[j] = rep
-    fl.nodes[j] = (engine._borrow_replica(rep), st, tables)
+    fl.nodes[j] = (engine.borrow_replica(rep), st, tables)
     fl.fr[FR_ALIVE, j] = 1
     fl.fr[FR_INCARNATION, j] = fl.fg[FG_N_INCARNATIONS]
     fl.fg[FG_N_INCARNATIONS] += 1
@@ -1100,7 +1100,7 @@ def simulate_fleet_many(trace, cost_models, configs: Sequence[PolicyConfig], see
     swap_bw = np.array([cost.swap_bytes_per_s for cost in costs], dtype=np.float64)
     fail_t, fail_replica, fail_up = schedule.events()
     incarnations = n_rep + int(fail_up.sum())
-    side = [engine._side_params(trace, config, sharing) for config in configs]
+    side = [engine.fairness_params(trace, config, sharing) for config in configs]
     n_tenants = len(side[0][0])
     cfgs = np.stack([config.to_vector() for config in configs])
     caps = np.array([[cap for cap, _ in row] for row in limits], dtype=np.int64)
@@ -1112,7 +1112,7 @@ def simulate_fleet_many(trace, cost_models, configs: Sequence[PolicyConfig], see
     args = (statics, tables, trace.cache_block_hashes, kv_bytes, swap_bw,
             fail_t.astype(np.float64), fail_replica.astype(np.int64), fail_up.astype(np.bool_))
     every = engine.default_series_every(trace)
-    fast_forward = engine._fast_forward_enabled()
+    fast_forward = engine.fast_forward_enabled()
     budget = engine.progress_bound(progress_budget, trace.n + len(fail_t) + n_rep)
 
     def replay(k: int) -> None:
@@ -1170,7 +1170,7 @@ def _fleet_result(trace, out: FleetBuffers, weights: np.ndarray, schedule: Failu
     fcounts[F_AD_LOAD_S] = out.fcounts[:, F_AD_LOAD_S].sum()
     series = _merged_series(out)
     counts[C_N_SAMPLES] = len(series)
-    result = engine._result(trace, out.out_i, out.out_f, counts, fcounts, series, out.cached, out.service.sum(axis=0),
+    result = engine.sim_result(trace, out.out_i, out.out_f, counts, fcounts, series, out.cached, out.service.sum(axis=0),
                             out.prefix.sum(axis=0), weights)
     return dataclasses.replace(
         result,

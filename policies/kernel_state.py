@@ -141,7 +141,7 @@ PC_STATS = 53  # policies.prefix_cache stats (N_STATS = 9 slots)
 HAND_OFF = 62  # P/D prefill replica: a request leaves once it has sampled a token (1/0)
 N_OUTBOX = 63  # requests in L_OUTBOX
 UNSORTED = 64  # a delivery arrived before one delivered earlier (a fleet's re-route): 1/0
-# progress guard (engine._progress): advance's loop may iterate PROGRESS_BASE + PROGRESS_PER * progress times
+# progress guard (engine.replica._progress): advance's loop may iterate PROGRESS_BASE + PROGRESS_PER * progress times
 ITERATIONS = 65  # iterations of advance's loop so far
 ADVANCES = 66  # calls of advance (each may idle once, to its limit)
 PROGRESS_BASE = 67

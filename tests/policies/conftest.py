@@ -59,7 +59,7 @@ def new_replica(trace, cost, config, seed=0, acceptance=None):
 
     cap, host = engine.validate(trace, cost, config)
     st = engine.statics(trace, cost, [config], acceptance)
-    tenant_params, class_params = engine._side_params(trace, config, None)
+    tenant_params, class_params = engine.fairness_params(trace, config, None)
     rep = engine.new_replica(st, config.to_vector(), cap, host, cost.kv_bytes_per_token, cost.swap_bytes_per_s, seed,
                              engine.default_series_every(trace), True, tenant_params, class_params,
                              float(trace.arrival_s[0]))

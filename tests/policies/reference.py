@@ -846,7 +846,7 @@ class Reference:
 
 def reference_simulate(trace, cost, config, sharing=None, acceptance=None, seed=0) -> dict:
     """Run the reference; capacity as the engine computes it (``policies.engine.validate``)."""
-    from policies.engine import _side_params, validate
+    from policies.engine import fairness_params, validate
 
     cap, host = validate(trace, cost, config)
-    return Reference(trace, cost, config, cap, host, *_side_params(trace, config, sharing), acceptance, seed).run()
+    return Reference(trace, cost, config, cap, host, *fairness_params(trace, config, sharing), acceptance, seed).run()

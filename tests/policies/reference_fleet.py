@@ -128,14 +128,14 @@ def prefill_s(tables, n: int, cached: int) -> float:
 
 class Fleet:
     def __init__(self, trace, costs, config, seed: int, failures):
-        from policies.engine import _side_params, validate
+        from policies.engine import fairness_params, validate
 
         self.trace, self.c, self.seed = trace, config, seed
         self.costs = list(costs)
         n_rep = len(self.costs)
         check_fleet(config, n_rep)
         self.limits = [validate(trace, cost, config) for cost in self.costs]
-        self.side = _side_params(trace, config, None)
+        self.side = fairness_params(trace, config, None)
         self.n_rep = n_rep
         self.pd = n_rep > 1 and config.prefill_replicas > 0
         # pool 1: the decode replicas; pool 0: the prefill ones, or every replica when colocated

@@ -22,7 +22,7 @@ from policies import engine
 from policies.config import ROUTERS, ConfigError, PolicyConfig
 from policies.failures import FailureSchedule
 from policies.fleet import SimulationStalled, simulate_fleet
-from policies.kernel_state import ADVANCES, INBOX_HEAD, ITERATIONS, N_DONE, STEPS
+from policies.kernel_state import ADVANCES, ERROR, INBOX_HEAD, ITERATIONS, N_DONE, STEPS
 from policies.result import State
 
 from .conftest import cost_model, make_trace, new_replica, poisson_trace
@@ -189,7 +189,7 @@ def test_a_correct_replica_iterates_at_most_twice_per_unit_of_progress(name):
                 r += 1
         engine.advance(rep, statics, cost.tables, cfg, np.inf)
         g = rep.g
-        assert g[engine.ERROR] == 0 and engine.outstanding(rep) == 0
+        assert g[ERROR] == 0 and engine.outstanding(rep) == 0
         assert g[ITERATIONS] <= 2 * (g[STEPS] + g[INBOX_HEAD] + g[N_DONE] + g[ADVANCES]), f"pieces={pieces}"
 
 
@@ -209,7 +209,7 @@ def test_withdrawing_a_request_the_replica_does_not_hold_is_an_error_not_a_hang(
     rep, st_, _ = new_replica(trace, cost_model(), BUSY)
     carried_i, carried_f = engine.new_carried(trace.n)
     engine.withdraw(rep, st_, 0, False, carried_i, carried_f)
-    assert rep.g[engine.ERROR] == engine.ERROR_NOT_HELD
+    assert rep.g[ERROR] == engine.ERROR_NOT_HELD
 
 
 @pytest.mark.parametrize("simulator", [simulate_fleet, reference_fleet], ids=["kernel", "reference"])

@@ -40,7 +40,7 @@ def _replica(trace, cost, config=CONFIG, seed=0):
 
 
 def _outputs(trace, rep, weights):
-    bufs = engine._buffers(1, trace.n, len(weights))
+    bufs = engine.output_buffers(1, trace.n, len(weights))
     engine.write_outputs(rep, *(b[0] for b in bufs))
     counts = bufs[2][0]
     return bufs[0][0], bufs[1][0], counts

@@ -22,9 +22,9 @@ CONFIGS = {
 
 
 def _result(trace, rep, weights):
-    bufs = engine._buffers(1, trace.n, len(weights))
+    bufs = engine.output_buffers(1, trace.n, len(weights))
     engine.write_outputs(rep, *(b[0] for b in bufs))
-    return engine._result(trace, *(b[0] for b in bufs), weights)
+    return engine.sim_result(trace, *(b[0] for b in bufs), weights)
 
 
 def _same(a, b):

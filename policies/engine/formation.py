@@ -1,0 +1,138 @@
+"""Forming one step: running requests first, then waiting ones (``decode_first``, vLLM V1),
+or a prefill-only step when there is prefill work (``prefill_first``, SGLang); SGLang's
+new-token ratio, retracted on preemption and decayed step by step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from policies import fairness as fm
+from policies import prefix_cache as pcm
+from policies.engine.admission import _admit_waiting, _long_prefill_threshold
+from policies.engine.batch import _fit_step_cap, _need_blocks, _schedule, _schedule_shared
+from policies.engine.codes import (
+    ADMIT_NTR,
+    I_ADMISSION,
+    I_BLOCK_SIZE,
+    I_CONSERVATIVENESS,
+    I_MAX_BATCHED,
+    I_SCHEDULE_MODE,
+    I_STEP_CAP_MS,
+    PREFILL_FIRST,
+)
+from policies.engine.preemption import _schedule_running
+from policies.engine.state import _cache, _is_decode, _shares
+from policies.kernel_state import (
+    B_TOKENS,
+    BUDGET,
+    COMPUTED,
+    ENTRY_BLOCKS,
+    FREE,
+    GENERATED,
+    HELD,
+    L_BATCH,
+    L_ORDER,
+    L_RUN,
+    MAX_OUT,
+    N_RUN,
+    N_WAIT,
+    NTR_DECAY_STEPS,
+    NTR_INIT,
+    NTR_MIN_FACTOR,
+    NTR_RETRACT_STEPS,
+    PC_REQ,
+    PC_STATS,
+    PREEMPTED_NOW,
+    QUOTAS,
+    RATIO,
+    RUNNING,
+    S_PROMPT,
+    STATUS,
+)
+
+
+@njit(cache=True, nogil=True)
+def _form_batch(rep, st, tables, cfg):
+    """Fill the batch for the step starting now (the rules are in the ``policies.engine`` docstring)."""
+    ri, g, gf = rep.ri, rep.g, rep.gf
+    pc = _cache(rep, st)
+    run, order, batch = rep.lists[L_RUN], rep.lists[L_ORDER], rep.lists[L_BATCH]
+    prompt = st.si[S_PROMPT]
+    prefill_first = int(cfg[I_SCHEDULE_MODE]) == PREFILL_FIRST
+    threshold = _long_prefill_threshold(g, cfg)  # counted once, before anything is scheduled (vLLM)
+    block_size = int(cfg[I_BLOCK_SIZE])
+    g[BUDGET] = int(cfg[I_MAX_BATCHED])
+    if g[QUOTAS]:
+        fm.new_step(_shares(rep))
+    # decodes take the plain path: sharing state is touched only when it matters
+    cached_held = ri[PC_REQ + pcm.R_HELD]
+    hash_tokens = st.block_tokens
+    plain_decodes = g[QUOTAS] == 0
+    k = g[N_RUN]
+    order[:k] = run[:k]  # preemption edits `run` while we walk it
+    for i in range(k):
+        if g[BUDGET] <= 0:
+            break
+        r = order[i]
+        if ri[STATUS, r] != RUNNING:
+            continue
+        n = prompt[r] + ri[GENERATED, r] - ri[COMPUTED, r]
+        if prefill_first and _is_decode(ri, prompt, r, n):
+            continue  # decodes wait for a step without prefill work
+        if 0 < threshold < n:
+            n = threshold
+        n = min(n, g[BUDGET])
+        if cfg[I_STEP_CAP_MS] > 0.0:
+            n = _fit_step_cap(ri, g, gf, tables, prompt, cfg, r, n, np.bool_(True))  # one signature with _admit_waiting's
+        if n == 0:
+            continue
+        if plain_decodes and _is_decode(ri, prompt, r, n):
+            blocks = pcm.private_blocks(ri[COMPUTED, r] + 1, cached_held[r], hash_tokens, block_size) - ri[HELD, r]
+            if blocks <= g[FREE] - g[PC_STATS + pcm.S_EVICTABLE] * g[ENTRY_BLOCKS]:
+                _schedule(ri, g, batch, prompt, r, n, blocks)
+                continue
+        if _need_blocks(ri, pc, r, ri[COMPUTED, r] + n, cached_held[r], 0, block_size) <= g[FREE]:
+            _schedule_shared(rep, st, cfg, r, n)
+        else:
+            _schedule_running(rep, st, tables, cfg, r, n)
+    if g[PREEMPTED_NOW] == 0 and g[N_WAIT] > 0:
+        _admit_waiting(rep, st, tables, cfg, prefill_first, threshold)
+    if prefill_first and g[B_TOKENS] == 0:
+        k = g[N_RUN]
+        order[:k] = run[:k]
+        for i in range(k):
+            r = order[i]
+            if ri[STATUS, r] == RUNNING:
+                _schedule_running(rep, st, tables, cfg, r, np.int64(1))  # one signature with the call above
+    if g[PREEMPTED_NOW] != 0 and int(cfg[I_ADMISSION]) == ADMIT_NTR:
+        _retract_ratio(ri, g, gf, run, cfg)
+
+
+@njit(cache=True, nogil=True)
+def _ntr_init(cfg):
+    return min(NTR_INIT * cfg[I_CONSERVATIVENESS], 1.0)
+
+
+@njit(cache=True, nogil=True)
+def _retract_ratio(ri, g, gf, run, cfg):
+    """SGLang after a retraction: ratio from the decoded share of what is left running."""
+    k = g[N_RUN]
+    if k == 0:
+        gf[RATIO] = _ntr_init(cfg)
+        return
+    decoded = 0
+    max_new = 0
+    for i in range(k):
+        r = run[i]
+        decoded += ri[GENERATED, r]
+        max_new += ri[MAX_OUT, r]
+    gf[RATIO] = min(1.0, (decoded + NTR_RETRACT_STEPS * k) / max_new)
+
+
+@njit(cache=True, nogil=True)
+def _decay_ratio(gf, cfg):
+    init = _ntr_init(cfg)
+    low = NTR_MIN_FACTOR * init
+    gf[RATIO] = max(gf[RATIO] - (init - low) / NTR_DECAY_STEPS, low)

@@ -1,0 +1,176 @@
+"""Speculative decoding within a step: verify budgets planned once the batch is formed
+(``policies.speculative``), the drafts' outcomes settled at its end.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from policies import fairness as fm
+from policies import prefix_cache as pcm
+from policies import speculative as spm
+from policies.engine.codes import (
+    I_BLOCK_SIZE,
+    I_COST_UNIT,
+    I_DRAFT_COST,
+    I_DRAFT_MODE,
+    I_SPEC_GAMMA,
+    I_SPEC_MODE,
+    I_W_OUT,
+    SP_ACCEPTED,
+    SP_ELL,
+    SP_HEAP,
+    SP_LIM,
+    SP_REQS,
+    SP_SCRATCH,
+    SP_SLACK,
+    SP_TOK,
+)
+from policies.engine.state import _cover_reservation, _is_decode, _shares
+from policies.kernel_state import (
+    B_DECODES,
+    B_KV_DECODE,
+    B_LOGITS,
+    B_PAIRS,
+    B_TOKENS,
+    BUDGET,
+    COMPUTED,
+    DRAFT_S,
+    ENTRY_BLOCKS,
+    FL_ALPHA,
+    FREE,
+    GENERATED,
+    HELD,
+    L_BATCH,
+    L_SPEC,
+    MAX_OUT,
+    N_BATCH,
+    PC_REQ,
+    PC_STATS,
+    PEAK,
+    QUOTAS,
+    RNG_SEED,
+    S_CLASS,
+    S_PROMPT,
+    S_SPEC_ROW,
+    S_TENANT,
+    SCHED,
+    SPEC_ACCEPTED,
+    SPEC_DECODES,
+    SPEC_DRAFTED,
+    SPEC_EST,
+    SPEC_HITS,
+    SPEC_LAG,
+    SPEC_SLOTS,
+    SPEC_TRIALS,
+    SPEC_VERIFIES,
+    STEPS,
+    TARGET,
+    USED,
+)
+
+
+@njit(cache=True, nogil=True)
+def _plan_verify(rep, st, tables, cfg, spec):
+    """Give the batch's decodes their verify budgets (``policies.speculative``) from the
+    token budget and KV the formed batch left, taking blocks for the draft tokens.
+    ``spec``: ``st.spec``; None compiles to nothing."""
+    if spec is None:  # pruned by type: the planner is not compiled for runs that never speculate
+        return
+    ri, g, gf, lists = rep.ri, rep.g, rep.gf, rep.lists
+    batch = lists[L_BATCH]
+    prompt = st.si[S_PROMPT]
+    held_entries = ri[PC_REQ + pcm.R_HELD]
+    reqs, tok, lim = lists[L_SPEC + SP_REQS], lists[L_SPEC + SP_TOK], lists[L_SPEC + SP_LIM]
+    slack, ell = lists[L_SPEC + SP_SLACK], lists[L_SPEC + SP_ELL]
+    mode = int(cfg[I_SPEC_MODE])
+    gamma = int(cfg[I_SPEC_GAMMA])
+    block_size = int(cfg[I_BLOCK_SIZE])
+    hash_tokens = st.block_tokens
+    n_req = np.int64(0)  # not a literal 0: Numba would compile the speculative planners for it too
+    for i in range(g[N_BATCH]):
+        r = batch[i]
+        if ri[SCHED, r] == 1 and _is_decode(ri, prompt, r, 1):
+            reqs[n_req] = r
+            tok[n_req] = ri[GENERATED, r]
+            lim[n_req] = max(0, min(gamma, ri[MAX_OUT, r] - ri[GENERATED, r] - 1))
+            slack[n_req] = held_entries[r] * hash_tokens + ri[HELD, r] * block_size - ri[COMPUTED, r] - 1
+            n_req += 1
+    g[SPEC_SLOTS] = n_req
+    if n_req == 0:
+        return
+    surv, alpha = rep.surv, rep.fl[FL_ALPHA]
+    if mode == spm.MODE_DSPARK or mode == spm.MODE_DSPARK_LAGGED:
+        spm.draft_confidences(reqs, tok, n_req, spec.profiles, st.si[S_SPEC_ROW], g[RNG_SEED], spec.spread,
+                              spec.bias, gamma, surv)
+    elif mode == spm.MODE_SMARTSPEC:
+        spm.acceptance_estimate(rep.rf[SPEC_HITS], rep.rf[SPEC_TRIALS], gf[SPEC_EST:SPEC_EST + 2], reqs, n_req, alpha)
+    draft_pp = spm.draft_seconds_per_position(tables, int(cfg[I_DRAFT_MODE]), cfg[I_DRAFT_COST], n_req,
+                                              g[B_KV_DECODE])
+    free_blocks = max(0, g[FREE] - g[PC_STATS + pcm.S_EVICTABLE] * g[ENTRY_BLOCKS])
+    lag = SPEC_LAG + g[STEPS] % 2  # written two steps ago, rewritten now
+    x, _, positions, k_now = spm.verify_budgets(
+        mode, gamma, n_req, surv, alpha, lim, tables, g[B_TOKENS], g[B_LOGITS], g[B_DECODES],
+        g[B_KV_DECODE], g[B_PAIRS], draft_pp, g[BUDGET], slack, free_blocks, block_size, g[lag], ell,
+        lists[L_SPEC + SP_HEAP], lists[L_SPEC + SP_SCRATCH])
+    g[lag] = k_now
+    for k in range(n_req):
+        m = ell[k]
+        if m == 0:
+            continue
+        r = reqs[k]
+        take = pcm.private_blocks(ri[COMPUTED, r] + 1 + m, held_entries[r], hash_tokens, block_size) - ri[HELD, r]
+        g[FREE] -= take
+        g[USED] += take
+        ri[HELD, r] += take
+        if g[QUOTAS]:
+            fm.hold_kv(_shares(rep), st.si[S_TENANT, r], st.si[S_CLASS, r], take)
+        g[SPEC_VERIFIES] += 1
+    if g[USED] > g[PEAK]:
+        g[PEAK] = g[USED]
+    g[BUDGET] -= x
+    g[B_TOKENS] += x
+    g[B_LOGITS] += x
+    g[B_KV_DECODE] += x
+    gf[DRAFT_S] = positions * draft_pp
+    g[SPEC_DECODES] += n_req
+    g[SPEC_DRAFTED] += x
+
+
+@njit(cache=True, nogil=True)
+def _settle_verify(rep, st, cfg, spec):
+    """Sample the verifies and keep the accepted drafts: each request advances by them on
+    top of its own token (up to its output length), and the rejected drafts' KV is freed.
+    ``spec`` as in ``_plan_verify``."""
+    if spec is None:  # pruned by type
+        return
+    ri, g, lists = rep.ri, rep.g, rep.lists
+    reqs, tok = lists[L_SPEC + SP_REQS], lists[L_SPEC + SP_TOK]
+    ell, accepted = lists[L_SPEC + SP_ELL], lists[L_SPEC + SP_ACCEPTED]
+    n_req = g[SPEC_SLOTS]
+    spm.sample_verify(reqs, tok, ell, n_req, spec.profiles, st.si[S_SPEC_ROW], g[RNG_SEED], spec.spread, accepted)
+    if int(cfg[I_SPEC_MODE]) == spm.MODE_SMARTSPEC:
+        spm.observe_acceptance(rep.rf[SPEC_HITS], rep.rf[SPEC_TRIALS], rep.gf[SPEC_EST:SPEC_EST + 2], reqs, ell,
+                               accepted, n_req)
+    block_size = int(cfg[I_BLOCK_SIZE])
+    tokens_unit = int(cfg[I_COST_UNIT]) == fm.TOKENS
+    for k in range(n_req):
+        if ell[k] == 0:
+            continue
+        r = reqs[k]
+        kept = min(accepted[k], ri[TARGET, r] - ri[GENERATED, r] - 1)
+        ri[GENERATED, r] += kept
+        ri[SCHED, r] += kept
+        g[SPEC_ACCEPTED] += kept
+        extra = ri[HELD, r] - pcm.private_blocks(ri[COMPUTED, r] + 1 + kept, ri[PC_REQ + pcm.R_HELD, r],
+                                                 st.block_tokens, block_size)
+        g[FREE] += extra
+        g[USED] -= extra
+        ri[HELD, r] -= extra
+        if g[QUOTAS]:
+            fm.hold_kv(_shares(rep), st.si[S_TENANT, r], st.si[S_CLASS, r], -extra)
+        _cover_reservation(ri, g, r)
+        if tokens_unit and kept > 0:
+            fm.charge(_shares(rep), st.si[S_TENANT, r], cfg[I_W_OUT] * kept)
+    g[SPEC_SLOTS] = 0
