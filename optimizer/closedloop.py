@@ -483,10 +483,18 @@ def _drive(st, tables, cfg, cap, host, kv_bytes, swap_bw, seed, series_every, fa
 #: launched from its generated configs (vLLM through its engine arguments, TRT-LLM with
 #: ``max_num_tokens`` and ``enable_chunked_prefill`` set per config), so the step token
 #: budget and chunking of a measured run are unknowns of the fit, like its scales.
+#: A server that runs one request fewer than the benchmark's concurrency (``for_clients``):
+#: one client always waits a completion, so light-load TTFT grows by about the decode time
+#: over the clients, ``(OSL - 1) x TPOT / (C - 1)``, as the Llama-3.1-8B TRT-LLM rows do at
+#: every TP (their TTFT at C 8-16 rises with OSL at 0.8-1.2x that rate; Qwen3-32B's on the
+#: same TRT-LLM version at under 0.3x). Which servers behave so is for the fit to say.
+SEQS_BELOW_CLIENTS = "seqs_below_clients"
 SERVER_CANDIDATES: dict[str, tuple[dict, ...]] = {
     "vllm": ({}, {"max_num_batched_tokens": 4096}, {"max_num_batched_tokens": 2048}),
     "sglang": ({},),
-    "trtllm": ({}, {"enable_chunked_prefill": True}, {"enable_chunked_prefill": True, "max_num_batched_tokens": 4096}),
+    "trtllm": ({}, {"enable_chunked_prefill": True}, {"enable_chunked_prefill": True, "max_num_batched_tokens": 4096},
+               {"enable_chunked_prefill": True, SEQS_BELOW_CLIENTS: 1},
+               {"enable_chunked_prefill": True, "max_num_batched_tokens": 4096, SEQS_BELOW_CLIENTS: 1}),
 }
 #: Weight of a run's TTFT residual against its TPOT residual in a replay fit (both as log
 #: ratios): TTFT carries the run-to-run scatter of the queueing a closed loop sees, so it
@@ -495,7 +503,7 @@ TTFT_WEIGHT = 0.3
 #: Soft-L1 scale of those log-ratio residuals: quadratic within 20%, L1 beyond, so a run
 #: the model cannot reach pulls no harder than any other. A near-L1 scale (0.02), closer to
 #: the MAPE the figures score, fits the dense runs' TPOT better out of sample (8.5% against
-#: 9.4%) but picks another measured server in one fold and loses TTFT (30.2% against 28.1%;
+#: 9.4%, before SEQS_BELOW_CLIENTS) but picks another measured server in one fold and loses TTFT (30.2% against 28.1%;
 #: `benchmarks/fidelity.py --residual-scale 0.02`), so it is not the default.
 RESIDUAL_SCALE = 0.2
 
@@ -514,9 +522,18 @@ _WARMUP_CTX = EngineContext("h100", 80.0)
 
 
 def server_config(framework: str, ctx: EngineContext, overrides: dict | None = None) -> PolicyConfig:
-    """``framework_config`` with a fitted measured-server override (``SERVER_CANDIDATES``)."""
+    """``framework_config`` with a fitted measured-server override (``SERVER_CANDIDATES``);
+    a limit relative to the run's clients is applied per run (``for_clients``)."""
     config = framework_config(framework, ctx)
-    return config.replace(**overrides) if overrides else config
+    fixed = {k: v for k, v in (overrides or {}).items() if k != SEQS_BELOW_CLIENTS}
+    return config.replace(**fixed) if fixed else config
+
+
+def for_clients(config: PolicyConfig, overrides: dict | None, clients: int) -> PolicyConfig:
+    """``config`` for a run of ``clients`` clients: with ``SEQS_BELOW_CLIENTS`` k in the
+    measured-server overrides, the server runs at most ``clients - k`` requests at once."""
+    below = (overrides or {}).get(SEQS_BELOW_CLIENTS)
+    return config if below is None else config.replace(max_num_seqs=max(1, int(clients) - int(below)))
 
 
 def _mape(pred: np.ndarray, measured: np.ndarray) -> float:
@@ -561,7 +578,8 @@ class ReplayRows:
                 swapped[id(cost)] = replace(cost, tables=cost.tables._replace(
                     overhead_s=overhead_s, scale=scale, prefill_scale=prefill_scale, decode_scale=decode_scale))
             try:
-                out[i] = benchmark_means(swapped[id(cost)], server_config(r["framework"], ctx, server),
+                config = for_clients(server_config(r["framework"], ctx, server), server, r["batch_size"])
+                out[i] = benchmark_means(swapped[id(cost)], config,
                                          r["batch_size"], r["isl"], r["osl"], self.bench, max_seq_len=seq)
             except ClosedLoopError:
                 pass

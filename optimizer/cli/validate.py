@@ -35,6 +35,7 @@ from optimizer.closedloop import (
     BenchClient,
     ClosedLoopError,
     ClosedLoopResult,
+    for_clients,
     run_benchmark,
     server_config,
     server_max_seq_len,
@@ -134,7 +135,8 @@ def _setup(row: dict, kv_dtype: str, model_config: Path | str | None, calibratio
 
 def simulate_row(setup: Setup, row: dict, bench: BenchClient) -> ClosedLoopResult:
     """Row ``row``'s benchmark replayed on ``setup`` as ``bench`` drives it."""
-    return run_benchmark(setup.cost, setup.config, row["batch_size"], row["isl"], row["osl"], bench,
+    config = for_clients(setup.config, setup.server, row["batch_size"])
+    return run_benchmark(setup.cost, config, row["batch_size"], row["isl"], row["osl"], bench,
                          max_seq_len=setup.max_seq_len)
 
 

@@ -11,11 +11,15 @@ from costmodels.steptable import linear_tables
 from optimizer.cli import app
 from optimizer.closedloop import (
     LOCKSTEP,
+    SEQS_BELOW_CLIENTS,
+    TRTLLM_DEFAULT,
     BenchClient,
     ClosedLoopError,
     benchmark_means,
+    for_clients,
     framework_config,
     run_benchmark,
+    server_config,
 )
 from policies.config import PolicyConfig
 
@@ -211,3 +215,29 @@ def test_validate_command_names_bad_rows_and_unknown_models(tmp_path):
     unknown = _runs_csv(tmp_path / "unknown.csv", [("acme/Mystery-7B", "h100", "trtllm", 1, 8, 1024, 128, 1.0, 1.0)])
     out = CliRunner().invoke(app, ["validate", str(unknown)])
     assert out.exit_code == 2 and "acme/Mystery-7B" in out.output
+
+
+def test_a_server_one_request_short_of_the_clients_keeps_one_client_waiting():
+    """SEQS_BELOW_CLIENTS: the server runs C - 1 of the C clients' requests, so each request
+    waits about one completion interval, (OSL - 1) x TPOT / (C - 1), and light-load TTFT
+    grows with the output length (the Llama-3.1-8B TRT-LLM rows), where a server with room
+    for every client gives the same TTFT at any output length."""
+    below = {"enable_chunked_prefill": True, SEQS_BELOW_CLIENTS: 1}
+    assert server_config("trtllm", None, below) == TRTLLM_DEFAULT.replace(enable_chunked_prefill=True)
+    assert for_clients(CONFIG, {}, 8) is CONFIG
+    assert for_clients(CONFIG, below, 8).max_num_seqs == 7
+    bench = BenchClient(requests_per_client=12, warmup_per_client=2, osl_stddev=5.0)
+    clients = 4
+
+    def run(server, osl):
+        loop = run_benchmark(LINEAR, for_clients(CONFIG, server, clients), clients, 100, osl, bench)
+        started = loop.sent_s + loop.result.queue_s
+        for t in np.concatenate([started, loop.finish_s - 1e-9]):
+            assert np.sum((started <= t) & (loop.finish_s > t)) <= clients - (1 if server else 0)
+        return loop
+
+    short, long_ = run(below, 50), run(below, 400)
+    wait = (long_.mean_tpot_ms * 399 - short.mean_tpot_ms * 49) / (clients - 1)  # one completion interval more
+    assert long_.mean_ttft_ms - short.mean_ttft_ms == pytest.approx(wait, rel=0.3)
+    roomy = run({}, 50), run({}, 400)
+    assert abs(roomy[1].mean_ttft_ms - roomy[0].mean_ttft_ms) < 0.1 * wait
