@@ -12,6 +12,7 @@ from optimizer.cli import app
 from optimizer.closedloop import (
     LOCKSTEP,
     SEQS_BELOW_CLIENTS,
+    SERVER_CANDIDATES,
     TRTLLM_DEFAULT,
     BenchClient,
     ClosedLoopError,
@@ -242,3 +243,24 @@ def test_a_server_one_request_short_of_the_clients_keeps_one_client_waiting():
     assert long_.mean_ttft_ms - short.mean_ttft_ms == pytest.approx(wait, rel=0.3)
     roomy = run({}, 50), run({}, 400)
     assert abs(roomy[1].mean_ttft_ms - roomy[0].mean_ttft_ms) < 0.1 * wait
+
+
+def test_a_server_that_caps_each_prompt_per_step_shares_the_step_among_waiting_prompts():
+    """The TRT-LLM candidate with long_prefill_token_threshold 1024: prompts that wait
+    together progress together (at most the cap each per step) instead of one after the
+    other, so mean TTFT at a burst rises for long prompts; a lone prompt (the engine's rule:
+    nobody to starve) and prompts within the cap replay as without it."""
+    capped = {"enable_chunked_prefill": True, "max_num_batched_tokens": 4096, "long_prefill_token_threshold": 1024}
+    assert capped in SERVER_CANDIDATES["trtllm"]
+    free = dict(capped, long_prefill_token_threshold=0)
+    bench = BenchClient(requests_per_client=1, warmup_per_client=0)
+
+    def run(server, isl, clients):
+        return run_benchmark(LINEAR, server_config("trtllm", None, server), clients, isl, 8, bench)
+
+    assert run(capped, 4096, 1).mean_ttft_ms == pytest.approx(run(free, 4096, 1).mean_ttft_ms)
+    shared, serial = run(capped, 4096, 4), run(free, 4096, 4)
+    spread = lambda loop: np.ptp(loop.first_token_s)  # noqa: E731
+    assert spread(shared) < 0.5 * spread(serial)  # the burst's prompts finish together
+    assert shared.mean_ttft_ms > serial.mean_ttft_ms
+    assert run(capped, 1000, 4).mean_ttft_ms == pytest.approx(run(free, 1000, 4).mean_ttft_ms)
