@@ -445,7 +445,9 @@ def apply_calibration(cost: CostModel, model: str, gpu: str, framework: str, gem
                       calibration: str | Path | bool | None, kv_dtype: str | None = None,
                       family: str = "", layout: tuple[int, int] = (1, 1)) -> CostModel:
     """``cost`` with a calibrated overhead and scales, and ``cost.calibration`` saying
-    which entry (file, match level, its fitted values and stated error) it used.
+    which entry (file, match level, its fitted values and stated error) it used. An entry
+    of another model lends its terms but not its ``measured_server`` (None): the replay
+    fits choose the server's unrecorded settings per model, from that model's runs.
     ``layout``: the model's (EP size, attention-DP size), for ``match_entry``.
 
     ``calibration``: a file (an entry must match), None (the bundled file, if it has a
@@ -470,7 +472,7 @@ def apply_calibration(cost: CostModel, model: str, gpu: str, framework: str, gem
     split = "" if scales == {"prefill_scale": 1.0, "decode_scale": 1.0} else (
         f", prefill x{scales['prefill_scale']:.3f}, decode x{scales['decode_scale']:.3f}")
     used = {"file": label, "match": how, "model": entry["model"], "gpu": entry["gpu"], "tp": entry.get("tp"),
-            "measured_server": dict(entry.get("measured_server") or {}),
+            "measured_server": dict(entry.get("measured_server") or {}) if entry["model"] == model else None,
             "overhead_s": entry["overhead_s"], "scale": entry["scale"], **scales,
             "error": entry.get("error") or {"in_sample_tpot_mape": entry.get("tpot_mape_after"),
                                             "in_sample_ttft_mape": entry.get("ttft_mape_after"),

@@ -502,6 +502,12 @@ SERVER_CANDIDATES: dict[str, tuple[dict, ...]] = {
                {"enable_chunked_prefill": True, "max_num_batched_tokens": 4096, SEQS_BELOW_CLIENTS: 1},
                {"enable_chunked_prefill": True, "max_num_batched_tokens": 4096, "long_prefill_token_threshold": 1024}),
 }
+#: The measured server replayed where no calibration entry of the run's model applies: the
+#: fits choose those settings per model (the dense and breadth fits pick four different
+#: TRT-LLM servers for six models), so another model's choice says nothing of this one's.
+#: It is the plainest candidate that chunks prompts, as every fitted TRT-LLM server does:
+#: TRT-LLM's defaults queue a burst's prompts whole (DeepSeek TTFT 40-57x the measured).
+UNMEASURED_SERVER: dict[str, dict] = {"vllm": {}, "sglang": {}, "trtllm": {"enable_chunked_prefill": True}}
 #: Weight of a run's TTFT residual against its TPOT residual in a replay fit (both as log
 #: ratios): TTFT carries the run-to-run scatter of the queueing a closed loop sees, so it
 #: steers the prefill scale without letting a few queue-bound runs pull the decode scale.

@@ -32,6 +32,7 @@ import typer
 from costmodels.calibration import SETUP, layout_label, with_layout
 from costmodels.costmodel import CostModel, CostModelError
 from optimizer.closedloop import (
+    UNMEASURED_SERVER,
     BenchClient,
     ClosedLoopError,
     ClosedLoopResult,
@@ -125,7 +126,7 @@ def _setup(row: dict, kv_dtype: str, model_config: Path | str | None, calibratio
     try:  # one attention-DP group of the run's layout: its scheduler sees the row's batch_size clients
         cost = build(row["model"], row["gpu"], tp=row["tp"], framework=row["framework"], gemm_dtype=row["gemm_dtype"],
                      kv_dtype=kv_dtype, model_config=model_config, calibration=calibration, **layout)
-        server = measured_server(cost)
+        server = measured_server(cost, row["framework"])
         ctx = context_of(cost, row["gpu"], context_len=0, tp=row["tp"])  # the KV pool bounds a closed loop's runs
         return Setup(cost, server_config(row["framework"], ctx, server), server,
                      server_max_seq_len(row["framework"], row["model"], model_config))
@@ -181,11 +182,12 @@ def _config_target(unknown: list[str], model_config: str | Path | None) -> str |
     return matches[0] if len(matches) == 1 else None
 
 
-def measured_server(cost) -> dict:
+def measured_server(cost, framework: str) -> dict:
     """The scheduler overrides a replay fit chose for the runs of ``cost``'s calibration
     entry (its ``measured_server``; ``optimizer.closedloop.SERVER_CANDIDATES``), {} when the
-    entry has none (a formula fit) or no entry applied."""
-    return dict((cost.calibration or {}).get("measured_server") or {})
+    entry has none (a formula fit), ``UNMEASURED_SERVER`` when no entry of the model applied."""
+    server = (cost.calibration or {}).get("measured_server")
+    return dict(UNMEASURED_SERVER[framework] if server is None else server)
 
 
 def _ape(pred: str, measured: str) -> pl.Expr:

@@ -152,7 +152,7 @@ def test_reproduces_measured_h100_runs_as_well_as_the_calibration_states():
     from optimizer.targets import context_of
 
     assert LLAMA_TRT.calibration["match"] == "setup"
-    server = measured_server(LLAMA_TRT)
+    server = measured_server(LLAMA_TRT, "trtllm")
     config = for_clients(server_config("trtllm", context_of(LLAMA_TRT, "h100", context_len=0), server), server, 8)
     seq = server_max_seq_len("trtllm", "meta-llama/Llama-3.1-8B")
     ttft_err, tpot_err = [], []
@@ -200,7 +200,7 @@ def test_validate_command_prints_mape_and_writes_predictions(tmp_path):
     from optimizer.closedloop import server_config, server_max_seq_len
     from optimizer.targets import context_of
 
-    server = measured_server(LLAMA_TRT)
+    server = measured_server(LLAMA_TRT, "trtllm")
     config = for_clients(server_config("trtllm", context_of(LLAMA_TRT, "h100", context_len=0), server), server, 8)
     loop = run_benchmark(LLAMA_TRT, config, 8, 1024, 128, BenchClient(requests_per_client=5),
                          max_seq_len=server_max_seq_len("trtllm", "meta-llama/Llama-3.1-8B"))

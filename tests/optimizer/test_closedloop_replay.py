@@ -9,6 +9,7 @@ import pytest
 from costmodels import build
 from optimizer.cli.validate import predict_runs
 from optimizer.closedloop import (
+    UNMEASURED_SERVER,
     BenchClient,
     ClosedLoopError,
     benchmark_means,
@@ -78,11 +79,34 @@ def test_fit_replay_takes_one_framework():
         fit_replay(runs)
 
 
-def test_uncalibrated_and_formula_entries_replay_with_the_framework_defaults(tmp_path):
+def test_uncalibrated_runs_replay_with_the_unmeasured_server():
     runs = _measured("vllm", {}).head(2)
     pred = predict_runs(runs, calibration=False, bench=BENCH)
     assert pred["calibration_match"].to_list() == ["off", "off"] and pred["measured_server"][0] == "{}"
     assert np.isfinite(pred["pred_ttft_ms"].to_numpy()).all()
+    trt = predict_runs(runs.with_columns(pl.lit("trtllm").alias("framework")).head(1), calibration=False, bench=BENCH)
+    assert trt["measured_server"][0] == json.dumps(UNMEASURED_SERVER["trtllm"]) != "{}"  # TRT-LLM chunks
+
+
+def test_another_models_entry_lends_its_terms_but_not_its_server(tmp_path):
+    """The fits choose a measured server per model, so a setup replayed on an entry of
+    another model (here the pooled one) gets the framework's unmeasured server, while the
+    entry's own model, at any TP, keeps the entry's."""
+    server = {"enable_chunked_prefill": True, "max_num_batched_tokens": 2048}
+    assert server != UNMEASURED_SERVER["trtllm"]
+    entry = {"gpu": GPU, "framework": "trtllm", "gemm_dtype": "bf16", "tp": [1], "overhead_s": 2e-3, "scale": 1.0,
+             "prefill_scale": 1.2, "decode_scale": 0.9, "measured_server": server, "fit": "replay"}
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps({"format": "servetune-calibration/1",
+                                "entries": [entry | {"model": MODEL}, entry | {"model": "*"}]}))
+    runs = _measured("trtllm", {}).head(1)
+    own = predict_runs(runs.with_columns(pl.lit(2).alias("tp")), calibration=path, bench=BENCH)
+    assert own["calibration_match"][0] == "model" and own["measured_server"][0] == json.dumps(server)
+    other = predict_runs(runs.with_columns(pl.lit("Qwen/Qwen3-8B").alias("model")), calibration=path, bench=BENCH)
+    assert other["calibration_match"][0] == "pooled"
+    assert other["measured_server"][0] == json.dumps(UNMEASURED_SERVER["trtllm"])
+    cost = build("Qwen/Qwen3-8B", GPU, tp=1, framework="trtllm", calibration=path)
+    assert cost.tables.decode_scale == pytest.approx(0.9) and cost.calibration["measured_server"] is None
 
 
 def test_the_residual_scale_is_the_soft_l1_scale_of_the_fit(monkeypatch):
