@@ -41,12 +41,14 @@ dense files are left as they are).
 
     python benchmarks/fidelity.py [--runs FILE.csv] [--breadth-runs FILE.csv] [--part both|dense|breadth]
                                   [--quick] [--jobs 2] [--install] [--client-ingress-ms MS] [--client-jitter-ms MS]
-                                  [--ttft-weight W] [--residual-scale S]
+                                  [--ttft-weight W] [--residual-scale S] [--moe-distribution SKEW]
 
 ``--client-ingress-ms`` / ``--client-jitter-ms`` fit and replay with a variant of the
 client (``BenchClient.ingress_s``, ``jitter_s``) to test what the harness explains;
 ``--ttft-weight`` / ``--residual-scale`` change the replay fit's loss
-(``closedloop.TTFT_WEIGHT``, ``RESIDUAL_SCALE``). The bundled figures use the defaults.
+(``closedloop.TTFT_WEIGHT``, ``RESIDUAL_SCALE``); ``--moe-distribution`` times the MoE
+layers at another routing skew (``costmodels.moeops.DEFAULT_DISTRIBUTION`` by default).
+The bundled figures use the defaults.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ import polars as pl
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from costmodels import calibrate, load_calibration, load_runs, save_calibration  # noqa: E402
+from costmodels import build, calibrate, load_calibration, load_runs, save_calibration  # noqa: E402
 from costmodels.architecture import load_model  # noqa: E402
 from costmodels.calibration import (  # noqa: E402
     BUNDLED,
@@ -81,6 +83,7 @@ from costmodels.calibration import (  # noqa: E402
 from costmodels.costmodel import CostModelError  # noqa: E402
 from costmodels.distil import aic_root, shared_dir  # noqa: E402
 from costmodels.gpus import load_gpu  # noqa: E402
+from costmodels.moeops import DEFAULT_DISTRIBUTION, DISTRIBUTIONS  # noqa: E402
 from optimizer.cli.validate import format_report, predict_runs, scatter_figure  # noqa: E402
 from optimizer.closedloop import (  # noqa: E402
     LOCKSTEP,
@@ -133,9 +136,12 @@ def formula_fitter(train: pl.DataFrame, keys=None) -> list[dict]:
     return calibrate(train)
 
 
-def replay_fitter(train: pl.DataFrame, keys=None, bench: BenchClient | None = None, **fit) -> list[dict]:
-    """``calibrate_replay`` with the fit's options (``fit_options``)."""
-    return calibrate_replay(train, keys=keys, bench=bench, **fit)
+def replay_fitter(train: pl.DataFrame, keys=None, bench: BenchClient | None = None,
+                  moe_distribution: str = DEFAULT_DISTRIBUTION, **fit) -> list[dict]:
+    """``calibrate_replay`` with the fit's options (``fit_options``), MoE layers timed at
+    ``moe_distribution``."""
+    builder = functools.partial(build, moe_distribution=moe_distribution)
+    return calibrate_replay(train, keys=keys, bench=bench, builder=builder, **fit)
 
 
 def _fold(args):
@@ -144,17 +150,20 @@ def _fold(args):
     return fitter(train, keys)
 
 
-def predict_with(held: pl.DataFrame, entries: list[dict] | None, bench: BenchClient, tmp: Path, tag: str):
+def predict_with(held: pl.DataFrame, entries: list[dict] | None, bench: BenchClient, tmp: Path, tag: str,
+                 moe_distribution: str):
     if not entries:  # no entry can match: the uncalibrated model, as a user would get it
-        return predict_runs(held, calibration=False, bench=bench)
+        return predict_runs(held, calibration=False, bench=bench, moe_distribution=moe_distribution)
     path = tmp / f"{tag}.json"
     save_calibration(entries, path)
-    return predict_runs(held, calibration=path, bench=bench)
+    return predict_runs(held, calibration=path, bench=bench, moe_distribution=moe_distribution)
 
 
-def evaluate(runs: pl.DataFrame, fitter, bench: BenchClient, pool=None, keys=LOGO_KEYS):
+def evaluate(runs: pl.DataFrame, fitter, bench: BenchClient, pool=None, keys=LOGO_KEYS,
+             moe_distribution: str = DEFAULT_DISTRIBUTION):
     """(in-sample predictions, LOGO predictions, the in-sample entries) for one fitter,
-    leaving out one ``keys`` group at a time."""
+    leaving out one ``keys`` group at a time; MoE layers timed at ``moe_distribution``, as
+    the fitter times them."""
     splits = list(logo_splits(runs, keys))
     fold_keys = [fallback_key(held, train) for _, held, train in splits]
     tasks = [(fitter, part, None) for _, part in runs.group_by(["gpu", "framework", "gemm_dtype"], maintain_order=True)]
@@ -164,11 +173,11 @@ def evaluate(runs: pl.DataFrame, fitter, bench: BenchClient, pool=None, keys=LOG
     entries = [e for part in results[:n_slices] for e in part]
     folds = results[n_slices:]
     with tempfile.TemporaryDirectory() as tmp:
-        insample = predict_with(runs, entries, bench, Path(tmp), "all")
+        insample = predict_with(runs, entries, bench, Path(tmp), "all", moe_distribution)
         parts = []
         for i, ((_, held, _), k, fold) in enumerate(zip(splits, fold_keys, folds, strict=True)):
             mine = [e for e in fold if k is not None and entry_key(e) == k]
-            parts.append(predict_with(held, mine, bench, Path(tmp), f"fold{i}"))
+            parts.append(predict_with(held, mine, bench, Path(tmp), f"fold{i}", moe_distribution))
         logo = pl.concat(parts, how="vertical_relaxed").sort("row")
     return insample, logo, entries
 
@@ -315,7 +324,8 @@ def breadth(path: Path, bench: BenchClient, pool, fit: dict, quick: bool,
         scored = scored.gather_every(4)
     t0 = time.perf_counter()
     insample, logo, entries = evaluate(scored, functools.partial(replay_fitter, bench=bench, **fit),
-                                       bench, pool, keys=BREADTH_KEYS)
+                                       bench, pool, keys=BREADTH_KEYS,
+                                       moe_distribution=fit.get("moe_distribution", DEFAULT_DISTRIBUTION))
     state_errors(entries, logo, "leave one setup (model, GPU, framework, dtype, layout) out", command)
     setups, summary = group_table(insample, logo, BREADTH_KEYS), group_table(insample, logo, BREADTH_SUMMARY)
     total = summary.row(-1, named=True)
@@ -382,6 +392,8 @@ def main() -> None:
                         help="BenchClient.ingress_s in ms, for fit and replay (a harness variant; default 0)")
     parser.add_argument("--client-jitter-ms", type=float, default=0.0,
                         help="BenchClient.jitter_s in ms, for fit and replay (a harness variant; default 0)")
+    parser.add_argument("--moe-distribution", choices=tuple(DISTRIBUTIONS), default=DEFAULT_DISTRIBUTION,
+                        help="MoE routing skew of the fused-MoE table, for fit and replay (costmodels.moeops)")
     args = parser.parse_args()
     ctx = multiprocessing.get_context("spawn")  # polars thread pools do not survive a fork
     with ProcessPoolExecutor(max_workers=args.jobs, mp_context=ctx) if args.jobs > 1 else _Serial() as pool:
@@ -392,8 +404,9 @@ def main() -> None:
 
 
 def fit_options(args) -> dict:
-    """The replay fit's options (``calibrate_replay``) from the command line."""
-    return {"ttft_weight": args.ttft_weight, "residual_scale": args.residual_scale}
+    """The replay fit's options (``replay_fitter``) from the command line."""
+    return {"ttft_weight": args.ttft_weight, "residual_scale": args.residual_scale,
+            "moe_distribution": args.moe_distribution}
 
 
 def bench_client(args) -> BenchClient:
@@ -410,6 +423,7 @@ def command_line(args, part: str) -> str:
     extra += [f" --{k} {v:g}" for k, v, default in (("ttft-weight", args.ttft_weight, TTFT_WEIGHT),
                                                    ("residual-scale", args.residual_scale, RESIDUAL_SCALE))
               if v != default]
+    extra += [f" --moe-distribution {args.moe_distribution}"] if args.moe_distribution != DEFAULT_DISTRIBUTION else []
     return "python benchmarks/fidelity.py" + "".join(extra)
 
 
@@ -529,7 +543,7 @@ def run_dense(args, pool) -> None:
     base_aiperf = evaluate(runs, formula_fitter, aiperf, pool)
     t1 = time.perf_counter()
     insample, logo, entries = evaluate(runs, functools.partial(replay_fitter, bench=aiperf, **fit_options(args)),
-                                       aiperf, pool)
+                                       aiperf, pool, moe_distribution=args.moe_distribution)
     t2 = time.perf_counter()
     table = group_table(insample, logo)
     total = table.row(-1, named=True)

@@ -21,6 +21,7 @@ from costmodels.gpus import GPUSpec, load_gpu
 from costmodels.layout import ParallelLayout
 from costmodels.linear import ACT_BYTES
 from costmodels.lora import lora_cost
+from costmodels.moeops import DEFAULT_DISTRIBUTION
 from costmodels.optables import FRAMEWORKS, ProfiledOps, RooflineOps
 
 PROFILE_LOGIT_SEQS = 256  # the profiling pass samples for max_num_seqs sequences (fp32 logits)
@@ -67,14 +68,15 @@ def build(
     sps_csv: str | Path | None = None,
     moe_ep_size: int = 1,
     attention_dp_size: int = 1,
-    moe_distribution: str = "balanced",
+    moe_distribution: str = DEFAULT_DISTRIBUTION,
 ) -> CostModel:
     """The cost model of ``model`` on ``gpu`` x ``tp`` served by ``framework``.
 
     ``moe_ep_size`` and ``attention_dp_size`` lay the ``tp`` GPUs out for expert and
     attention data parallelism (``costmodels.layout``; 1 and 1 = plain TP); with attention
     DP the model describes one DP group. ``moe_distribution`` picks the fused-MoE table's
-    routing skew ("balanced", "power_law_1.01", "power_law_1.2"). MoE and MLA models need
+    routing skew ("balanced", "power_law_1.01", "power_law_1.2"; default
+    ``moeops.DEFAULT_DISTRIBUTION``). MoE and MLA models need
     the profiled tables: there is no roofline of them, so a missing point is an error.
 
     Step time comes from, in order of precedence: a user-measured step-time CSV
@@ -136,6 +138,7 @@ def build(
         activation_bytes_per_token=activation_bytes_per_token(arch, tp, moe_ep_size),
         swap_bytes_per_s=spec.pcie_bytes_per_s * PCIE_EFFICIENCY, swap_capacity_bytes=float(SWAP_BYTES),
         tp=tp, source=source, lora=lora,
+        moe_distribution=moe_distribution if arch.moe is not None and sps_csv is None else None,
     )
     if sps_csv is None:
         from costmodels.calibration import apply_calibration

@@ -330,7 +330,7 @@ def calibrate(runs: pl.DataFrame, builder=None) -> list[dict]:
                          step_source=step_source(cost),
                          tpot=tpot_parts(cost.tables, b, s, o), ttft=ttft_parts(cost.tables, b, s, o),
                          tpot_ms=group["tpot_ms"].to_numpy(), ttft_ms=group["ttft_ms"].to_numpy(),
-                         overhead0=cost.tables.overhead_s))
+                         overhead0=cost.tables.overhead_s, cost=cost))
     entries = []
     for pooled in (False, True):
         keys = ("gpu", "framework", "gemm_dtype", "path", "step_source") if pooled else (
@@ -346,7 +346,7 @@ def _fit_entry(key: dict, sel: list[dict]) -> dict:
     tpot_s, ttft_s = tpot_ms / 1e3, ttft_ms / 1e3
     overhead0 = sel[0]["overhead0"]
     overhead, scale = fit(tpot, tpot_s, overhead0)
-    return key | {
+    return key | fitted_routing(r["cost"] for r in sel) | {
         "tp": sorted({r["tp"] for r in sel}), "layouts": fitted_layouts(r["layout"] for r in sel),
         "n_runs": int(len(tpot_s)), "fit": "formula",
         "overhead_s": overhead, "scale": scale,
@@ -390,6 +390,17 @@ def step_source(cost: CostModel) -> str:
     return cost.source.split(":", 1)[0]
 
 
+def fitted_routing(costs) -> dict:
+    """``{"moe_distribution": d}`` for an entry fitted on cost models whose MoE layers were
+    timed at routing skew ``d``, ``{}`` when none has MoE layers: such an entry corrects
+    step times read at that skew, and only those (``match_entry``)."""
+    skews = {c.moe_distribution for c in costs} - {None}
+    if len(skews) > 1:
+        raise CostModelError(f"one entry cannot be fitted on MoE step times read at several routing skews: "
+                             f"{sorted(skews)}")
+    return {"moe_distribution": skews.pop()} if skews else {}
+
+
 def entry_family(entry: dict) -> str:
     """The model family (HF ``model_type``) an entry was fitted on; "" for a pooled entry
     or a model servetune does not know."""
@@ -402,7 +413,8 @@ def entry_family(entry: dict) -> str:
 
 
 def match_entry(entries: list[dict], *, model: str, family: str, gpu: str, framework: str, gemm_dtype: str,
-                tp: int, kv_dtype: str, source: str = "profiled", layout: tuple[int, int] = (1, 1)) -> tuple[dict | None, str]:
+                tp: int, kv_dtype: str, source: str = "profiled", layout: tuple[int, int] = (1, 1),
+                moe_distribution: str | None = None) -> tuple[dict | None, str]:
     """The entry for a setup and how it matched (``MATCHES``), within the framework and GEMM
     dtype: the same model on this GPU at this TP, layout (``layout``: EP size, attention-DP
     size; an entry fitted on other layouts of the TP, or one without ``layouts``, which was
@@ -415,9 +427,11 @@ def match_entry(entries: list[dict], *, model: str, family: str, gpu: str, frame
     path exists anywhere does an entry of another path stand in (``other_path``: the same
     model, its family, then pooled, this GPU first). (None, "none") when nothing matches.
     Only entries fitted on the same ``source`` of step times count (entries without the
-    field were fitted on profiled tables)."""
+    field were fitted on profiled tables), and for an MoE model (``moe_distribution``, its
+    routing skew) only entries fitted at that skew or on models without MoE layers."""
     kind = [e for e in entries if e["framework"] == framework and e["gemm_dtype"] == gemm_dtype
-            and e.get("step_source", "profiled") == source]
+            and e.get("step_source", "profiled") == source
+            and (moe_distribution is None or e.get("moe_distribution") in (moe_distribution, None))]
     path = parallel_path(*layout)
     same = [e for e in kind if entry_path(e) == path]
     for e in same:
@@ -460,7 +474,8 @@ def apply_calibration(cost: CostModel, model: str, gpu: str, framework: str, gem
         return replace(cost, source=cost.source + "; uncalibrated", calibration={"file": None, "match": "none"})
     kv_dtype = kv_dtype or gemm_dtype
     entry, how = match_entry(load_calibration(path), model=model, family=family, gpu=gpu, framework=framework,
-                             gemm_dtype=gemm_dtype, tp=cost.tp, kv_dtype=kv_dtype, source=step_source(cost), layout=layout)
+                             gemm_dtype=gemm_dtype, tp=cost.tp, kv_dtype=kv_dtype, source=step_source(cost), layout=layout,
+                             moe_distribution=cost.moe_distribution)
     if entry is None:
         if calibration is not None:
             raise CostModelError(f"calibration file {path} has no entry for {model} on {gpu} with "

@@ -24,7 +24,7 @@ from costmodels.architecture import ModelArch
 from costmodels.layout import ParallelLayout
 from costmodels.linear import linear_seconds
 from costmodels.mlaops import mla_rows, mla_shape
-from costmodels.moeops import moe_shape
+from costmodels.moeops import DEFAULT_DISTRIBUTION, moe_shape
 from costmodels.optables import AttentionShape
 from costmodels.steptable import StepTables
 
@@ -91,7 +91,7 @@ def prefill_curve(arch: ModelArch, rows: tuple) -> tuple[np.ndarray, np.ndarray]
 
 def compose(arch: ModelArch, ops, layout: ParallelLayout, kv_dtype: str, hbm_bytes_per_s: float,
             overhead_s: float, scale: float = 1.0, max_logit_seqs: int = 4096, gemm_dtype: str = "bf16",
-            moe_distribution: str = "balanced") -> StepTables:
+            moe_distribution: str = DEFAULT_DISTRIBUTION) -> StepTables:
     """StepTables for ``arch`` at ``layout`` from an op source (profiled or roofline);
     ``moe_distribution`` is the fused-MoE table's routing skew (``costmodels.moeops``).
     Notes on what was read beyond or beside the tables go to ``ops.notes``."""

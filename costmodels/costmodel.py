@@ -57,6 +57,9 @@ class CostModel:
     #: what LoRA adapters cost on this instance (``costmodels.lora``); None where it cannot
     #: be costed (a measured step CSV, MoE or MLA layers): LoRA is then refused
     lora: LoRACost | None = field(default=None, compare=False)
+    #: the fused-MoE table's routing skew the step times were read at
+    #: (``costmodels.moeops.DISTRIBUTIONS``); None for a model without MoE layers
+    moe_distribution: str | None = None
 
     def __post_init__(self) -> None:
         validate_tables(self.tables)

@@ -30,6 +30,7 @@ import yaml
 
 from costmodels.architecture import ModelArch
 from costmodels.mlaops import BMM_OPS
+from costmodels.moeops import DISTRIBUTIONS as MOE_DISTRIBUTIONS
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 GPUS = ("a100_sxm", "h100_sxm", "h200_sxm", "b200_sxm")
@@ -46,7 +47,6 @@ ALLREDUCE_KERNELS = {"vllm": "vLLM_custom_graph", "sglang": "SGLang_CustomAllRed
 NCCL_OPS = ("all_gather", "reduce_scatter", "alltoall")
 MAX_GPUS = 16
 MOE_DTYPES = {"bfloat16": 0, "fp8": 1, "fp8_block": 2}
-MOE_DISTRIBUTIONS = {"balanced": 0, "power_law_1.01": 1, "power_law_1.2": 2}
 MLA_GEMM_DTYPES = {"bfloat16": 0, "fp8_block": 2}
 # Preference between MLA kernels measured equally often. vLLM on Hopper: FlashAttention-MLA
 # for a bf16 KV cache, FlashMLA for fp8 (FA-MLA has none); Blackwell FlashInfer-MLA; TRT-LLM one.

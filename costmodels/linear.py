@@ -72,6 +72,7 @@ def linear_seconds(arch: ModelArch, ops, layout: ParallelLayout, tokens: np.ndar
         m = arch.moe
         measured_tokens, measured_s, note = moe_rows(ops, moe)
         notes += [note] if note else []
+        notes.append(f"MoE routing {moe.distribution}")
         if mlp_tokens[-1] > measured_tokens[-1]:
             notes.append(f"MoE measured to {int(measured_tokens[-1])} tokens, linear beyond")
         routed = moe_seconds(mlp_tokens, measured_tokens, measured_s) + ops.gemm(mlp_tokens, m.num_experts, h)

@@ -7,7 +7,7 @@ experts), its split (``moe_tp`` x ``moe_ep``), the weight dtype and how the toke
 spread over experts. Tokens routed to each expert, ``num_tokens x top_k / experts`` on
 average, are the table's to know: it measured them. ``balanced`` spreads them evenly, the
 ``power_law_*`` distributions skew them as real routers do (the busiest expert sets the
-time); servetune times balanced routing unless asked.
+time); servetune times ``DEFAULT_DISTRIBUTION`` unless asked.
 
 No point is borrowed from another expert shape: a shape, split or dtype the table lacks
 is a CostModelError naming what was measured.
@@ -26,6 +26,12 @@ from costmodels.optables import MS
 
 MOE_DTYPE_CODE = {"bf16": 0, "fp8": 1, "fp8_block": 2}
 DISTRIBUTIONS = {"balanced": 0, "power_law_1.01": 1, "power_law_1.2": 2}
+#: Routing skew timed unless asked: real routers load some experts more than others, and
+#: under expert parallelism the busiest rank sets the step. aiconfigurator too times MoE
+#: with a power-law skew by default (exponent 1.01 or 1.2 by model); on the breadth runs
+#: this one fits TPOT with decode scales nearer 1 than balanced routing does
+#: (``benchmarks/fidelity.py --part breadth --moe-distribution balanced`` for the other).
+DEFAULT_DISTRIBUTION = "power_law_1.01"
 
 
 @dataclass(frozen=True)
@@ -39,14 +45,15 @@ class MoEShape:
     moe_tp: int
     moe_ep: int
     dtype: str  # "bf16", "fp8" (per-tensor scales) or "fp8_block" (128x128 scales)
-    distribution: str = "balanced"
+    distribution: str = DEFAULT_DISTRIBUTION
 
     def describe(self) -> str:
         return (f"MoE hidden={self.hidden} expert width={self.inter} top-k={self.top_k} experts={self.experts} "
                 f"moe_tp={self.moe_tp} moe_ep={self.moe_ep} {self.dtype} {self.distribution}")
 
 
-def moe_shape(arch: ModelArch, layout: ParallelLayout, gemm_dtype: str, distribution: str = "balanced") -> MoEShape:
+def moe_shape(arch: ModelArch, layout: ParallelLayout, gemm_dtype: str,
+              distribution: str = DEFAULT_DISTRIBUTION) -> MoEShape:
     """The table key of ``arch``'s MoE layers. fp8 means the checkpoint's own scheme where it
     has one (block scales for DeepSeek and Qwen FP8), else per-tensor scales."""
     if arch.moe is None:

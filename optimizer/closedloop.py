@@ -70,6 +70,7 @@ from costmodels.calibration import (
     entry_family,
     entry_key,
     fitted_layouts,
+    fitted_routing,
     step_source,
     with_key_columns,
     with_layout,
@@ -640,7 +641,7 @@ def fit_replay(runs, *, bench: BenchClient | None = None, start: tuple[float, fl
     return {
         "overhead_s": float(fit.x[0] * 1e-3), "scale": 1.0, "prefill_scale": float(fit.x[1]),
         "decode_scale": float(fit.x[2]), "measured_server": dict(server), "fit": "replay",
-        "step_source": step_source(rows._cost[0]),
+        "step_source": step_source(rows._cost[0]), **fitted_routing(rows._cost),
         "tpot_mape_before": _mape(before[:, 1], rows.tpot_ms), "ttft_mape_before": _mape(before[:, 0], rows.ttft_ms),
         "tpot_mape_after": _mape(after[:, 1], rows.tpot_ms), "ttft_mape_after": _mape(after[:, 0], rows.ttft_ms),
     }

@@ -9,6 +9,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from costmodels.moeops import DEFAULT_DISTRIBUTION
+
 cost_app = typer.Typer(help="Step time and KV capacity of a model on a GPU.", no_args_is_help=True)
 console = Console()
 
@@ -41,7 +43,7 @@ KvDtype = typer.Option("bf16", "--kv-dtype", help="bf16 | fp8")
 ModelConfig = typer.Option(None, "--model-config", help="HuggingFace config.json of another model")
 MoeEp = typer.Option(1, "--moe-ep-size", help="expert-parallel degree of the MoE layers (divides --tp)")
 AttentionDp = typer.Option(1, "--attention-dp-size", help="attention data-parallel groups (divides --tp)")
-MoeDistribution = typer.Option("balanced", "--moe-distribution",
+MoeDistribution = typer.Option(DEFAULT_DISTRIBUTION, "--moe-distribution",
                                help="routing skew of the fused-MoE table: balanced | power_law_1.01 | power_law_1.2")
 Calibration = typer.Option(None, "--calibration", help="calibration JSON from `servetune cost calibrate`")
 SpsCsv = typer.Option(None, "--sps-csv", help="use a measured SPS(B) CSV as the step-time source")

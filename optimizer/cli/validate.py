@@ -66,7 +66,7 @@ class Setup:
 
 
 def predict_runs(runs: pl.DataFrame, *, model_config: str | Path | None = None, calibration=None,
-                 bench: BenchClient | None = None, on_row=None) -> pl.DataFrame:
+                 bench: BenchClient | None = None, on_row=None, moe_distribution: str | None = None) -> pl.DataFrame:
     """``runs`` (from ``load_runs``) with predicted ``pred_ttft_ms``/``pred_tpot_ms``, the
     ``calibration_match`` of the row's cost model (setup, model, pooled, none or off), the
     ``measured_server`` scheduler overrides it was replayed with (JSON; from the matched
@@ -77,21 +77,23 @@ def predict_runs(runs: pl.DataFrame, *, model_config: str | Path | None = None, 
     "row N: ...", else null. A row that arrives with an ``error`` (``load_runs(...,
     bad_rows="mark")``) keeps it. ``model_config``: see ``model_configs``. ``bench``: how
     the client drives the server (default ``BenchClient()``, AIPerf as aiconfigurator runs
-    it). ``on_row(i)`` is called after each row."""
+    it). ``on_row(i)`` is called after each row. ``moe_distribution``: the MoE routing skew
+    (``costmodels.build``; None: its default)."""
     bench = bench or BenchClient()
     runs = with_layout(runs)
     configs = model_configs(runs["model"].drop_nulls().unique(maintain_order=True).to_list(), model_config)
     setups: dict[tuple, Setup | str] = {}  # a setup's failure is cached as its reason
     out = {name: [] for name in PREDICTED}
     for i, row in enumerate(runs.iter_rows(named=True)):
-        for name, value in _predict_row(i, row, configs, setups, calibration, bench).items():
+        for name, value in _predict_row(i, row, configs, setups, calibration, bench, moe_distribution).items():
             out[name].append(value)
         if on_row is not None:
             on_row(i)
     return runs.with_columns(pl.Series(k, v, dtype=PREDICTED[k]) for k, v in out.items())
 
 
-def _predict_row(i: int, row: dict, configs: dict, setups: dict, calibration, bench: BenchClient) -> dict:
+def _predict_row(i: int, row: dict, configs: dict, setups: dict, calibration, bench: BenchClient,
+                 moe_distribution: str | None) -> dict:
     """The ``PREDICTED`` values of row ``i`` (file line ``i + 2``)."""
     recorded = row.get("kv_dtype")
     kv_dtype = recorded or row["gemm_dtype"]
@@ -102,7 +104,7 @@ def _predict_row(i: int, row: dict, configs: dict, setups: dict, calibration, be
         return values
     key = (row["model"], row["gpu"], row["framework"], row["gemm_dtype"], kv_dtype, *(row[c] for c in SETUP))
     if key not in setups:
-        setups[key] = _setup(row, kv_dtype, configs[row["model"]], calibration)
+        setups[key] = _setup(row, kv_dtype, configs[row["model"]], calibration, moe_distribution)
     setup = setups[key]
     if isinstance(setup, str):
         return values | {"error": f"row {i + 2}: {setup}"}
@@ -115,17 +117,19 @@ def _predict_row(i: int, row: dict, configs: dict, setups: dict, calibration, be
     return values | {"pred_ttft_ms": loop.mean_ttft_ms, "pred_tpot_ms": loop.mean_tpot_ms}
 
 
-def _setup(row: dict, kv_dtype: str, model_config: Path | str | None, calibration) -> Setup | str:
+def _setup(row: dict, kv_dtype: str, model_config: Path | str | None, calibration,
+           moe_distribution: str | None) -> Setup | str:
     """The row's ``Setup``, or why it has none (``model_config`` a str: the model's reason)."""
     if isinstance(model_config, str):
         return model_config
     from costmodels import build
 
     layout = {c: row[c] for c in SETUP[1:]}
+    skew = {} if moe_distribution is None else {"moe_distribution": moe_distribution}
     label = f"{row['model']} on {row['gpu']} {layout_label(row)} {row['framework']}/{row['gemm_dtype']} (KV {kv_dtype})"
     try:  # one attention-DP group of the run's layout: its scheduler sees the row's batch_size clients
         cost = build(row["model"], row["gpu"], tp=row["tp"], framework=row["framework"], gemm_dtype=row["gemm_dtype"],
-                     kv_dtype=kv_dtype, model_config=model_config, calibration=calibration, **layout)
+                     kv_dtype=kv_dtype, model_config=model_config, calibration=calibration, **layout, **skew)
         server = measured_server(cost, row["framework"])
         ctx = context_of(cost, row["gpu"], context_len=0, tp=row["tp"])  # the KV pool bounds a closed loop's runs
         return Setup(cost, server_config(row["framework"], ctx, server), server,

@@ -2,7 +2,7 @@
 
 import pytest
 
-from costmodels import build, save_calibration
+from costmodels import CostModelError, build, save_calibration
 from costmodels.calibration import MATCHES, entry_family, match_entry
 
 LLAMA8, LLAMA70, QWEN32 = "meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-70B", "Qwen/Qwen3-32B"
@@ -71,3 +71,24 @@ def test_entries_fitted_on_profiled_tables_never_correct_the_roofline(tmp_path):
     assert cost.tables.overhead_s == pytest.approx(6e-3)  # the roofline fit, not the profiled ones
     bundled = build(LLAMA8, "chaingpu", framework="trtllm")
     assert bundled.calibration["match"] == "none" and bundled.source.endswith("uncalibrated")
+
+
+def test_an_moe_model_takes_only_entries_fitted_at_its_routing_skew(tmp_path):
+    """Scales fitted on MoE step times read at one routing skew correct those step times
+    only: an MoE model timed at another skew passes such an entry over, while entries fitted
+    on dense models (no skew) and dense models themselves are unaffected."""
+    qwen = "Qwen/Qwen3-30B-A3B"
+    skewed = entry(qwen, framework="vllm", tp=(1,), overhead_ms=7.0, moe_distribution="power_law_1.01")
+    dense = entry("*", framework="vllm", tp=(1,), overhead_ms=8.0)
+    path = tmp_path / "calibration.json"
+    save_calibration([skewed, dense], path)
+    at_skew = build(qwen, "h100", framework="vllm", moe_distribution="power_law_1.01", calibration=path)
+    assert at_skew.calibration["match"] == "setup" and at_skew.tables.overhead_s == pytest.approx(7e-3)
+    balanced = build(qwen, "h100", framework="vllm", moe_distribution="balanced", calibration=path)
+    assert balanced.calibration["match"] == "pooled" and balanced.tables.overhead_s == pytest.approx(8e-3)
+    save_calibration([skewed], path)
+    with pytest.raises(CostModelError, match="has no entry for Qwen/Qwen3-30B-A3B"):
+        build(qwen, "h100", framework="vllm", moe_distribution="balanced", calibration=path)
+    unskewed = dict(model=qwen, family="qwen3_moe", gpu="h100_sxm", framework="vllm", gemm_dtype="bf16", tp=1,
+                    kv_dtype="bf16")
+    assert match_entry([skewed], **unskewed)[1] == "setup"  # no skew given (a dense model): no filter

@@ -6,6 +6,7 @@ import pytest
 
 from costmodels import CostModelError, build, calibrate, load_runs, save_calibration
 from costmodels.calibration import match_entry
+from costmodels.moeops import DEFAULT_DISTRIBUTION
 from optimizer.cli.validate import predict_runs
 from optimizer.closedloop import TRTLLM_DEFAULT, BenchClient, run_benchmark, server_max_seq_len
 
@@ -67,8 +68,11 @@ def test_the_fit_builds_each_run_at_its_layout(tmp_path):
         built.append((model, kw["tp"], kw["moe_ep_size"], kw["attention_dp_size"]))
         return build(model, gpu, **kw)
 
-    calibrate(load_runs(write(tmp_path, ROWS[:3])), builder=builder)
-    assert built == [(QWEN, 4, 4, 1), (R1, 8, 8, 8), (R1, 8, 8, 1)]
+    entries = calibrate(load_runs(write(tmp_path, ROWS)), builder=builder)
+    assert built == [(QWEN, 4, 4, 1), (R1, 8, 8, 8), (R1, 8, 8, 1), (LLAMA, 2, 1, 1)]
+    # each entry records the MoE routing skew its step times were read at; a dense one none
+    skews = {(e["model"], e["path"]): e.get("moe_distribution") for e in entries}
+    assert skews[(QWEN, "ep")] == skews[(R1, "ep")] == DEFAULT_DISTRIBUTION and skews[(LLAMA, "tp")] is None
 
 
 def test_a_row_is_replayed_on_one_attention_dp_group_of_its_layout(tmp_path):

@@ -13,6 +13,7 @@ from costmodels.build import CUDA_GRAPH_BYTES, RUNTIME_BYTES
 from costmodels.compose import attention_shape
 from costmodels.layout import ParallelLayout
 from costmodels.linear import mlp_comm_seconds
+from costmodels.moeops import DEFAULT_DISTRIBUTION
 from costmodels.optables import ProfiledOps
 
 GIB = 2**30
@@ -81,22 +82,28 @@ def _decode_envelope(rows: dict, batch: int, kv_tokens: float) -> float:
     return max(float(s[ctx <= kv_tokens / b].max()) for b, (ctx, s) in rows.items() if b <= batch)
 
 
-def _moe_ms(aic_root, tokens):
-    """Qwen3-30B-A3B's fused MoE on H100/vLLM, bf16, one GPU, balanced, read from the raw table."""
+def _moe_ms(aic_root, tokens, distribution):
+    """Qwen3-30B-A3B's fused MoE on H100/vLLM, bf16, one GPU, read from the raw table."""
     df = pl.read_parquet(aic_root / "systems/data/h100_sxm/moe/vllm/0.24.0/moe_perf.parquet").filter(
         (pl.col("hidden_size") == 2048) & (pl.col("inter_size") == 768) & (pl.col("topk") == 8)
         & (pl.col("num_experts") == 128) & (pl.col("moe_tp_size") == 1) & (pl.col("moe_ep_size") == 1)
-        & (pl.col("moe_dtype") == "bfloat16") & (pl.col("distribution") == "balanced")
+        & (pl.col("moe_dtype") == "bfloat16") & (pl.col("distribution") == distribution)
         & (pl.col("num_tokens") == tokens))
     return float(df["latency"].median())
 
 
-def test_moe_step_time_is_the_composed_table_lookups(aic_root):
-    cost = build("Qwen/Qwen3-30B-A3B", "h100", calibration=False)
+@pytest.mark.parametrize("distribution", [None, "balanced"])
+def test_moe_step_time_is_the_composed_table_lookups(aic_root, distribution):
+    """At the default routing skew (None: ``DEFAULT_DISTRIBUTION``) and at balanced routing,
+    which is still there to ask for, the step reads that skew's rows of the MoE table."""
+    skew = {} if distribution is None else {"moe_distribution": distribution}
+    cost = build("Qwen/Qwen3-30B-A3B", "h100", calibration=False, **skew)
+    read = distribution or DEFAULT_DISTRIBUTION
+    assert cost.moe_distribution == read and f"MoE routing {read}" in cost.source
     ops = ProfiledOps("h100_sxm", "vllm", "bf16")
     b, ctx = 64, 1024
     per_layer = (ops.gemm(b, 4096 + 2 * 512, 2048) + ops.gemm(b, 2048, 4096)  # QKV, O
-                 + float(np.float16(_moe_ms(aic_root, b))) * 1e-3 + ops.gemm(b, 128, 2048))  # experts, router
+                 + float(np.float16(_moe_ms(aic_root, b, read))) * 1e-3 + ops.gemm(b, 128, 2048))  # experts, router
     elementwise = b * 2 * (10 * 2048 + 2 * (4096 + 512)) / H100_BANDWIDTH
     linear = 48 * per_layer + 48 * elementwise
     head = ops.gemm(b, 151936, 2048)
@@ -106,6 +113,18 @@ def test_moe_step_time_is_the_composed_table_lookups(aic_root):
     seconds, out = step_seconds(cost.tables, b, b, b, b * ctx, 0.0)
     assert not out
     assert seconds == pytest.approx(float(expected), rel=1e-6)
+    assert _moe_ms(aic_root, b, "balanced") != _moe_ms(aic_root, b, DEFAULT_DISTRIBUTION)  # the case is not vacuous
+
+
+def test_default_routing_skew_loads_the_busiest_expert_parallel_rank():
+    """Qwen3-235B-FP8 with EP 8 on H100/TRT-LLM: at prefill-sized steps the skewed routing's
+    busiest rank costs more than balanced routing, the reason it is the default."""
+    def token_linear_s(distribution, tokens):  # every layer's token-linear ops, the MoE among them
+        kw = dict(tp=8, framework="trtllm", gemm_dtype="fp8", kv_dtype="fp8", moe_ep_size=8, calibration=False)
+        t = build("Qwen/Qwen3-235B-A22B-FP8", "h100", moe_distribution=distribution, **kw).tables
+        return float(np.interp(tokens, t.linear_tokens, t.linear_s))
+    assert DEFAULT_DISTRIBUTION == "power_law_1.01"
+    assert token_linear_s(DEFAULT_DISTRIBUTION, 4096) > 1.2 * token_linear_s("balanced", 4096)
 
 
 def test_mla_decode_is_the_attention_module_table(aic_root):

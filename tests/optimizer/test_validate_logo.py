@@ -153,9 +153,10 @@ def test_a_setup_whose_light_load_ttft_moves_with_output_length_is_flagged():
 def test_a_client_or_fit_variant_is_fitted_replayed_and_named_in_the_command(monkeypatch):
     import argparse
 
+    from costmodels.moeops import DEFAULT_DISTRIBUTION
     from optimizer.closedloop import RESIDUAL_SCALE, TTFT_WEIGHT
 
-    defaults = dict(ttft_weight=TTFT_WEIGHT, residual_scale=RESIDUAL_SCALE)
+    defaults = dict(ttft_weight=TTFT_WEIGHT, residual_scale=RESIDUAL_SCALE, moe_distribution=DEFAULT_DISTRIBUTION)
     args = argparse.Namespace(quick=False, client_ingress_ms=150.0, client_jitter_ms=0.0, **defaults)
     bench = fidelity.bench_client(args)
     assert bench.ingress_s == pytest.approx(0.15) and bench.jitter_s == 0.0
@@ -164,9 +165,12 @@ def test_a_client_or_fit_variant_is_fitted_replayed_and_named_in_the_command(mon
     assert fidelity.command_line(plain, "dense") == "python benchmarks/fidelity.py --quick"
     assert fidelity.bench_client(plain) == BenchClient()
     fit = argparse.Namespace(quick=False, client_ingress_ms=0.0, client_jitter_ms=0.0, ttft_weight=TTFT_WEIGHT,
-                             residual_scale=0.02)
-    assert fidelity.command_line(fit, "dense") == "python benchmarks/fidelity.py --residual-scale 0.02"
+                             residual_scale=0.02, moe_distribution="balanced")
+    assert fidelity.command_line(fit, "dense") == ("python benchmarks/fidelity.py --residual-scale 0.02 "
+                                                   "--moe-distribution balanced")
     seen = []
     monkeypatch.setattr(fidelity, "calibrate_replay", lambda train, **kw: seen.append(kw) or [])
     fidelity.replay_fitter(RUNS, bench=bench, **fidelity.fit_options(fit))
+    builder = seen[0].pop("builder")
     assert seen == [{"keys": None, "bench": bench, "ttft_weight": TTFT_WEIGHT, "residual_scale": 0.02}]
+    assert builder.keywords == {"moe_distribution": "balanced"}  # the fit times MoE at the asked skew
