@@ -567,7 +567,7 @@ def run_dense(args, pool) -> None:
     for e in entries:
         lines.append(f"  {e['model']:24} {e['framework']}/{e['gemm_dtype']} tp{e['tp']}: overhead "
                      f"{e['overhead_s'] * 1e3:.2f} ms, prefill x{e['prefill_scale']:.3f}, decode x{e['decode_scale']:.3f}, "
-                     f"server {json.dumps(e['measured_server'])}")
+                     f"prompt steps +{e.get('prefill_step_s', 0.0) * 1e3:.1f} ms, server {json.dumps(e['measured_server'])}")
     lines += ["", "--- leave one group out, per (model, framework) ---", format_report(logo, worst=8)]
     text = "\n".join(lines)
     print(text)

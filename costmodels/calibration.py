@@ -367,9 +367,10 @@ def load_calibration(path: str | Path) -> list[dict]:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise CostModelError(f"calibration file {path}: expected format {FORMAT!r}")
     for i, e in enumerate(data["entries"]):
-        if not (e.get("overhead_s", -1) >= 0 and e.get("scale", 0) > 0
+        if not (e.get("overhead_s", -1) >= 0 and e.get("scale", 0) > 0 and e.get("prefill_step_s", 0.0) >= 0
                 and e.get("prefill_scale", 1.0) > 0 and e.get("decode_scale", 1.0) > 0):
-            raise CostModelError(f"calibration file {path}: entry {i} needs overhead_s >= 0 and scales > 0")
+            raise CostModelError(f"calibration file {path}: entry {i} needs overhead_s >= 0, prefill_step_s >= 0 "
+                                 f"and scales > 0")
         missing = [k for k in ("model", "gpu", "framework", "gemm_dtype") if k not in e]
         if missing:
             raise CostModelError(f"calibration file {path}: entry {i} lacks {missing}")
@@ -482,13 +483,16 @@ def apply_calibration(cost: CostModel, model: str, gpu: str, framework: str, gem
                                  f"{framework}/{gemm_dtype}")
         return replace(cost, source=cost.source + "; uncalibrated", calibration={"file": None, "match": "none"})
     scales = {k: float(entry.get(k, 1.0)) for k in ("prefill_scale", "decode_scale")}
-    tables = cost.tables._replace(overhead_s=entry["overhead_s"], scale=entry["scale"], **scales)
+    prefill_step_s = float(entry.get("prefill_step_s", 0.0))
+    tables = cost.tables._replace(overhead_s=entry["overhead_s"], scale=entry["scale"], prefill_step_s=prefill_step_s,
+                                  **scales)
     label = "default" if calibration is None else path.name
     split = "" if scales == {"prefill_scale": 1.0, "decode_scale": 1.0} else (
         f", prefill x{scales['prefill_scale']:.3f}, decode x{scales['decode_scale']:.3f}")
+    split += f", prompt steps +{prefill_step_s * 1e3:.1f} ms" if prefill_step_s else ""
     used = {"file": label, "match": how, "model": entry["model"], "gpu": entry["gpu"], "tp": entry.get("tp"),
             "measured_server": dict(entry.get("measured_server") or {}) if entry["model"] == model else None,
-            "overhead_s": entry["overhead_s"], "scale": entry["scale"], **scales,
+            "overhead_s": entry["overhead_s"], "scale": entry["scale"], **scales, "prefill_step_s": prefill_step_s,
             "error": entry.get("error") or {"in_sample_tpot_mape": entry.get("tpot_mape_after"),
                                             "in_sample_ttft_mape": entry.get("ttft_mape_after"),
                                             "out_of_sample": None}}

@@ -74,7 +74,8 @@ class StepTables(NamedTuple):
     """Dense grids for one (model, GPU, TP, framework), packed; all times in seconds.
 
     Build with ``StepTables.from_grids``; read the grids through the properties
-    (``linear_tokens``, ``decode_s``, ...). ``_replace(overhead_s=..., scale=..., prefill_scale=..., decode_scale=...)`` is
+    (``linear_tokens``, ``decode_s``, ...). ``_replace(overhead_s=..., scale=..., prefill_scale=...,
+    decode_scale=..., prefill_step_s=...)`` is
     safe; never edit ``data`` in place (the indexes would go stale). It stays writeable
     so that its Numba type, and so every compiled kernel, survives pickling unchanged.
     """
@@ -84,11 +85,15 @@ class StepTables(NamedTuple):
     scale: float
     prefill_scale: float = 1.0
     decode_scale: float = 1.0
+    #: fixed seconds a step with prompt tokens adds (fitted by calibration): a decode-only
+    #: step replays a CUDA graph, while TRT-LLM, for one, runs context and mixed iterations
+    #: eagerly unless its piecewise prefill graphs are on, paying the launches
+    prefill_step_s: float = 0.0
 
     @classmethod
     def from_grids(cls, *, linear_tokens, linear_s, head_seqs, head_s, decode_batch, decode_kv, decode_s,
                    decode_kv_measured, prefill_pairs, prefill_s, overhead_s, scale, prefill_scale=1.0,
-                   decode_scale=1.0) -> StepTables:
+                   decode_scale=1.0, prefill_step_s=0.0) -> StepTables:
         """Pack the grids (axes ascending, grids finite and >= 0) with their lookup indexes.
 
         ValueError naming the grid if one breaks the rules.
@@ -99,11 +104,14 @@ class StepTables(NamedTuple):
         _check_grids(g, overhead_s, scale)
         if not (prefill_scale > 0 and decode_scale > 0):
             raise ValueError("prefill_scale and decode_scale must be > 0")
+        if not (np.isfinite(prefill_step_s) and prefill_step_s >= 0):
+            raise ValueError(f"prefill_step_s must be finite and >= 0, got {prefill_step_s}")
         blocks = [_block(g[axis], None if values is None else g[values]) for axis, values in _CURVES.values()]
         blocks.append(g["decode_s"].ravel())
         starts = _HEADER + np.cumsum([0] + [len(b) for b in blocks[:-1]])
         data = np.concatenate([starts.astype(np.float64), *blocks])
-        return cls(data, float(overhead_s), float(scale), float(prefill_scale), float(decode_scale))
+        return cls(data, float(overhead_s), float(scale), float(prefill_scale), float(decode_scale),
+                   float(prefill_step_s))
 
     def grids(self) -> dict[str, np.ndarray]:
         """The grids by name, as views of ``data``."""
@@ -145,7 +153,8 @@ def validate_tables(t: StepTables) -> None:
         raise ValueError("StepTables.data must be a 1-D float64 array; build tables with StepTables.from_grids")
     try:
         repacked = StepTables.from_grids(**t.grids(), overhead_s=t.overhead_s, scale=t.scale,
-                                         prefill_scale=t.prefill_scale, decode_scale=t.decode_scale)
+                                         prefill_scale=t.prefill_scale, decode_scale=t.decode_scale,
+                                         prefill_step_s=t.prefill_step_s)
     except (IndexError, ValueError, OverflowError) as exc:
         raise ValueError(f"StepTables.data is not a packed table ({exc}); build tables with "
                          "StepTables.from_grids") from exc
@@ -358,7 +367,8 @@ def _step_seconds(t, n_tokens, n_logit_seqs, n_decode, kv_decode_tokens, prefill
         part, past = _curve(d, PREFILL, prefill_pairs)
         prefill_part += part
         out = out or past
-    return t.scale * (t.decode_scale * decode_part + t.prefill_scale * prefill_part + t.overhead_s), out
+    eager = t.prefill_step_s if prefill_pairs > 0 else 0.0  # prompt chunks, not verified drafts
+    return t.scale * (t.decode_scale * decode_part + t.prefill_scale * prefill_part + t.overhead_s + eager), out
 
 
 @njit(cache=True, nogil=True)

@@ -509,6 +509,9 @@ SERVER_CANDIDATES: dict[str, tuple[dict, ...]] = {
 #: It is the plainest candidate that chunks prompts, as every fitted TRT-LLM server does:
 #: TRT-LLM's defaults queue a burst's prompts whole (DeepSeek TTFT 40-57x the measured).
 UNMEASURED_SERVER: dict[str, dict] = {"vllm": {}, "sglang": {}, "trtllm": {"enable_chunked_prefill": True}}
+#: Where the replay fit starts the fixed time a step with prompt tokens adds
+#: (``StepTables.prefill_step_s``), in ms: off zero, so the fit's finite differences see it.
+PREFILL_STEP_START_MS = 20.0
 #: Weight of a run's TTFT residual against its TPOT residual in a replay fit (both as log
 #: ratios): TTFT carries the run-to-run scatter of the queueing a closed loop sees, so it
 #: steers the prefill scale without letting a few queue-bound runs pull the decode scale.
@@ -581,7 +584,7 @@ class ReplayRows:
             self._ctx.append(context_of(built[key], r["gpu"], context_len=0, tp=r["tp"]))
 
     def predict(self, overhead_s: float, prefill_scale: float, decode_scale: float, server: dict | None = None,
-                scale: float = 1.0) -> np.ndarray:
+                scale: float = 1.0, prefill_step_s: float = 0.0) -> np.ndarray:
         """(n, 2) mean TTFT and TPOT (ms) of every row under these terms; NaN where a run
         cannot be simulated (it never fits the KV pool)."""
         out = np.full((len(self.rows), 2), np.nan)
@@ -589,7 +592,8 @@ class ReplayRows:
         for i, (r, cost, ctx, seq) in enumerate(zip(self.rows, self._cost, self._ctx, self._seq, strict=True)):
             if id(cost) not in swapped:
                 swapped[id(cost)] = replace(cost, tables=cost.tables._replace(
-                    overhead_s=overhead_s, scale=scale, prefill_scale=prefill_scale, decode_scale=decode_scale))
+                    overhead_s=overhead_s, scale=scale, prefill_scale=prefill_scale, decode_scale=decode_scale,
+                    prefill_step_s=prefill_step_s))
             try:
                 config = for_clients(server_config(r["framework"], ctx, server), server, r["batch_size"])
                 out[i] = benchmark_means(swapped[id(cost)], config,
@@ -621,26 +625,28 @@ def fit_replay(runs, *, bench: BenchClient | None = None, start: tuple[float, fl
     rows = ReplayRows(runs, bench, builder)
     candidates = candidates if candidates is not None else SERVER_CANDIDATES.get(framework, ({},))
     overhead0, scale0 = start or (rows._cost[0].tables.overhead_s, 1.0)
-    x0 = np.clip([scale0 * overhead0 * 1e3, scale0, scale0], [0.0, 0.21, 0.21], [49.0, 9.9, 4.9])
-    lo, hi = np.array([0.0, 0.2, 0.2]), np.array([50.0, 10.0, 5.0])  # overhead in ms, scales
+    x0 = np.clip([scale0 * overhead0 * 1e3, scale0, scale0, PREFILL_STEP_START_MS], [0.0, 0.21, 0.21, 0.0],
+                 [49.0, 9.9, 4.9, 499.0])
+    lo, hi = np.array([0.0, 0.2, 0.2, 0.0]), np.array([50.0, 10.0, 5.0, 500.0])  # overhead and prefill step in ms
 
     def residuals(x, server):
-        pred = rows.predict(x[0] * 1e-3, x[1], x[2], server)
+        pred = rows.predict(x[0] * 1e-3, x[1], x[2], server, prefill_step_s=x[3] * 1e-3)
         res = np.concatenate([np.log(pred[:, 1] / rows.tpot_ms), ttft_weight * np.log(pred[:, 0] / rows.ttft_ms)])
         return np.where(np.isfinite(res), res, 3.0)
 
     best = None
     for server in candidates:
         fit = least_squares(residuals, x0, args=(server,), bounds=(lo, hi), loss="soft_l1", f_scale=residual_scale,
-                            diff_step=0.03, x_scale=[1.0, 0.1, 0.1], max_nfev=max_nfev)
+                            diff_step=0.03, x_scale=[1.0, 0.1, 0.1, 10.0], max_nfev=max_nfev)
         if best is None or fit.cost < best[0].cost:
             best = (fit, server)
     fit, server = best
     before = rows.predict(rows._cost[0].tables.overhead_s, 1.0, 1.0, None)
-    after = rows.predict(fit.x[0] * 1e-3, fit.x[1], fit.x[2], server)
+    after = rows.predict(fit.x[0] * 1e-3, fit.x[1], fit.x[2], server, prefill_step_s=fit.x[3] * 1e-3)
     return {
         "overhead_s": float(fit.x[0] * 1e-3), "scale": 1.0, "prefill_scale": float(fit.x[1]),
-        "decode_scale": float(fit.x[2]), "measured_server": dict(server), "fit": "replay",
+        "decode_scale": float(fit.x[2]), "prefill_step_s": float(fit.x[3] * 1e-3),
+        "measured_server": dict(server), "fit": "replay",
         "step_source": step_source(rows._cost[0]), **fitted_routing(rows._cost),
         "tpot_mape_before": _mape(before[:, 1], rows.tpot_ms), "ttft_mape_before": _mape(before[:, 0], rows.ttft_ms),
         "tpot_mape_after": _mape(after[:, 1], rows.tpot_ms), "ttft_mape_after": _mape(after[:, 0], rows.ttft_ms),

@@ -258,7 +258,7 @@ def _borrow_spec(spec):
 def borrow_tables(tables):
     """Step-time ``tables`` with their data borrowed (valid while ``tables`` lives)."""
     return StepTables(borrowed(tables.data), tables.overhead_s, tables.scale, tables.prefill_scale,
-                      tables.decode_scale)
+                      tables.decode_scale, tables.prefill_step_s)
 
 
 @njit(cache=True, nogil=True, inline="always")

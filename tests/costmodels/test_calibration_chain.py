@@ -92,3 +92,14 @@ def test_an_moe_model_takes_only_entries_fitted_at_its_routing_skew(tmp_path):
     unskewed = dict(model=qwen, family="qwen3_moe", gpu="h100_sxm", framework="vllm", gemm_dtype="bf16", tp=1,
                     kv_dtype="bf16")
     assert match_entry([skewed], **unskewed)[1] == "setup"  # no skew given (a dense model): no filter
+
+
+def test_an_entrys_prompt_step_time_reaches_the_tables_and_the_label(tmp_path):
+    path = tmp_path / "calibration.json"
+    save_calibration([entry(LLAMA8, prefill_step_s=0.03)], path)
+    cost = build(LLAMA8, "h100", framework="trtllm", calibration=path)
+    assert cost.tables.prefill_step_s == pytest.approx(0.03) and "prompt steps +30.0 ms" in cost.source
+    assert cost.calibration["prefill_step_s"] == pytest.approx(0.03)
+    save_calibration([entry(LLAMA8, prefill_step_s=-0.01)], path)
+    with pytest.raises(CostModelError, match="prefill_step_s >= 0"):
+        build(LLAMA8, "h100", framework="trtllm", calibration=path)

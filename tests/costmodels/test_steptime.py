@@ -35,6 +35,25 @@ def test_prefill_and_decode_scales_split_a_mixed_step():
     assert step_seconds(split, 500, 1, 0, 0.0, 125_250.0)[0] == pytest.approx(1.5 * prefill + 0.5 * 1e-6 + 0.001)
 
 
+def test_a_step_with_prompt_tokens_pays_the_prefill_step_time():
+    """``prefill_step_s`` (the launches a step outside the decode CUDA graphs pays) is added,
+    scaled like the rest, to every step with a prompt chunk and to no other: not to decode
+    steps, nor to a step whose extra tokens are verified drafts (no prefill attention), and
+    the decode-run fast path, which times decode-only steps, matches step_seconds."""
+    from costmodels.steptable import decode_run_base, decode_run_step
+
+    t = raw(linear_tables())
+    eager = t._replace(prefill_step_s=0.05, scale=2.0)
+    mixed, decode_only, drafts = (510, 10, 10, 10_000.0, 125_250.0), (10, 10, 10, 10_000.0, 0.0), (40, 10, 10, 10_000.0, 0.0)
+    assert step_seconds(eager, *mixed)[0] == pytest.approx(2.0 * (step_seconds(t, *mixed)[0] + 0.05))
+    for args in (decode_only, drafts):
+        assert step_seconds(eager, *args)[0] == pytest.approx(2.0 * step_seconds(t, *args)[0])
+    base = decode_run_base(eager, 10)
+    assert decode_run_step(eager, base, 10_000.0)[0] == step_seconds(eager, *decode_only)[0]
+    with pytest.raises(ValueError, match="prefill_step_s"):
+        type(t).from_grids(**t.grids(), overhead_s=0.0, scale=1.0, prefill_step_s=-1.0)
+
+
 @pytest.mark.parametrize("axis", range(5))
 def test_step_time_is_monotone_in_each_input(llama8b, axis):
     rng = np.random.default_rng(axis)

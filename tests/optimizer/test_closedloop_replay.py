@@ -114,14 +114,15 @@ def test_the_residual_scale_is_the_soft_l1_scale_of_the_fit(monkeypatch):
 
     import scipy.optimize
 
-    from optimizer.closedloop import RESIDUAL_SCALE
+    from optimizer.closedloop import PREFILL_STEP_START_MS, RESIDUAL_SCALE
 
     scales = []
 
     def least_squares(fun, x0, **kw):
         scales.append(kw["f_scale"])
         assert kw["loss"] == "soft_l1"
-        return types.SimpleNamespace(x=np.array([3.0, 1.3, 0.85]), cost=0.0)
+        assert len(x0) == 4 and x0[3] == PREFILL_STEP_START_MS  # the prompt-step time starts off zero
+        return types.SimpleNamespace(x=np.array([3.0, 1.3, 0.85, 40.0]), cost=0.0)
 
     monkeypatch.setattr(scipy.optimize, "least_squares", least_squares)
     runs = _measured("vllm", {}).head(1)
@@ -129,3 +130,4 @@ def test_the_residual_scale_is_the_soft_l1_scale_of_the_fit(monkeypatch):
     fit = fit_replay(runs, bench=BENCH, candidates=({},), residual_scale=0.02)
     assert scales == [RESIDUAL_SCALE, 0.02]
     assert fit["overhead_s"] == pytest.approx(3e-3) and fit["decode_scale"] == pytest.approx(0.85)
+    assert fit["prefill_step_s"] == pytest.approx(0.04)
