@@ -325,7 +325,7 @@ def breadth(path: Path, bench: BenchClient, pool, fit: dict, quick: bool,
     t0 = time.perf_counter()
     insample, logo, entries = evaluate(scored, functools.partial(replay_fitter, bench=bench, **fit),
                                        bench, pool, keys=BREADTH_KEYS,
-                                       moe_distribution=fit.get("moe_distribution", DEFAULT_DISTRIBUTION))
+                                       moe_distribution=fit["moe_distribution"])
     state_errors(entries, logo, "leave one setup (model, GPU, framework, dtype, layout) out", command)
     setups, summary = group_table(insample, logo, BREADTH_KEYS), group_table(insample, logo, BREADTH_SUMMARY)
     total = summary.row(-1, named=True)

@@ -50,7 +50,8 @@ defaults to 10 and is a parameter (10 fits the rows better than 50: ``benchmarks
 comparison; it reproduces that harness's fixed point exactly.
 
 Calibration by replay (``calibrate_replay``, ``fit_replay``): the cost model's
-``overhead_s``, ``prefill_scale`` and ``decode_scale`` are fitted so that this loop,
+``overhead_s``, ``prefill_scale``, ``decode_scale`` and ``prefill_step_s`` (the fixed time
+of a step with prompt tokens) are fitted so that this loop,
 driven as the runs were, reproduces their mean TPOT and TTFT; the measured server's step
 token budget and chunking (which the runs file does not record) are chosen among
 ``SERVER_CANDIDATES`` by the same fit and stored in the entry as ``measured_server``,
@@ -606,8 +607,8 @@ class ReplayRows:
 def fit_replay(runs, *, bench: BenchClient | None = None, start: tuple[float, float] | None = None,
                ttft_weight: float = TTFT_WEIGHT, residual_scale: float = RESIDUAL_SCALE,
                candidates: tuple[dict, ...] | None = None, builder=None, max_nfev: int = 40) -> dict:
-    """Fit ``overhead_s``, ``prefill_scale`` and ``decode_scale`` (``scale`` 1) to ``runs``
-    (one framework's rows) by replaying every run as the benchmark client drove it
+    """Fit ``overhead_s``, ``prefill_scale``, ``decode_scale`` and ``prefill_step_s``
+    (``scale`` 1) to ``runs`` (one framework's rows) by replaying every run as the benchmark client drove it
     (``ReplayRows``) and least-squares on the log ratios of simulated to measured TPOT and,
     weighted by ``ttft_weight``, TTFT (soft-L1 at ``residual_scale``, so runs the model
     cannot reach, such as a KV-bound queue, do not pull the rest). Each measured-server candidate
