@@ -50,8 +50,8 @@ defaults to 10 and is a parameter (10 fits the rows better than 50: ``benchmarks
 comparison; it reproduces that harness's fixed point exactly.
 
 Calibration by replay (``calibrate_replay``, ``fit_replay``): the cost model's
-``overhead_s``, ``prefill_scale``, ``decode_scale`` and ``prefill_step_s`` (the fixed time
-of a step with prompt tokens) are fitted so that this loop,
+``overhead_s``, ``prefill_scale``, ``decode_scale`` and, for TRT-LLM, ``prefill_step_s`` (the
+fixed time of a step with prompt tokens: ``PREFILL_STEP_FRAMEWORKS``) are fitted so that this loop,
 driven as the runs were, reproduces their mean TPOT and TTFT; the measured server's step
 token budget and chunking (which the runs file does not record) are chosen among
 ``SERVER_CANDIDATES`` by the same fit and stored in the entry as ``measured_server``,
@@ -513,6 +513,13 @@ UNMEASURED_SERVER: dict[str, dict] = {"vllm": {}, "sglang": {}, "trtllm": {"enab
 #: Where the replay fit starts the fixed time a step with prompt tokens adds
 #: (``StepTables.prefill_step_s``), in ms: off zero, so the fit's finite differences see it.
 PREFILL_STEP_START_MS = 20.0
+#: Frameworks whose replay fit has that time as a fourth term: TRT-LLM runs context and
+#: mixed iterations eagerly unless its prefill CUDA graphs are configured. vLLM V1 replays
+#: piecewise CUDA graphs for mixed batches (its "CUDA Graphs" design doc), so its fit keeps
+#: three terms: on the Qwen3-32B vLLM runs the term traded TTFT for TPOT out of sample (16.4%
+#: / 6.1% without, 15.2% / 6.5% with), and, lent by the pooled entry to a smaller model, its
+#: 9.6 ms would all but double Llama-3.1-8B's short mixed steps.
+PREFILL_STEP_FRAMEWORKS = frozenset({"trtllm"})
 #: Weight of a run's TTFT residual against its TPOT residual in a replay fit (both as log
 #: ratios): TTFT carries the run-to-run scatter of the queueing a closed loop sees, so it
 #: steers the prefill scale without letting a few queue-bound runs pull the decode scale.
@@ -607,8 +614,8 @@ class ReplayRows:
 def fit_replay(runs, *, bench: BenchClient | None = None, start: tuple[float, float] | None = None,
                ttft_weight: float = TTFT_WEIGHT, residual_scale: float = RESIDUAL_SCALE,
                candidates: tuple[dict, ...] | None = None, builder=None, max_nfev: int = 40) -> dict:
-    """Fit ``overhead_s``, ``prefill_scale``, ``decode_scale`` and ``prefill_step_s``
-    (``scale`` 1) to ``runs`` (one framework's rows) by replaying every run as the benchmark client drove it
+    """Fit ``overhead_s``, ``prefill_scale``, ``decode_scale`` and, for a framework of
+    ``PREFILL_STEP_FRAMEWORKS``, ``prefill_step_s`` (else 0; ``scale`` 1) to ``runs`` (one framework's rows) by replaying every run as the benchmark client drove it
     (``ReplayRows``) and least-squares on the log ratios of simulated to measured TPOT and,
     weighted by ``ttft_weight``, TTFT (soft-L1 at ``residual_scale``, so runs the model
     cannot reach, such as a KV-bound queue, do not pull the rest). Each measured-server candidate
@@ -626,27 +633,32 @@ def fit_replay(runs, *, bench: BenchClient | None = None, start: tuple[float, fl
     rows = ReplayRows(runs, bench, builder)
     candidates = candidates if candidates is not None else SERVER_CANDIDATES.get(framework, ({},))
     overhead0, scale0 = start or (rows._cost[0].tables.overhead_s, 1.0)
-    x0 = np.clip([scale0 * overhead0 * 1e3, scale0, scale0, PREFILL_STEP_START_MS], [0.0, 0.21, 0.21, 0.0],
-                 [49.0, 9.9, 4.9, 499.0])
-    lo, hi = np.array([0.0, 0.2, 0.2, 0.0]), np.array([50.0, 10.0, 5.0, 500.0])  # overhead and prefill step in ms
+    # overhead (ms), prefill and decode scales, then the prompt-step time (ms) where fitted
+    terms = 4 if framework in PREFILL_STEP_FRAMEWORKS else 3
+    x0 = np.clip([scale0 * overhead0 * 1e3, scale0, scale0, PREFILL_STEP_START_MS][:terms],
+                 [0.0, 0.21, 0.21, 0.0][:terms], [49.0, 9.9, 4.9, 499.0][:terms])
+    lo, hi = np.array([0.0, 0.2, 0.2, 0.0][:terms]), np.array([50.0, 10.0, 5.0, 500.0][:terms])
+
+    def predict(x, server):
+        return rows.predict(x[0] * 1e-3, x[1], x[2], server, prefill_step_s=x[3] * 1e-3 if terms > 3 else 0.0)
 
     def residuals(x, server):
-        pred = rows.predict(x[0] * 1e-3, x[1], x[2], server, prefill_step_s=x[3] * 1e-3)
+        pred = predict(x, server)
         res = np.concatenate([np.log(pred[:, 1] / rows.tpot_ms), ttft_weight * np.log(pred[:, 0] / rows.ttft_ms)])
         return np.where(np.isfinite(res), res, 3.0)
 
     best = None
     for server in candidates:
         fit = least_squares(residuals, x0, args=(server,), bounds=(lo, hi), loss="soft_l1", f_scale=residual_scale,
-                            diff_step=0.03, x_scale=[1.0, 0.1, 0.1, 10.0], max_nfev=max_nfev)
+                            diff_step=0.03, x_scale=[1.0, 0.1, 0.1, 10.0][:terms], max_nfev=max_nfev)
         if best is None or fit.cost < best[0].cost:
             best = (fit, server)
     fit, server = best
     before = rows.predict(rows._cost[0].tables.overhead_s, 1.0, 1.0, None)
-    after = rows.predict(fit.x[0] * 1e-3, fit.x[1], fit.x[2], server, prefill_step_s=fit.x[3] * 1e-3)
+    after = predict(fit.x, server)
     return {
         "overhead_s": float(fit.x[0] * 1e-3), "scale": 1.0, "prefill_scale": float(fit.x[1]),
-        "decode_scale": float(fit.x[2]), "prefill_step_s": float(fit.x[3] * 1e-3),
+        "decode_scale": float(fit.x[2]), "prefill_step_s": float(fit.x[3] * 1e-3) if terms > 3 else 0.0,
         "measured_server": dict(server), "fit": "replay",
         "step_source": step_source(rows._cost[0]), **fitted_routing(rows._cost),
         "tpot_mape_before": _mape(before[:, 1], rows.tpot_ms), "ttft_mape_before": _mape(before[:, 0], rows.ttft_ms),

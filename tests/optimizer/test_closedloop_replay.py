@@ -116,18 +116,43 @@ def test_the_residual_scale_is_the_soft_l1_scale_of_the_fit(monkeypatch):
 
     from optimizer.closedloop import PREFILL_STEP_START_MS, RESIDUAL_SCALE
 
-    scales = []
+    scales, starts = [], []
 
     def least_squares(fun, x0, **kw):
         scales.append(kw["f_scale"])
-        assert kw["loss"] == "soft_l1"
-        assert len(x0) == 4 and x0[3] == PREFILL_STEP_START_MS  # the prompt-step time starts off zero
-        return types.SimpleNamespace(x=np.array([3.0, 1.3, 0.85, 40.0]), cost=0.0)
+        starts.append(list(x0))
+        assert kw["loss"] == "soft_l1" and len(kw["bounds"][0]) == len(x0) == len(kw["x_scale"])
+        return types.SimpleNamespace(x=np.array([3.0, 1.3, 0.85, 40.0][:len(x0)]), cost=0.0)
 
     monkeypatch.setattr(scipy.optimize, "least_squares", least_squares)
-    runs = _measured("vllm", {}).head(1)
+    runs = _measured("trtllm", {}).head(1)
     fit_replay(runs, bench=BENCH, candidates=({},))
     fit = fit_replay(runs, bench=BENCH, candidates=({},), residual_scale=0.02)
     assert scales == [RESIDUAL_SCALE, 0.02]
     assert fit["overhead_s"] == pytest.approx(3e-3) and fit["decode_scale"] == pytest.approx(0.85)
+    assert len(starts[0]) == 4 and starts[0][3] == PREFILL_STEP_START_MS  # the prompt-step time starts off zero
     assert fit["prefill_step_s"] == pytest.approx(0.04)
+
+
+def test_only_trtllm_fits_a_prompt_step_time(monkeypatch):
+    """vLLM replays piecewise CUDA graphs for mixed batches: its fit has three terms and
+    its entries no prompt-step time (``closedloop.PREFILL_STEP_FRAMEWORKS``)."""
+    import types
+
+    import scipy.optimize
+
+    from optimizer.closedloop import PREFILL_STEP_FRAMEWORKS
+
+    sizes = []
+
+    def least_squares(fun, x0, **kw):
+        sizes.append(len(x0))
+        assert np.isfinite(fun(np.asarray(x0), *kw["args"])).all()  # the residuals take a vector that long
+        return types.SimpleNamespace(x=np.array([3.0, 1.3, 0.85, 40.0][:len(x0)]), cost=0.0)
+
+    monkeypatch.setattr(scipy.optimize, "least_squares", least_squares)
+    assert PREFILL_STEP_FRAMEWORKS == {"trtllm"}
+    vllm = fit_replay(_measured("vllm", {}).head(1), bench=BENCH, candidates=({},))
+    trt = fit_replay(_measured("trtllm", {}).head(1), bench=BENCH, candidates=({},))
+    assert sizes == [3, 4]
+    assert vllm["prefill_step_s"] == 0.0 and trt["prefill_step_s"] == pytest.approx(0.04)
