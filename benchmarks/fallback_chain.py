@@ -33,7 +33,7 @@ from optimizer.cli.validate import predict_runs  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 RUN_COLUMNS = ["model", "gpu", "framework", "tp", "gemm_dtype", "kv_dtype", "batch_size", "isl", "osl", "ttft_ms",
-               "tpot_ms", "moe_ep_size", "attention_dp_size"]
+               "tpot_ms", "client", "moe_ep_size", "attention_dp_size"]
 
 
 def mape(pred: np.ndarray, measured: np.ndarray) -> float:

@@ -56,6 +56,16 @@ LAYOUT = ("attention_dp_size", "moe_tp_size", "moe_ep_size", "pp_size")
 #: columns a runs file may lack: a missing GEMM dtype is bf16; a missing KV dtype stays
 #: null (not recorded: a caller assumes the GEMM dtype and should say so)
 OPTIONAL = {"gemm_dtype", "kv_dtype", *LAYOUT}
+#: The benchmark clients a run may name (``client``; the closed-loop replay drives each as
+#: its client did: ``optimizer.closedloop.CLIENTS``). A file without the column names it
+#: per run from aiconfigurator's ``silicon_data_source`` (``client_of_source``).
+CLIENT_NAMES = ("aiperf", "inferencex")
+#: ``silicon_data_source`` tags of runs from SemiAnalysis InferenceX's nightly database
+#: rather than aiconfigurator's own AIPerf script: its dumps ("db-dump/<date>; config_id=..;
+#: workflow_run_id=..") and its dated exports ("source_file=<date>.csv; model=..; wip=..").
+#: Both hold exactly InferenceX's grid (ISL/OSL 1024/1024, 1024/8192, 8192/1024, concurrency
+#: 1 to 256) and no other; aiconfigurator's AIPerf rows name their source CSV by path.
+INFERENCEX_SOURCE = r"^(db-dump/|source_file=\d{4}-\d{2}-\d{2}\.csv;)"
 #: GEMM quantization modes named as servetune's dtypes. aiconfigurator's "fp8_block" is an
 #: FP8 GEMM with 128x128 block scales; the block scaling is the checkpoint's
 #: (``architecture.weight_quant``), which picks the block-scaled tables itself.
@@ -88,13 +98,15 @@ def load_runs(path: str | Path, *, builtin_only: bool = True, bad_rows: str = "r
         raise ValueError(f"bad_rows must be 'raise' or 'mark', got {bad_rows!r}")
     path = Path(path)
     raw = _read_runs(path)
-    runs = raw.select(**_canonical_columns(path, raw)).with_columns(
+    runs = raw.select(**_canonical_columns(path, raw), client=client_column(raw)).with_columns(
         pl.col("gemm_dtype").cast(pl.Utf8).fill_null("bf16").replace(GEMM_DTYPES),
         pl.col("kv_dtype").cast(pl.Utf8).str.to_lowercase(), pl.col("model").cast(pl.Utf8),
         pl.col("gpu").cast(pl.Utf8), pl.col("framework").cast(pl.Utf8).str.to_lowercase())
     problems = [[] for _ in range(runs.height)]
     for name in TEXT:
         _check_text(runs[name], problems)
+    for i in np.flatnonzero(~runs["client"].is_in(CLIENT_NAMES).fill_null(False).to_numpy()).tolist():
+        problems[i].append(f"column 'client': {runs['client'][i]!r} is not one of {', '.join(CLIENT_NAMES)}")
     cleaned = [_check_numbers(path, runs[name], problems) for name in NUMBERS]
     runs = runs.with_columns(cleaned)
     runs = runs.drop(LAYOUT).with_columns(_layout(runs, problems, _has_experts(runs["model"])))
@@ -110,6 +122,18 @@ def load_runs(path: str | Path, *, builtin_only: bool = True, bad_rows: str = "r
         errors = [f"row {i + 2}: {'; '.join(p)}" if p else None for i, p in enumerate(problems)]
         runs = runs.with_columns(pl.Series("error", errors, dtype=pl.Utf8))
     return runs
+
+
+def client_column(raw: pl.DataFrame) -> pl.Expr:
+    """The ``client`` that measured each run: the file's own column when it has one (lower
+    case), else from ``silicon_data_source`` (``INFERENCEX_SOURCE`` rows "inferencex"),
+    else "aiperf", the client of aiconfigurator's benchmark script."""
+    if "client" in raw.columns:
+        return pl.col("client").cast(pl.Utf8).str.to_lowercase()
+    if "silicon_data_source" in raw.columns:
+        source = pl.col("silicon_data_source").cast(pl.Utf8).fill_null("")
+        return pl.when(source.str.contains(INFERENCEX_SOURCE)).then(pl.lit("inferencex")).otherwise(pl.lit("aiperf"))
+    return pl.lit("aiperf")
 
 
 def _read_runs(path: Path) -> pl.DataFrame:

@@ -22,8 +22,9 @@ from its benchmark script, which runs AIPerf in concurrency mode (``aiperf profi
 5. **length distribution**: each request's prompt and output lengths are drawn (normal
    around ISL/OSL with ``isl_stddev``/``osl_stddev``, AIPerf's ``--isl-stddev`` and
    ``--osl-stddev``, default 0; or uniform within ``range_ratio``, the random-range
-   ratio of ``vllm bench serve``/``sglang.bench_serving``), seeded, so a run is
-   deterministic; drawn lengths make clients drift apart as real ones do;
+   ratio of ``vllm bench serve``/``sglang.bench_serving``, each its own way:
+   ``RANGE_STYLES``), seeded, so a run is deterministic; drawn lengths make clients drift
+   apart as real ones do, where fixed ones keep them sending in waves;
 6. **the path between client and engine**: ``ingress_s`` (HTTP, tokenization, the
    frontend: counted in TTFT and delaying the engine) and ``jitter_s`` (a seeded random
    delay before each send); both 0 by default.
@@ -39,6 +40,10 @@ No request is cut short or refused in silence: a run with a request past a seque
 (``max_model_len``, the step budget without chunked prefill, or trtllm-serve's
 ``max_seq_len``, which it keeps apart from the step budget: ``server_max_seq_len``) or
 the KV pool is an error naming the limit and its numbers.
+
+Not every measured run came from that script: a run names its client (``client``, from
+``costmodels.load_runs``), and ``client_for`` varies the AIPerf client as that one drove
+the server (``CLIENT_VARIANTS``: InferenceX's rows draw their lengths).
 
 Facts and defaults (``BenchClient``): AIPerf's burst start and its one-credit-per-finish
 rule are its documented concurrency mode; the warm-up count 2C, the seed 100 and zero
@@ -142,6 +147,13 @@ def server_max_seq_len(framework: str, model: str, model_config=None) -> int | N
         return 0
 
 
+#: How a length ``range_ratio`` r spreads lengths around the asked length L: "centred",
+#: uniform in [(1 - r) L, (1 + r) L] (``vllm bench serve --random-range-ratio``); "floor",
+#: uniform in [r L, L] (``sglang.bench_serving`` and InferenceX's ``benchmark_serving.py``,
+#: whose mean length is therefore (1 + r) L / 2, not L).
+RANGE_STYLES = frozenset({"centred", "floor"})
+
+
 @dataclass(frozen=True)
 class BenchClient:
     """How the benchmark client drives the server (defaults: AIPerf in concurrency mode
@@ -152,7 +164,9 @@ class BenchClient:
     await_warmup: bool = True  # profiling starts once every warm-up response is in (a second burst)
     isl_stddev: float = 0.0  # tokens; prompt lengths ~ round(normal(isl, isl_stddev)), at least 1
     osl_stddev: float = 0.0
-    range_ratio: float = 0.0  # > 0: lengths uniform in [(1 - r) L, (1 + r) L] instead (vllm/sglang bench)
+    range_ratio: float = 0.0  # > 0: lengths uniform within r of L instead, as range_style says
+    range_style: str = "centred"  # "centred": [(1 - r) L, (1 + r) L]; "floor": [r L, L] (RANGE_STYLES)
+    warmup_repeats_first: bool = False  # every warm-up request resends the first profiled prompt
     ramp_s: float = 0.0  # client k of a phase starts at k * ramp_s / C (0: every client at once)
     gap_s: float = 0.0  # from a response's last token to the client's next send
     ingress_s: float = 0.0  # from a send to the engine seeing the request (HTTP, tokenization, frontend); in TTFT
@@ -167,6 +181,9 @@ class BenchClient:
                 raise ClosedLoopError(f"BenchClient.{name} must be a finite number >= 0, got {value!r}")
         if self.range_ratio >= 1:
             raise ClosedLoopError(f"BenchClient.range_ratio must be < 1, got {self.range_ratio!r}")
+        if self.range_style not in RANGE_STYLES:
+            raise ClosedLoopError(f"BenchClient.range_style must be one of {sorted(RANGE_STYLES)}, "
+                                  f"got {self.range_style!r}")
         if self.range_ratio > 0 and (self.isl_stddev > 0 or self.osl_stddev > 0):
             raise ClosedLoopError("BenchClient: give either range_ratio or isl/osl stddevs, not both")
 
@@ -178,26 +195,51 @@ class BenchClient:
                                   f"{clients} clients rounds to 0")
         return warm, prof
 
-    def lengths(self, n: int, isl: int, osl: int) -> tuple[np.ndarray, np.ndarray]:
-        """Prompt and output lengths of the n requests in send order (seeded draws)."""
+    def lengths(self, n: int, isl: int, osl: int, n_warm: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Prompt and output lengths of the n requests in send order (seeded draws), the
+        first ``n_warm`` of them warm-up."""
         rng = np.random.default_rng(self.seed)
 
-        def draw(mean, sd):
+        def draw(length, sd):
             if self.range_ratio > 0:
-                lo, hi = max(1, int(math.floor(mean * (1 - self.range_ratio)))), int(math.ceil(mean * (1 + self.range_ratio)))
-                return rng.integers(lo, hi + 1, n)
+                r = self.range_ratio
+                lo, hi = ((int(math.floor(length * (1 - r))), int(math.ceil(length * (1 + r))))
+                          if self.range_style == "centred" else (int(length * r), length))
+                return rng.integers(max(1, lo), hi + 1, n)
             if sd > 0:
-                return np.maximum(1, np.rint(rng.normal(mean, sd, n))).astype(np.int64)
-            return np.full(n, int(mean), dtype=np.int64)
+                return np.maximum(1, np.rint(rng.normal(length, sd, n))).astype(np.int64)
+            return np.full(n, int(length), dtype=np.int64)
 
-        prompt = draw(isl, self.isl_stddev)
-        return prompt, draw(osl, self.osl_stddev)
+        prompt, output = draw(isl, self.isl_stddev), draw(osl, self.osl_stddev)
+        if self.warmup_repeats_first and 0 < n_warm < n:
+            prompt[:n_warm], output[:n_warm] = prompt[n_warm], output[n_warm]
+        return prompt, output
 
     def jitters(self, n: int) -> np.ndarray:
         """The send delay of each credit in issue order (seeded apart from the lengths)."""
         if self.jitter_s <= 0:
             return np.zeros(n)
         return np.random.default_rng([self.seed, 1]).exponential(self.jitter_s, n)
+
+
+#: How each benchmark client a measured run may name (``costmodels.calibration.CLIENT_NAMES``)
+#: departs from AIPerf as aiconfigurator's script runs it (``BenchClient()``). InferenceX's
+#: ``benchmark_serving.py`` (``benchmarks/benchmark_lib.sh``: ``--random-range-ratio 0.8
+#: --num-prompts 10C --max-concurrency C --num-warmups 2C --ignore-eos``) draws each prompt
+#: and output length uniformly in [0.8 L, L] and sends its warm-up requests as copies of
+#: the first prompt, awaiting them all before the measured phase; its counts are AIPerf's.
+#: A variant sets the whole length distribution, so AIPerf's stddevs do not carry over.
+CLIENT_VARIANTS = {
+    "aiperf": {},
+    "inferencex": {"range_ratio": 0.8, "range_style": "floor", "warmup_repeats_first": True,
+                   "isl_stddev": 0.0, "osl_stddev": 0.0},
+}
+
+
+def client_for(name: str | None, bench: BenchClient) -> BenchClient:
+    """``bench`` (the AIPerf client or a variant of it, such as one with an ingress delay)
+    as the client ``name`` of a measured run drives the server (None: AIPerf)."""
+    return replace(bench, **CLIENT_VARIANTS[name or "aiperf"])
 
 
 #: The harness this module replaced: every client starts together and sends 4 requests
@@ -341,7 +383,7 @@ def _simulate(cost_model, config, clients, isl, osl, bench, seed, exact_steps=Fa
     clients, isl, osl = int(clients), int(isl), int(osl)
     n_warm, n_prof = bench.counts(clients)
     n = n_warm + n_prof
-    prompt, output = bench.lengths(n, isl, osl)
+    prompt, output = bench.lengths(n, isl, osl, n_warm)
     placeholder = Trace(
         arrival_s=np.zeros(n), prompt_tokens=prompt, output_tokens=output, max_tokens=output.copy(),
         tenant=np.zeros(n, np.int32), priority=np.zeros(n, np.int32), slo_class=np.zeros(n, np.int32),
@@ -581,6 +623,7 @@ class ReplayRows:
         self.tpot_ms = np.array([r["tpot_ms"] for r in self.rows], dtype=float)
         self._cost, self._ctx = [], []
         self._seq = [server_max_seq_len(r["framework"], r["model"]) for r in self.rows]
+        self._bench = [client_for(r.get("client"), self.bench) for r in self.rows]
         built: dict[tuple, CostModel] = {}
         for r in self.rows:  # each run on the cost model of one attention-DP group of its layout
             key = (r["model"], r["gpu"], r["framework"], r["gemm_dtype"], *(r[c] for c in SETUP))
@@ -597,7 +640,8 @@ class ReplayRows:
         cannot be simulated (it never fits the KV pool)."""
         out = np.full((len(self.rows), 2), np.nan)
         swapped: dict[int, CostModel] = {}
-        for i, (r, cost, ctx, seq) in enumerate(zip(self.rows, self._cost, self._ctx, self._seq, strict=True)):
+        for i, (r, cost, ctx, seq, bench) in enumerate(zip(self.rows, self._cost, self._ctx, self._seq, self._bench,
+                                                           strict=True)):
             if id(cost) not in swapped:
                 swapped[id(cost)] = replace(cost, tables=cost.tables._replace(
                     overhead_s=overhead_s, scale=scale, prefill_scale=prefill_scale, decode_scale=decode_scale,
@@ -605,7 +649,7 @@ class ReplayRows:
             try:
                 config = for_clients(server_config(r["framework"], ctx, server), server, r["batch_size"])
                 out[i] = benchmark_means(swapped[id(cost)], config,
-                                         r["batch_size"], r["isl"], r["osl"], self.bench, max_seq_len=seq)
+                                         r["batch_size"], r["isl"], r["osl"], bench, max_seq_len=seq)
             except ClosedLoopError:
                 pass
         return out

@@ -36,6 +36,7 @@ from optimizer.closedloop import (
     BenchClient,
     ClosedLoopError,
     ClosedLoopResult,
+    client_for,
     for_clients,
     run_benchmark,
     server_config,
@@ -139,10 +140,11 @@ def _setup(row: dict, kv_dtype: str, model_config: Path | str | None, calibratio
 
 
 def simulate_row(setup: Setup, row: dict, bench: BenchClient) -> ClosedLoopResult:
-    """Row ``row``'s benchmark replayed on ``setup`` as ``bench`` drives it."""
+    """Row ``row``'s benchmark replayed on ``setup`` as ``bench`` drives it, varied as the
+    run's own client (its ``client``: ``client_for``)."""
     config = for_clients(setup.config, setup.server, row["batch_size"])
-    return run_benchmark(setup.cost, config, row["batch_size"], row["isl"], row["osl"], bench,
-                         max_seq_len=setup.max_seq_len)
+    return run_benchmark(setup.cost, config, row["batch_size"], row["isl"], row["osl"],
+                         client_for(row.get("client"), bench), max_seq_len=setup.max_seq_len)
 
 
 def model_configs(models: list[str], model_config: str | Path | None) -> dict[str, Path | str | None]:
@@ -359,6 +361,10 @@ def validate_command(
     worst: Annotated[int, typer.Option("--worst", help="worst rows to list per metric")] = 5,
 ) -> None:
     """Replay measured closed-loop runs through the engine; print TTFT/TPOT MAPE.
+
+    Each run is driven as its client drove it: AIPerf with the options below, or the
+    client the run names (a ``client`` column, or aiconfigurator's source tag: InferenceX
+    runs draw their lengths in [0.8 L, L], whatever the stddev options say).
 
     Rows that cannot be simulated are listed with their reason and left out of the MAPE;
     exit code 0 when at least one row was scored, 2 when none was (or the file or an

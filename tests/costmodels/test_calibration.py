@@ -88,10 +88,26 @@ def test_canonical_runs_csv_is_accepted_and_fit(tmp_path):
     (lambda d: d.drop("tpot_ms"), "missing column 'tpot_ms'"),
     (lambda d: d.with_columns(pl.Series("isl", [1024, -5, 1024])), r"row 3, column 'isl'"),
     (lambda d: d.with_columns(pl.Series("model", ["llama-9", "x", "y"])), "unknown models"),
+    (lambda d: d.with_columns(pl.Series("client", ["aiperf", "guidellm", "aiperf"])),
+     r"row 3, column 'client': 'guidellm' is not one of aiperf, inferencex"),
 ])
 def test_bad_runs_csv_names_the_problem(tmp_path, change, message):
     with pytest.raises(CostModelError, match=message):
         load_runs(write(tmp_path, change(pl.DataFrame(GOOD))))
+
+
+def test_each_run_names_the_client_that_measured_it(tmp_path):
+    """aiconfigurator's file has no client column: its InferenceX rows (a database dump or
+    a dated export) are named by their source tag, the rest were run by its AIPerf script;
+    a file's own ``client`` column wins."""
+    sources = ["db-dump/2026-04-27; config_id=83; silicon_concurrency=64; workflow_run_id=101",
+               "source_file=2026-04-06.csv; model=DeepSeek-R1; silicon_concurrency=16; wip=False",
+               "source_file=/data/h100_sxm/trtllm/1.0.0rc3/Qwen_Qwen3-235B-A22B-FP8.csv; silicon_concurrency=4"]
+    tagged = pl.DataFrame(GOOD).with_columns(pl.Series("silicon_data_source", sources))
+    assert load_runs(write(tmp_path, tagged))["client"].to_list() == ["inferencex", "inferencex", "aiperf"]
+    assert load_runs(write(tmp_path, pl.DataFrame(GOOD)))["client"].to_list() == ["aiperf"] * 3
+    own = tagged.with_columns(pl.Series("client", ["AIPerf", "aiperf", "inferencex"]))
+    assert load_runs(write(tmp_path, own))["client"].to_list() == ["aiperf", "aiperf", "inferencex"]
 
 
 def test_bundled_entries_are_one_per_key_with_their_out_of_sample_error():

@@ -1,5 +1,7 @@
 """The closed-loop driver: the benchmark client as it drives a server (AIPerf concurrency mode)."""
 
+from dataclasses import replace
+
 import numpy as np
 import polars as pl
 import pytest
@@ -17,6 +19,7 @@ from optimizer.closedloop import (
     BenchClient,
     ClosedLoopError,
     benchmark_means,
+    client_for,
     for_clients,
     framework_config,
     run_benchmark,
@@ -95,6 +98,46 @@ def test_deterministic_for_a_seed():
     assert not np.array_equal(a.trace.output_tokens, c.trace.output_tokens)
     lo, hi = BenchClient(range_ratio=0.5).lengths(1000, 100, 10)
     assert lo.min() >= 50 and lo.max() <= 150 and hi.min() >= 5 and hi.max() <= 15
+
+
+def test_floor_style_lengths_stay_at_or_below_the_asked_length():
+    """sglang.bench_serving and InferenceX draw in [r L, L], so their mean length is
+    (1 + r) L / 2: a 1024-token row at r = 0.8 sends 922-token prompts on average."""
+    prompt, output = BenchClient(range_ratio=0.8, range_style="floor").lengths(20_000, 1024, 8192)
+    assert prompt.min() == 819 and prompt.max() == 1024 and output.min() == 6553 and output.max() == 8192
+    assert prompt.mean() == pytest.approx(921.5, rel=0.005) and output.mean() == pytest.approx(7372.5, rel=0.005)
+    centred, _ = BenchClient(range_ratio=0.8).lengths(20_000, 1024, 8192)
+    assert centred.max() > 1800 and centred.mean() == pytest.approx(1024, rel=0.01)
+    with pytest.raises(ClosedLoopError, match="range_style"):
+        BenchClient(range_ratio=0.8, range_style="below")
+
+
+def test_warmup_requests_can_resend_the_first_prompt():
+    bench = BenchClient(range_ratio=0.8, range_style="floor", warmup_repeats_first=True)
+    prompt, output = bench.lengths(30, 1000, 100, n_warm=10)
+    assert set(prompt[:10]) == {prompt[10]} and set(output[:10]) == {output[10]}
+    assert len(set(prompt[10:])) > 5  # the profiled requests keep their own draws
+    drawn, _ = replace(bench, warmup_repeats_first=False).lengths(30, 1000, 100, n_warm=10)
+    np.testing.assert_array_equal(drawn[10:], prompt[10:])
+    assert len(set(drawn[:10])) > 1
+
+
+def test_an_inferencex_run_is_replayed_with_its_own_client():
+    """client_for: InferenceX's benchmark_serving keeps AIPerf's counts and the caller's
+    ingress delay but draws lengths in [0.8 L, L]; drawn lengths let the clients drift
+    apart, so their prompts stop arriving in one wave and the mean TTFT falls."""
+    aiperf = BenchClient(ingress_s=0.004)
+    ix = client_for("inferencex", aiperf)
+    assert (ix.range_ratio, ix.range_style, ix.warmup_repeats_first, ix.ingress_s) == (0.8, "floor", True, 0.004)
+    assert ix.counts(16) == aiperf.counts(16) and client_for(None, aiperf) == aiperf == client_for("aiperf", aiperf)
+    # AIPerf's length stddevs are AIPerf's: InferenceX's own draw replaces them
+    assert client_for("inferencex", BenchClient(isl_stddev=30.0)).isl_stddev == 0.0
+    same = run_benchmark(LINEAR, CONFIG, 16, 1000, 100, aiperf)
+    drawn = run_benchmark(LINEAR, CONFIG, 16, 1000, 100, ix)
+    profiled = drawn.trace.prompt_tokens[drawn.profiled]
+    assert 800 <= profiled.min() and profiled.max() <= 1000
+    assert len(np.unique(drawn.sent_s[drawn.profiled])) > len(np.unique(same.sent_s[same.profiled]))
+    assert drawn.mean_ttft_ms < 0.8 * same.mean_ttft_ms
 
 
 def test_lockstep_matches_the_hand_computed_loop():

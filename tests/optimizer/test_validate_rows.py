@@ -19,11 +19,13 @@ from costmodels import CostModelError, build, load_runs
 from costmodels.costmodel import CostModel
 from costmodels.steptable import linear_tables
 from optimizer.cli import app
-from optimizer.cli.validate import format_report, mape_table, predict_runs, roofline_reason
+from optimizer.cli.validate import format_report, mape_table, measured_server, predict_runs, roofline_reason
 from optimizer.closedloop import (
     TRTLLM_DEFAULT,
     BenchClient,
     ClosedLoopError,
+    client_for,
+    for_clients,
     run_benchmark,
     server_config,
     server_max_seq_len,
@@ -234,6 +236,22 @@ def test_a_run_that_does_not_fit_names_the_limit_with_its_numbers(llama_trt):
     with pytest.raises(ClosedLoopError, match=r"cut short .* \(first: 1680 of 3000 output tokens after a 2000-token "
                                               r"prompt\); " + pool):
         run_benchmark(small, config, 1, 2000, 3000, BENCH, max_seq_len=0)
+
+
+def test_each_row_is_replayed_as_its_own_client_drove_it(tmp_path):
+    """A row InferenceX measured is replayed with its client's drawn lengths, the others
+    with AIPerf's fixed ones; both keep the caller's counts."""
+    bench = BenchClient(requests_per_client=4, warmup_per_client=1)
+    rows = [good(batch_size=4, isl=1024, osl=64) | {"client": c} for c in ("aiperf", "inferencex")]
+    pred = predict_runs(load_runs(write_runs(tmp_path / "runs.csv", rows)), bench=bench)
+    cost = build(LLAMA, "h100", framework="trtllm")
+    server = measured_server(cost, "trtllm")
+    config = for_clients(server_config("trtllm", context_of(cost, "h100", context_len=0), server), server, 4)
+    for i, client in enumerate((bench, client_for("inferencex", bench))):
+        loop = run_benchmark(cost, config, 4, 1024, 64, client, max_seq_len=server_max_seq_len("trtllm", LLAMA))
+        assert (pred["pred_ttft_ms"][i], pred["pred_tpot_ms"][i]) == pytest.approx(
+            (loop.mean_ttft_ms, loop.mean_tpot_ms), rel=1e-9)
+    assert pred["pred_ttft_ms"][1] != pytest.approx(pred["pred_ttft_ms"][0], rel=0.01)
 
 
 # -- which cost model, KV dtype and calibration each row used ----------------------------------------
