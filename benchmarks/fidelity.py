@@ -3,7 +3,9 @@
 Replays every row of ``silicon_dense_h100.csv`` (or ``--runs``, any CSV in that format)
 through the engine as the benchmark client that produced it drove the server
 (``optimizer.closedloop.BenchClient``: AIPerf's start-up burst, awaited warm-up, profiled
-request count), with each framework's scheduler: the path of ``servetune validate``.
+request count; a run from another client, such as the breadth file's InferenceX rows, is
+replayed as that one: ``closedloop.client_for``), with each framework's scheduler: the
+path of ``servetune validate``.
 The cost model is calibrated by replay (``optimizer.closedloop.calibrate_replay``: overhead,
 prefill and decode scales and the measured server's token budget, fitted so the closed
 loop reproduces the runs). Two figures per (model, framework, TP) group and overall:
