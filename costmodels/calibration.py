@@ -57,8 +57,8 @@ LAYOUT = ("attention_dp_size", "moe_tp_size", "moe_ep_size", "pp_size")
 #: null (not recorded: a caller assumes the GEMM dtype and should say so)
 OPTIONAL = {"gemm_dtype", "kv_dtype", *LAYOUT}
 #: The benchmark clients a run may name (``client``; the closed-loop replay drives each as
-#: its client did: ``optimizer.closedloop.CLIENTS``). A file without the column names it
-#: per run from aiconfigurator's ``silicon_data_source`` (``client_of_source``).
+#: its client did: ``optimizer.closedloop.CLIENT_VARIANTS``). A file without the column
+#: names it per run from aiconfigurator's ``silicon_data_source`` (``client_column``).
 CLIENT_NAMES = ("aiperf", "inferencex")
 #: ``silicon_data_source`` tags of runs from SemiAnalysis InferenceX's nightly database
 #: rather than aiconfigurator's own AIPerf script: its dumps ("db-dump/<date>; config_id=..;
