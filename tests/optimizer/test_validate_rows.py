@@ -19,7 +19,13 @@ from costmodels import CostModelError, build, load_runs
 from costmodels.costmodel import CostModel
 from costmodels.steptable import linear_tables
 from optimizer.cli import app
-from optimizer.cli.validate import format_report, mape_table, measured_server, predict_runs, roofline_reason
+from optimizer.cli.validate import (
+    format_report,
+    mape_table,
+    measured_server,
+    predict_runs,
+    roofline_reason,
+)
 from optimizer.closedloop import (
     TRTLLM_DEFAULT,
     BenchClient,
