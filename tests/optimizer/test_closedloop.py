@@ -8,10 +8,12 @@ import pytest
 from typer.testing import CliRunner
 
 from costmodels import build
+from costmodels.calibration import CLIENT_NAMES
 from costmodels.costmodel import CostModel
 from costmodels.steptable import linear_tables
 from optimizer.cli import app
 from optimizer.closedloop import (
+    CLIENT_VARIANTS,
     LOCKSTEP,
     SEQS_BELOW_CLIENTS,
     SERVER_CANDIDATES,
@@ -120,6 +122,12 @@ def test_warmup_requests_can_resend_the_first_prompt():
     drawn, _ = replace(bench, warmup_repeats_first=False).lengths(30, 1000, 100, n_warm=10)
     np.testing.assert_array_equal(drawn[10:], prompt[10:])
     assert len(set(drawn[:10])) > 1
+
+
+def test_every_client_the_loader_accepts_has_a_replay_variant():
+    """The loader's client names (costmodels) and the replay's variants (optimizer) are two
+    lists across a layer boundary: a name in one only would be a KeyError mid-replay."""
+    assert set(CLIENT_VARIANTS) == set(CLIENT_NAMES)
 
 
 def test_an_inferencex_run_is_replayed_with_its_own_client():
