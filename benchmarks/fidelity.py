@@ -211,8 +211,11 @@ def group_table(insample: pl.DataFrame, logo: pl.DataFrame, keys=GROUP_KEYS) -> 
         return pl.concat([per, allrow.select(per.columns)])
 
     a, b = agg(insample, "in"), agg(logo, "logo")
+    # a run whose script is known (optimizer.inferencex) names it; its settings vary by run
+    script = pl.col("measured_server").str.json_path_match("$.script")
+    server = pl.when(script.is_not_null()).then(pl.lit("script ") + script).otherwise(pl.col("measured_server"))
     extra = logo.group_by(keys, maintain_order=True).agg(pl.col("calibration_match").first().alias("logo_match"),
-                                                         pl.col("measured_server").first().alias("logo_server"))
+                                                         server.first().alias("logo_server"))
     return a.join(b.drop("runs"), on=keys, how="left", maintain_order="left").join(extra, on=keys, how="left",
                                                                                      maintain_order="left")
 

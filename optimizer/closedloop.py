@@ -83,6 +83,7 @@ from costmodels.calibration import (
 )
 from costmodels.costmodel import CostModel, CostModelError
 from costmodels.steptable import step_seconds
+from optimizer.inferencex import known_server
 from policies import engine
 from policies import fairness as fm
 from policies.config import PolicyConfig
@@ -102,6 +103,7 @@ from policies.kernel_state import (
     WAITING,
 )
 from policies.result import Reject, SimResult, State
+from policies.speculative import AcceptanceModel
 from studies.metrics import request_latencies
 from studies.traces import Trace
 
@@ -280,7 +282,7 @@ class ClosedLoopResult:
 
 def run_benchmark(cost_model: CostModel, config: PolicyConfig, clients: int, isl: int, osl: int,
                   bench: BenchClient | None = None, *, seed: int = 0, exact_steps: bool = False,
-                  max_seq_len: int | None = None) -> ClosedLoopResult:
+                  max_seq_len: int | None = None, acceptance: AcceptanceModel | None = None) -> ClosedLoopResult:
     """Simulate ``clients`` closed-loop clients sending ``isl``-token prompts for ``osl``
     output tokens, as ``bench`` (default ``BenchClient()``) drives them.
 
@@ -291,11 +293,12 @@ def run_benchmark(cost_model: CostModel, config: PolicyConfig, clients: int, isl
     instead of up to the finish horizon (slower; the same run bit for bit).
     ``max_seq_len``: the server's longest sequence when it is kept apart from the step
     budget (``server_max_seq_len``); None: the engine's rule (``config.max_model_len``,
-    capped at the step budget without chunked prefill).
+    capped at the step budget without chunked prefill). ``acceptance``: the drafter's
+    when ``config`` speculates (``policies.speculative.AcceptanceModel``; None: its default).
     """
     bench = bench or BenchClient()
     placeholder, n_warm, client, sent, bufs, tenant_params = _simulate(cost_model, config, clients, isl, osl, bench,
-                                                                        seed, exact_steps, max_seq_len)
+                                                                        seed, exact_steps, max_seq_len, acceptance)
     trace = replace(placeholder, arrival_s=sent)
     result = engine.sim_result(trace, *bufs, tenant_params[:, fm.T_WEIGHT])
     lat = request_latencies(result, trace)
@@ -306,13 +309,13 @@ def run_benchmark(cost_model: CostModel, config: PolicyConfig, clients: int, isl
 
 
 def benchmark_means(cost_model: CostModel, config: PolicyConfig, clients: int, isl: int, osl: int,
-                    bench: BenchClient | None = None, *, seed: int = 0,
-                    max_seq_len: int | None = None) -> tuple[float, float]:
+                    bench: BenchClient | None = None, *, seed: int = 0, max_seq_len: int | None = None,
+                    acceptance: AcceptanceModel | None = None) -> tuple[float, float]:
     """(mean TTFT ms, mean TPOT ms) of ``run_benchmark`` over the profiled requests,
     without building its result (a replay fit calls it thousands of times)."""
     bench = bench or BenchClient()
     placeholder, n_warm, _, sent, bufs, _ = _simulate(cost_model, config, clients, isl, osl, bench, seed,
-                                                      max_seq_len=max_seq_len)
+                                                      max_seq_len=max_seq_len, acceptance=acceptance)
     out_i, out_f = bufs[0], bufs[1]
     prof = slice(n_warm, None)
     first, finish, n_out = out_f[O_FIRST_TOKEN, prof], out_f[O_FINISH, prof], out_i[O_GENERATED, prof]
@@ -373,7 +376,8 @@ def _check_finished(out_i, prompt, output, cost_model, config, cap):
                               f"prompt); {pool}, prompt and output included")
 
 
-def _simulate(cost_model, config, clients, isl, osl, bench, seed, exact_steps=False, max_seq_len=None):
+def _simulate(cost_model, config, clients, isl, osl, bench, seed, exact_steps=False, max_seq_len=None,
+              acceptance=None):
     """The kernel run, checked (``_check_lengths``, ``_check_finished``): (placeholder
     trace, warm-up count, client and send time per request, the engine's output buffers,
     tenant params)."""
@@ -394,18 +398,21 @@ def _simulate(cost_model, config, clients, isl, osl, bench, seed, exact_steps=Fa
     # -1: the replica keeps the engine's own limit
     max_len = -1 if max_seq_len is None else max_seq_len or cap * config.block_size
     tenant_params, class_params = engine.fairness_params(placeholder, config, None)
-    st = engine.statics(placeholder, cost_model, [config])
+    st = engine.statics(placeholder, cost_model, [config], acceptance)
     tables = cost_model.tables
     # the shortest step the tables allow (one decode, or one prompt token): no step is shorter
     floor = min(step_seconds(tables, 1, 1, 1, 1.0, 0.0)[0], step_seconds(tables, 1, 1, 0, 0.0, 1.0)[0])
     bufs = [b[0] for b in engine.output_buffers(1, n, len(tenant_params))]
+    # the most tokens a request gains in one step: a verify accepts every draft and adds one
+    tokens_per_step = 1 + config.num_speculative_tokens if config.speculative_mode != "off" else 1
     client = np.full(n, -1, dtype=np.int64)
     sent = np.zeros(n)
     status = np.zeros(3, dtype=np.int64)
     _drive(st, tables, config.to_vector(), cap, host, cost_model.kv_bytes_per_token, cost_model.swap_bytes_per_s,
            seed, 0.05, engine.fast_forward_enabled(), tenant_params, class_params, clients, n_warm, n,
            bench.await_warmup, bench.ramp_s, bench.gap_s, bench.ingress_s, bench.jitters(n),
-           0.0 if exact_steps or floor <= 0 else 0.999 * floor, max_len, client, sent, status, *bufs)
+           0.0 if exact_steps or floor <= 0 else 0.999 * floor, max_len, tokens_per_step, client, sent, status,
+           *bufs)
     if status[0] == _STALLED:
         raise ClosedLoopError(f"{clients} clients x ({isl} + {osl}) tokens: the engine made no progress "
                               f"(engine error {status[2]}) under {cost_model.name}")
@@ -422,12 +429,13 @@ _OK, _LATE_FINISH, _STALLED = 0, 1, 2
 @njit(cache=True, nogil=True)
 def _drive(st, tables, cfg, cap, host, kv_bytes, swap_bw, seed, series_every, fast_forward, tenant_params,
            class_params, clients, n_warm, n_total, await_warm, ramp_s, gap_s, ingress_s, jitter, dt_floor, max_len,
-           client, sent, status, out_i, out_f, out_counts, out_fcounts, series, out_cached, out_service, out_prefix):
+           tokens_per_step, client, sent, status, out_i, out_f, out_counts, out_fcounts, series, out_cached, out_service, out_prefix):
     """The closed loop (``run_benchmark``): request r is the r-th sent, at ``sent[r]`` by
     ``client[r]``; it reaches the engine ``ingress_s`` later, which is its arrival there
     (``st.sf[S_ARRIVAL, r]``, written then). ``jitter[i]`` delays the i-th credit's send;
     ``dt_floor`` is a lower bound of any step's seconds (0: one engine step per call).
-    ``max_len``: the longest prompt + output a request may reach (-1: the engine's limit).
+    ``max_len``: the longest prompt + output a request may reach (-1: the engine's limit);
+    ``tokens_per_step``: the most tokens a request gains in one step.
     ``status``: (code, request, engine error). Fills the engine's output buffers."""
     rep = engine.new_replica(st, cfg, cap, host, kv_bytes, swap_bw, seed, series_every, fast_forward,
                              tenant_params, class_params, 0.0)
@@ -483,7 +491,8 @@ def _drive(st, tables, cfg, cap, host, kv_bytes, swap_bw, seed, series_every, fa
                     fewest = min(fewest, ri[TARGET, r] - ri[GENERATED, r])
                 elif s != DONE:
                     fewest = 1  # in the inbox: admitted at the next boundary
-        limit = t + (fewest - 1) * dt_floor if fewest < np.iinfo(np.int64).max else np.inf
+        steps = (fewest + tokens_per_step - 1) // tokens_per_step  # the fewest steps until one can finish
+        limit = t + (steps - 1) * dt_floor if fewest < np.iinfo(np.int64).max else np.inf
         for k in range(clients):
             limit = min(limit, pending[k])
         if limit > t:
@@ -602,6 +611,17 @@ def for_clients(config: PolicyConfig, overrides: dict | None, clients: int) -> P
     return config if below is None else config.replace(max_num_seqs=max(1, int(clients) - int(below)))
 
 
+def run_server(framework: str, ctx: EngineContext, fitted: dict | None,
+               row: dict) -> tuple[PolicyConfig, AcceptanceModel | None]:
+    """The scheduler a measured run (a ``load_runs`` row) is replayed with, and its
+    drafter's acceptance when it speculates: the server its script set where that is known
+    (``optimizer.inferencex.known_server``), else the ``fitted`` measured server for its clients."""
+    known = known_server(row)
+    if known is not None:
+        return framework_config(framework, ctx).replace(**known.overrides), known.acceptance
+    return for_clients(server_config(framework, ctx, fitted), fitted, row["batch_size"]), None
+
+
 def _mape(pred: np.ndarray, measured: np.ndarray) -> float:
     ok = np.isfinite(pred)
     return float(np.mean(np.abs(pred[ok] / measured[ok] - 1.0)) * 100.0) if ok.any() else math.nan
@@ -647,9 +667,9 @@ class ReplayRows:
                     overhead_s=overhead_s, scale=scale, prefill_scale=prefill_scale, decode_scale=decode_scale,
                     prefill_step_s=prefill_step_s))
             try:
-                config = for_clients(server_config(r["framework"], ctx, server), server, r["batch_size"])
-                out[i] = benchmark_means(swapped[id(cost)], config,
-                                         r["batch_size"], r["isl"], r["osl"], bench, max_seq_len=seq)
+                config, acceptance = run_server(r["framework"], ctx, server, r)
+                out[i] = benchmark_means(swapped[id(cost)], config, r["batch_size"], r["isl"], r["osl"], bench,
+                                         max_seq_len=seq, acceptance=acceptance)
             except ClosedLoopError:
                 pass
         return out
@@ -676,6 +696,8 @@ def fit_replay(runs, *, bench: BenchClient | None = None, start: tuple[float, fl
     framework = frameworks.pop()
     rows = ReplayRows(runs, bench, builder)
     candidates = candidates if candidates is not None else SERVER_CANDIDATES.get(framework, ({},))
+    if all(known_server(r) is not None for r in rows.rows):  # no server left to choose
+        candidates = ({},)
     overhead0, scale0 = start or (rows._cost[0].tables.overhead_s, 1.0)
     # overhead (ms), prefill and decode scales, then the prompt-step time (ms) where fitted
     terms = 4 if framework in PREFILL_STEP_FRAMEWORKS else 3

@@ -110,6 +110,14 @@ KNOBS: tuple[Knob, ...] = (
     Knob("max_prefill_tokens", int, 1, 1 << 22,
          help="prefill_first: most prompt tokens one prefill batch takes"),
     Knob("step_time_cap_ms", float, 0.0, 1e6, help="longest step the scheduler forms, in ms (0 = off)"),
+    # TensorRT-LLM's batch waiting (PyExecutor._waiting_requests): prompts wait beside running
+    # requests so more of them share one step; both knobs on, or no wait.
+    Knob("batch_wait_iters", int, 0, 1 << 20,
+         help="steps new prompts may wait beside running requests for the batch to fill (0 = off; "
+              "TRT-LLM batch_wait_timeout_iters)"),
+    Knob("batch_wait_token_ratio", float, 0.0, 1.0,
+         help="waiting prompts start once the step's tokens reach this share of the token budget "
+              "(0 = off; TRT-LLM batch_wait_max_tokens_ratio)"),
     Knob("kv_headroom", float, 0.0, 0.9, help="fraction of KV blocks kept free when admitting (vLLM watermark)"),
     Knob("admission_mode", str, choices=ADMISSION_MODES,
          help="none: admit while blocks allocate; reservation: reserve prompt + max_tokens; "
@@ -206,6 +214,8 @@ class PolicyConfig:
     schedule_mode: str = "decode_first"
     max_prefill_tokens: int = 16384
     step_time_cap_ms: float = 0.0
+    batch_wait_iters: int = 0
+    batch_wait_token_ratio: float = 0.0
     kv_headroom: float = 0.0
     admission_mode: str = "none"
     admission_quantile: float = 0.9
@@ -344,6 +354,8 @@ def active_fleet_knobs(config: PolicyConfig) -> tuple[str, ...]:
 #: (knob, the condition on the config under which it acts): outside it the knob changes nothing.
 _ACTS_WHEN: tuple[tuple[str, Any], ...] = (
     ("long_prefill_token_threshold", lambda c: c.enable_chunked_prefill),
+    ("batch_wait_iters", lambda c: c.batch_wait_token_ratio > 0),
+    ("batch_wait_token_ratio", lambda c: c.batch_wait_iters > 0),
     ("max_prefill_tokens", lambda c: c.schedule_mode == "prefill_first"),
     ("admission_quantile", lambda c: c.admission_mode == "predicted"),
     ("schedule_conservativeness", lambda c: c.admission_mode == "new_token_ratio"),

@@ -155,7 +155,8 @@ AD_DISK_LOADS = 80  # ... of them read from disk first
 AD_COLUMNS = 81  # adapter pool columns: the trace's adapters, and the base model's when it takes a slot
 AD_POOL_ROW = 82  # first row of lists holding the pool (policies.adapters N_ROWS rows; LoRA only)
 AD_SKIP_ROW = 83  # first row of fl holding (request, key1, key2) of requests skipped this round (LoRA only)
-N_G = 84
+BATCH_WAITED = 84  # steps the waiting prompts have been held for the batch to fill (batch_wait_iters)
+N_G = 85
 #: predicted mode: output/max_tokens ratio histogram bins (in g's tail, below).
 CALIBRATION_BINS = 64
 # g's tail: the predicted-mode histogram, the step-time histogram (policies.result

@@ -37,13 +37,14 @@ from optimizer.closedloop import (
     ClosedLoopError,
     ClosedLoopResult,
     client_for,
-    for_clients,
     run_benchmark,
-    server_config,
+    run_server,
     server_max_seq_len,
 )
+from optimizer.inferencex import known_server
 from optimizer.targets import context_of
-from policies.config import ConfigError, PolicyConfig
+from policies.config import ConfigError
+from policies.engines import EngineContext
 
 GROUP = ["model", "framework", "gemm_dtype"]
 #: the columns ``predict_runs`` adds, with their types
@@ -61,8 +62,8 @@ class Setup:
     """What every row of one (model, GPU, framework, GEMM and KV dtype, TP) replays with."""
 
     cost: CostModel
-    config: PolicyConfig  # the framework's scheduler with the measured-server overrides
-    server: dict  # those overrides (``measured_server``)
+    ctx: EngineContext  # the scheduler's context (its KV pool bounds a closed loop's runs)
+    server: dict  # the fitted measured-server overrides (``measured_server``)
     max_seq_len: int | None  # ``optimizer.closedloop.server_max_seq_len``
 
 
@@ -109,8 +110,10 @@ def _predict_row(i: int, row: dict, configs: dict, setups: dict, calibration, be
     setup = setups[key]
     if isinstance(setup, str):
         return values | {"error": f"row {i + 2}: {setup}"}
+    known = known_server(row)
+    server = setup.server if known is None else {"script": known.script, **known.overrides}
     values |= {"calibration_match": (setup.cost.calibration or {}).get("match", "none"),
-               "measured_server": json.dumps(setup.server), "cost_source": setup.cost.source}
+               "measured_server": json.dumps(server), "cost_source": setup.cost.source}
     try:
         loop = simulate_row(setup, row, bench)
     except (ClosedLoopError, ConfigError) as exc:
@@ -132,8 +135,7 @@ def _setup(row: dict, kv_dtype: str, model_config: Path | str | None, calibratio
         cost = build(row["model"], row["gpu"], tp=row["tp"], framework=row["framework"], gemm_dtype=row["gemm_dtype"],
                      kv_dtype=kv_dtype, model_config=model_config, calibration=calibration, **layout, **skew)
         server = measured_server(cost, row["framework"])
-        ctx = context_of(cost, row["gpu"], context_len=0, tp=row["tp"])  # the KV pool bounds a closed loop's runs
-        return Setup(cost, server_config(row["framework"], ctx, server), server,
+        return Setup(cost, context_of(cost, row["gpu"], context_len=0, tp=row["tp"]), server,
                      server_max_seq_len(row["framework"], row["model"], model_config))
     except (CostModelError, ClosedLoopError, ConfigError) as exc:
         return f"cannot replay {label}: {exc}"
@@ -141,10 +143,10 @@ def _setup(row: dict, kv_dtype: str, model_config: Path | str | None, calibratio
 
 def simulate_row(setup: Setup, row: dict, bench: BenchClient) -> ClosedLoopResult:
     """Row ``row``'s benchmark replayed on ``setup`` as ``bench`` drives it, varied as the
-    run's own client (its ``client``: ``client_for``)."""
-    config = for_clients(setup.config, setup.server, row["batch_size"])
+    run's own client (its ``client``: ``client_for``) against the run's server (``run_server``)."""
+    config, acceptance = run_server(row["framework"], setup.ctx, setup.server, row)
     return run_benchmark(setup.cost, config, row["batch_size"], row["isl"], row["osl"],
-                         client_for(row.get("client"), bench), max_seq_len=setup.max_seq_len)
+                         client_for(row.get("client"), bench), max_seq_len=setup.max_seq_len, acceptance=acceptance)
 
 
 def model_configs(models: list[str], model_config: str | Path | None) -> dict[str, Path | str | None]:

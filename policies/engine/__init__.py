@@ -22,6 +22,11 @@ one by one, and the kernel must match it exactly):
   prefill a prompt that does not fit the remaining budget waits). The threshold (in
   either mode) applies only when running + waiting > 1 as the step's formation starts
   (vLLM 0.33: a lone request takes the whole budget; ``_long_prefill_threshold``).
+* Batch waiting (TensorRT-LLM, ``batch_wait_iters`` and ``batch_wait_token_ratio`` both
+  set): when running requests took tokens, waiting requests start only if those tokens
+  plus the waiting ones' left to compute (at most the budget left) reach the ratio of the
+  budget, or they have been held ``batch_wait_iters`` steps; each hold counts one, a start
+  restarts the count.
 * ``prefill_first`` (SGLang): continuing prefill chunks and new prompts (bounded by the
   chunk budget and ``max_prefill_tokens``) form a prefill-only step; when there is none,
   every running request decodes.

@@ -31,7 +31,7 @@ from policies.engine.codes import (
     PREFILL_FIRST,
     VTC,
 )
-from policies.engine.formation import _decay_ratio
+from policies.engine.formation import _batch_waits, _decay_ratio
 from policies.engine.state import _cover_reservation, _is_decode
 from policies.engine.step_end import _book_stretch_step, _end_done, _note_step_tokens
 from policies.kernel_state import (
@@ -265,13 +265,13 @@ def _fast_forward_chunk(ri, g, gf, series, run, cached_held, prompt, ledger, ten
 @njit(cache=True, nogil=True)
 def _chunk_modes(cfg, quotas, hand_off):
     """Modes under which ``_fast_forward_chunk`` applies: decode-first scheduling, no
-    step-time cap, quota or max wait (its expiries need every boundary), admission by
-    free KV or reservation, prompt tokens as the cost unit (charged per scheduled chunk,
-    not per step) and no P/D hand-off."""
+    step-time cap, quota or max wait (its expiries need every boundary), no batch wait
+    (its count moves at every boundary), admission by free KV or reservation, prompt tokens
+    as the cost unit (charged per scheduled chunk, not per step) and no P/D hand-off."""
     mode = int(cfg[I_ADMISSION])
     return (int(cfg[I_SCHEDULE_MODE]) != PREFILL_FIRST and cfg[I_STEP_CAP_MS] <= 0.0 and not quotas
-            and cfg[I_MAX_WAIT] <= 0.0 and mode != ADMIT_NTR and int(cfg[I_COST_UNIT]) == fm.TOKENS
-            and not hand_off)
+            and cfg[I_MAX_WAIT] <= 0.0 and not _batch_waits(cfg) and mode != ADMIT_NTR
+            and int(cfg[I_COST_UNIT]) == fm.TOKENS and not hand_off)
 
 
 @njit(cache=True, nogil=True)
@@ -324,11 +324,12 @@ def _settle_fast_forward(ri, g, gf, run, k, cached_held, si, ledger, cfg, hash_t
 def _stuck_modes(cfg, quotas):
     """Modes under which a blocked waiting head stays blocked while decodes only grow:
     admission by free KV or reservation (new_token_ratio decays, so it may unblock), no
-    step-time cap, quota or max wait, and a static queue order (EDF rejects by the clock,
+    step-time cap, quota, max wait or batch wait, and a static queue order (EDF rejects by the clock,
     VTC reorders by counters, LPM and DFS_WEIGHT by cached prefixes, which decodes may
     evict)."""
     mode = int(cfg[I_ADMISSION])
     order = int(cfg[I_POLICY])
     return (mode != ADMIT_NTR and cfg[I_STEP_CAP_MS] <= 0.0 and not quotas and cfg[I_MAX_WAIT] <= 0.0
+            and not _batch_waits(cfg)
             and order != EDF and order != VTC
             and not ((order == LPM or order == DFS_WEIGHT) and cfg[I_PREFIX_CACHING] != 0.0))

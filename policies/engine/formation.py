@@ -10,11 +10,14 @@ from numba import njit
 
 from policies import fairness as fm
 from policies import prefix_cache as pcm
+from policies import queues as qm
 from policies.engine.admission import _admit_waiting, _long_prefill_threshold
 from policies.engine.batch import _fit_step_cap, _need_blocks, _schedule, _schedule_shared
 from policies.engine.codes import (
     ADMIT_NTR,
     I_ADMISSION,
+    I_BATCH_WAIT_ITERS,
+    I_BATCH_WAIT_RATIO,
     I_BLOCK_SIZE,
     I_CONSERVATIVENESS,
     I_MAX_BATCHED,
@@ -23,9 +26,10 @@ from policies.engine.codes import (
     PREFILL_FIRST,
 )
 from policies.engine.preemption import _schedule_running
-from policies.engine.state import _cache, _is_decode, _shares
+from policies.engine.state import _cache, _is_decode, _queue, _shares
 from policies.kernel_state import (
     B_TOKENS,
+    BATCH_WAITED,
     BUDGET,
     COMPUTED,
     ENTRY_BLOCKS,
@@ -97,7 +101,7 @@ def _form_batch(rep, st, tables, cfg):
             _schedule_shared(rep, st, cfg, r, n)
         else:
             _schedule_running(rep, st, tables, cfg, r, n)
-    if g[PREEMPTED_NOW] == 0 and g[N_WAIT] > 0:
+    if g[PREEMPTED_NOW] == 0 and g[N_WAIT] > 0 and _batch_wait_over(rep, st, cfg):
         _admit_waiting(rep, st, tables, cfg, prefill_first, threshold)
     if prefill_first and g[B_TOKENS] == 0:
         k = g[N_RUN]
@@ -108,6 +112,42 @@ def _form_batch(rep, st, tables, cfg):
                 _schedule_running(rep, st, tables, cfg, r, np.int64(1))  # one signature with the call above
     if g[PREEMPTED_NOW] != 0 and int(cfg[I_ADMISSION]) == ADMIT_NTR:
         _retract_ratio(ri, g, gf, run, cfg)
+
+
+@njit(cache=True, nogil=True)
+def _batch_wait_over(rep, st, cfg):
+    """Whether waiting requests may start this step under TensorRT-LLM's batch waiting
+    (``PyExecutor._waiting_requests``): beside running requests that took tokens, they
+    wait until the step would reach ``batch_wait_token_ratio`` of the token budget with
+    them, or they have waited ``batch_wait_iters`` steps; the count restarts once they
+    start. Off unless both knobs are set, as there."""
+    g = rep.g
+    if not _batch_waits(cfg) or g[B_TOKENS] == 0:
+        return True
+    if g[BATCH_WAITED] >= cfg[I_BATCH_WAIT_ITERS] or (
+            g[B_TOKENS] + min(_waiting_tokens(rep, st), g[BUDGET]) >= cfg[I_BATCH_WAIT_RATIO] * cfg[I_MAX_BATCHED]):
+        g[BATCH_WAITED] = 0
+        return True
+    g[BATCH_WAITED] += 1
+    return False
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _batch_waits(cfg):
+    return cfg[I_BATCH_WAIT_ITERS] > 0 and cfg[I_BATCH_WAIT_RATIO] > 0.0
+
+
+@njit(cache=True, nogil=True)
+def _waiting_tokens(rep, st):
+    """Tokens the waiting requests have left to compute."""
+    wq, ri, prompt = _queue(rep, st), rep.ri, st.si[S_PROMPT]
+    total = 0
+    for lane in range(wq.lanes.shape[1]):
+        base = wq.lanes[qm.L_BASE, lane]
+        for s in range(base, base + wq.lanes[qm.L_SIZE, lane]):
+            r = wq.slots[qm.SLOT_REQ, s]
+            total += prompt[r] + ri[GENERATED, r] - ri[COMPUTED, r]
+    return total
 
 
 @njit(cache=True, nogil=True)

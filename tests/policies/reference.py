@@ -141,6 +141,7 @@ class Reference:
         self.pred_bin = -1
         self.t = self.reqs[0].arrival
         self.steps = 0
+        self.batch_waited = 0  # steps the waiting prompts were held for the batch to fill
         self.busy = 0.0
         self.prefill_tokens = 0
         self.out_of_range = 0
@@ -547,6 +548,19 @@ class Reference:
             self.schedule(r, n)
             rem_input -= n
 
+    def batch_wait_over(self) -> bool:
+        """TensorRT-LLM's batch waiting: may the waiting requests start beside the running ones?"""
+        c, tokens = self.c, self.batch_parts()[0]
+        if c.batch_wait_iters <= 0 or c.batch_wait_token_ratio <= 0 or tokens == 0:
+            return True
+        left = sum(r.prompt + r.generated - r.computed for r in self.waiting)
+        if (self.batch_waited >= c.batch_wait_iters
+                or tokens + min(left, self.budget) >= c.batch_wait_token_ratio * c.max_num_batched_tokens):
+            self.batch_waited = 0
+            return True
+        self.batch_waited += 1
+        return False
+
     def form_batch(self) -> None:
         c = self.c
         prefill_first = c.schedule_mode == "prefill_first"
@@ -574,7 +588,7 @@ class Reference:
             n = self.fit_step_cap(r, n, True)
             if n > 0:
                 self.schedule_running(r, n)
-        if not self.preempted_now:
+        if not self.preempted_now and (not self.waiting or self.batch_wait_over()):
             self.admit_waiting(prefill_first)
         if prefill_first and self.batch_parts()[0] == 0:
             for r in list(self.running):

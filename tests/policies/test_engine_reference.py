@@ -76,6 +76,8 @@ def configs(draw):
         schedule_mode=draw(st.sampled_from(SCHEDULE_MODES)),
         max_prefill_tokens=draw(st.sampled_from([32, 256, 16384])),
         step_time_cap_ms=draw(st.sampled_from([0.0, 0.0, 4.3, 6.0])),
+        batch_wait_iters=draw(st.sampled_from([0, 0, 2, 20])),
+        batch_wait_token_ratio=draw(st.sampled_from([0.0, 0.5, 0.9])),
         kv_headroom=draw(st.sampled_from([0.0, 0.0, 0.1, 0.3])),
         admission_mode=draw(st.sampled_from(ADMISSION_MODES)),
         admission_quantile=draw(st.sampled_from([0.5, 0.9, 1.0])),
