@@ -127,3 +127,17 @@ def test_runs_on_known_servers_are_fitted_on_them_and_validated_with_them(tmp_pa
                                                        "enable_chunked_prefill": False,
                                                        "max_num_batched_tokens": 16384}
     assert (((pred["pred_tpot_ms"] / pred["tpot_ms"]) - 1).abs() < 0.02).all()
+
+
+def test_the_mtp_acceptance_matches_the_blogs_speedup_on_these_tables():
+    # TensorRT-LLM's MTP blog: 2.16x at batch 1 with 3 MTP layers; the step ratio is the tables'
+    from costmodels.steptable import step_seconds
+
+    ratios = []
+    for ep in (1, 8):
+        tables = build(R1, "h200_sxm", tp=8, framework="trtllm", gemm_dtype="fp8", kv_dtype="fp8",
+                       calibration=False, moe_ep_size=ep).tables
+        decode = step_seconds(tables, 1, 1, 1, 1000, 0)[0]
+        ratios.append((step_seconds(tables, 4, 4, 1, 1003, 0)[0] + 3 * MTP_DRAFT_FRACTION * decode) / decode)
+    c = MTP_ACCEPTANCE
+    assert 1 + c + c**2 + c**3 == pytest.approx(2.16 * sum(ratios) / 2, rel=0.03)
