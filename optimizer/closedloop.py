@@ -43,7 +43,9 @@ the KV pool is an error naming the limit and its numbers.
 
 Not every measured run came from that script: a run names its client (``client``, from
 ``costmodels.load_runs``), and ``client_for`` varies the AIPerf client as that one drove
-the server (``CLIENT_VARIANTS``: InferenceX's rows draw their lengths).
+the server (``CLIENT_VARIANTS``: InferenceX's rows draw their lengths); where the run's
+launch script is public, ``run_server`` serves it with that script's scheduler
+(``optimizer.inferencex``).
 
 Facts and defaults (``BenchClient``): AIPerf's burst start and its one-credit-per-finish
 rule are its documented concurrency mode; the warm-up count 2C, the seed 100 and zero
@@ -429,7 +431,8 @@ _OK, _LATE_FINISH, _STALLED = 0, 1, 2
 @njit(cache=True, nogil=True)
 def _drive(st, tables, cfg, cap, host, kv_bytes, swap_bw, seed, series_every, fast_forward, tenant_params,
            class_params, clients, n_warm, n_total, await_warm, ramp_s, gap_s, ingress_s, jitter, dt_floor, max_len,
-           tokens_per_step, client, sent, status, out_i, out_f, out_counts, out_fcounts, series, out_cached, out_service, out_prefix):
+           tokens_per_step, client, sent, status, out_i, out_f, out_counts, out_fcounts, series, out_cached,
+           out_service, out_prefix):
     """The closed loop (``run_benchmark``): request r is the r-th sent, at ``sent[r]`` by
     ``client[r]``; it reaches the engine ``ingress_s`` later, which is its arrival there
     (``st.sf[S_ARRIVAL, r]``, written then). ``jitter[i]`` delays the i-th credit's send;
@@ -684,7 +687,9 @@ def fit_replay(runs, *, bench: BenchClient | None = None, start: tuple[float, fl
     weighted by ``ttft_weight``, TTFT (soft-L1 at ``residual_scale``, so runs the model
     cannot reach, such as a KV-bound queue, do not pull the rest). Each measured-server candidate
     (``SERVER_CANDIDATES`` of the framework) is fitted; the best is kept as
-    ``measured_server``. ``start``: (overhead_s, scale) from the steady-state formula fit.
+    ``measured_server``. It applies to runs whose server is unknown: a run whose launch
+    script is known replays on that (``run_server``), and where every run's is, no
+    candidate is tried ({}). ``start``: (overhead_s, scale) from the steady-state formula fit.
 
     Returns the fitted terms and their in-sample MAPE (``*_mape_after``; ``*_before`` for
     the uncalibrated model under the framework defaults)."""

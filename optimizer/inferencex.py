@@ -64,7 +64,7 @@ def known_server(row: dict) -> KnownServer | None:
         return None
     clients, isl = int(row["batch_size"]), int(row["isl"])
     no_chunking = {"enable_chunked_prefill": False}
-    if row["model"] in _DEEPSEEK and row["gpu"] == "h200_sxm":
+    if row["model"] in _DEEPSEEK and row["gpu"] == "h200_sxm" and row["gemm_dtype"] == "fp8" and row["tp"] == 8:
         if row.get("moe_ep_size", 1) == 1 and row.get("attention_dp_size", 1) == 1:
             return KnownServer("dsr1_fp8_h200_trt_slurm.sh",
                                no_chunking | {"max_num_batched_tokens": _round_up(clients + isl + 64)})

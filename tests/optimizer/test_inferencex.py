@@ -67,6 +67,7 @@ def test_the_llama_b200_script_has_a_fixed_budget_and_other_runs_have_no_known_s
     assert known_server(_row(client="aiperf")) is None  # aiconfigurator's servers are fitted
     assert known_server(_row(model="Qwen/Qwen3-235B-A22B-FP8", gpu="h100_sxm")) is None
     assert known_server(_row(framework="vllm")) is None
+    assert known_server(_row(tp=64, ep=8)) is None  # the scripts serve DeepSeek on one node of 8 GPUs
 
 
 def test_a_known_server_replaces_the_fitted_one_and_an_unknown_run_keeps_it():
