@@ -86,7 +86,7 @@ from costmodels.costmodel import CostModelError  # noqa: E402
 from costmodels.distil import aic_root, shared_dir  # noqa: E402
 from costmodels.gpus import load_gpu  # noqa: E402
 from costmodels.moeops import DEFAULT_DISTRIBUTION, DISTRIBUTIONS  # noqa: E402
-from optimizer.cli.validate import format_report, predict_runs, scatter_figure  # noqa: E402
+from optimizer.cli.validate import format_report, predict_runs, scatter_figure, server_label  # noqa: E402
 from optimizer.closedloop import (  # noqa: E402
     LOCKSTEP,
     RESIDUAL_SCALE,
@@ -211,11 +211,8 @@ def group_table(insample: pl.DataFrame, logo: pl.DataFrame, keys=GROUP_KEYS) -> 
         return pl.concat([per, allrow.select(per.columns)])
 
     a, b = agg(insample, "in"), agg(logo, "logo")
-    # a run whose script is known (optimizer.inferencex) names it; its settings vary by run
-    script = pl.col("measured_server").str.json_path_match("$.script")
-    server = pl.when(script.is_not_null()).then(pl.lit("script ") + script).otherwise(pl.col("measured_server"))
     extra = logo.group_by(keys, maintain_order=True).agg(pl.col("calibration_match").first().alias("logo_match"),
-                                                         server.first().alias("logo_server"))
+                                                         server_label().first().alias("logo_server"))
     return a.join(b.drop("runs"), on=keys, how="left", maintain_order="left").join(extra, on=keys, how="left",
                                                                                      maintain_order="left")
 

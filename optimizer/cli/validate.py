@@ -312,14 +312,21 @@ def _report_uncalibrated(pred: pl.DataFrame) -> list[str]:
               for r in groups.iter_rows(named=True))]
 
 
+def server_label() -> pl.Expr:
+    """``measured_server`` as a report names it: a run's launch script by its name (its
+    settings vary by run and are in the predictions), else the fitted overrides."""
+    script = pl.col("measured_server").str.json_path_match("$.script")
+    return pl.when(script.is_not_null()).then(pl.lit("script ") + script).otherwise(pl.col("measured_server"))
+
+
 def _report_servers(pred: pl.DataFrame) -> list[str]:
     """The calibration match and measured-server overrides replayed, with their row counts."""
-    used = (pred.filter(pl.col("measured_server").is_not_null())
-            .group_by("framework", "calibration_match", "measured_server", maintain_order=True).len())
+    used = (pred.filter(pl.col("measured_server").is_not_null()).with_columns(server_label().alias("server"))
+            .group_by("framework", "calibration_match", "server", maintain_order=True).len())
     if used.is_empty():
         return []
-    return ["\ncalibration entry and measured-server scheduler overrides replayed:",
-            *(f"  {r['framework']:6} {r['calibration_match']:7} {r['measured_server']}  ({r['len']} runs)"
+    return ["\ncalibration entry and measured-server scheduler overrides replayed (a launch script's per run):",
+            *(f"  {r['framework']:6} {r['calibration_match']:7} {r['server']}  ({r['len']} runs)"
               for r in used.iter_rows(named=True))]
 
 

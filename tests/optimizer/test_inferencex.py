@@ -8,7 +8,7 @@ import pytest
 from costmodels import build, save_calibration
 from costmodels.costmodel import CostModel
 from costmodels.steptable import linear_tables
-from optimizer.cli.validate import predict_runs
+from optimizer.cli.validate import format_report, predict_runs
 from optimizer.closedloop import (
     SEQS_BELOW_CLIENTS,
     BenchClient,
@@ -128,6 +128,8 @@ def test_runs_on_known_servers_are_fitted_on_them_and_validated_with_them(tmp_pa
                                                        "enable_chunked_prefill": False,
                                                        "max_num_batched_tokens": 16384}
     assert (((pred["pred_tpot_ms"] / pred["tpot_ms"]) - 1).abs() < 0.02).all()
+    # the report names the script once, its per-run settings being in the predictions
+    assert "setup   script 70b_fp8_b200_trt_slurm.sh  (4 runs)" in format_report(pred)
 
 
 def test_the_mtp_acceptance_matches_the_blogs_speedup_on_these_tables():
