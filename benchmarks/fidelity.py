@@ -313,12 +313,15 @@ def repeats(runs: pl.DataFrame) -> list[dict]:
 
 
 def breadth(path: Path, bench: BenchClient, pool, fit: dict, quick: bool,
-            command: str) -> tuple[str, dict, pl.DataFrame]:
+            command: str, mtp_acceptance: float | None = None) -> tuple[str, dict, pl.DataFrame]:
     """The breadth runs (MoE, MLA, B200, parallel layouts) scored as the dense ones are:
     replay calibration, in sample and leaving one setup (``BREADTH_KEYS``) out. Returns the
     report text, its figures and the per-run predictions; rows servetune cannot score are
-    listed with their reasons, none dropped unsaid."""
+    listed with their reasons, none dropped unsaid. ``mtp_acceptance``: every MTP run's
+    acceptance per draft position, as if measured (None: ``optimizer.inferencex.MTP_ACCEPTANCE``)."""
     runs = load_runs(path, bad_rows="mark").with_row_index("row")
+    if mtp_acceptance is not None:
+        runs = runs.with_columns(pl.lit(mtp_acceptance, dtype=pl.Float64).alias("mtp_acceptance"))
     runs = runs.with_columns(pl.struct("tp", "moe_ep_size", "attention_dp_size").map_elements(
         lambda r: layout_label(r) if r["tp"] is not None else "?", return_dtype=pl.Utf8).alias("layout"))
     scored, skipped = split_scorable(runs)
@@ -394,6 +397,9 @@ def main() -> None:
                         help="BenchClient.ingress_s in ms, for fit and replay (a harness variant; default 0)")
     parser.add_argument("--client-jitter-ms", type=float, default=0.0,
                         help="BenchClient.jitter_s in ms, for fit and replay (a harness variant; default 0)")
+    parser.add_argument("--mtp-acceptance", type=float, default=None,
+                        help="breadth: the MTP runs' acceptance per draft position instead of "
+                             "inferencex.MTP_ACCEPTANCE (a sensitivity: the runs record none)")
     parser.add_argument("--moe-distribution", choices=tuple(DISTRIBUTIONS), default=DEFAULT_DISTRIBUTION,
                         help="MoE routing skew of the fused-MoE table, for fit and replay (costmodels.moeops)")
     args = parser.parse_args()
@@ -426,6 +432,7 @@ def command_line(args, part: str) -> str:
                                                    ("residual-scale", args.residual_scale, RESIDUAL_SCALE))
               if v != default]
     extra += [f" --moe-distribution {args.moe_distribution}"] if args.moe_distribution != DEFAULT_DISTRIBUTION else []
+    extra += [f" --mtp-acceptance {args.mtp_acceptance:g}"] if part == "breadth" and args.mtp_acceptance else []
     return "python benchmarks/fidelity.py" + "".join(extra)
 
 
@@ -461,7 +468,8 @@ def run_breadth(args, pool) -> None:
     if not path.is_file():
         sys.exit(f"breadth runs not found at {path}; set SERVETUNE_SHARED or pass --breadth-runs")
     command = command_line(args, "breadth")
-    text, figures, out = breadth(path, bench_client(args), pool, fit_options(args), args.quick, command)
+    text, figures, out = breadth(path, bench_client(args), pool, fit_options(args), args.quick, command,
+                                 args.mtp_acceptance)
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "fidelity_breadth.md").write_text(f"# Fidelity: breadth runs\n\nCommand: `{command}`\n\n```\n{text}\n```\n")

@@ -85,6 +85,9 @@ def load_runs(path: str | Path, *, builtin_only: bool = True, bad_rows: str = "r
     clients of one attention-DP group, as aiconfigurator records it (its rows with
     ``attention_dp_size`` 8 note ``silicon_concurrency`` = 8 x ``batch_size``).
 
+    An optional ``mtp_acceptance`` column gives an MTP run's measured acceptance per draft
+    position, in (0, 1] (blank: not recorded; ``optimizer.inferencex`` then assumes one).
+
     Built-in model names become canonical; others are an error unless ``builtin_only`` is
     False (validation against a model given by its config.json), when they stay as written.
     A bad value (missing, not a positive number, a fractional count) is an error under
@@ -110,6 +113,8 @@ def load_runs(path: str | Path, *, builtin_only: bool = True, bad_rows: str = "r
     cleaned = [_check_numbers(path, runs[name], problems) for name in NUMBERS]
     runs = runs.with_columns(cleaned)
     runs = runs.drop(LAYOUT).with_columns(_layout(runs, problems, _has_experts(runs["model"])))
+    if "mtp_acceptance" in raw.columns:  # a run that measured its drafter (optimizer.inferencex)
+        runs = runs.with_columns(_acceptance(raw["mtp_acceptance"], problems))
     first = next((i for i, p in enumerate(problems) if p), None)
     if first is not None and bad_rows == "raise":
         raise CostModelError(f"{path}: row {first + 2}, {problems[first][0]}")
@@ -183,6 +188,17 @@ def _check_numbers(path: Path, column: pl.Series, problems: list[list[str]]) -> 
                else f"{raw!r} is not a whole number")
         problems[i].append(f"column {name!r}: {why}")
     return pl.Series(name, np.where(ok, v, np.nan)).fill_nan(None)
+
+
+def _acceptance(column: pl.Series, problems: list[list[str]]) -> pl.Series:
+    """The optional ``mtp_acceptance`` column (each MTP draft position's acceptance the run
+    measured) as floats: blank where the run did not record one, else in (0, 1]."""
+    values = column.cast(pl.Float64, strict=False).to_list()
+    for i, (raw, x) in enumerate(zip(column.to_list(), values, strict=True)):
+        if raw not in (None, "") and not (x is not None and 0.0 < x <= 1.0):
+            problems[i].append(f"column 'mtp_acceptance': {raw!r} is not a number in (0, 1]")
+            values[i] = None
+    return pl.Series("mtp_acceptance", values, dtype=pl.Float64)
 
 
 def _has_experts(models: pl.Series) -> np.ndarray:

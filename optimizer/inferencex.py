@@ -20,7 +20,8 @@ Scripts (SemiAnalysisAI/InferenceX, ``benchmarks/``), all TensorRT-LLM without c
   fills (``batch_wait_max_tokens_ratio`` 0.9, ``batch_wait_timeout_iters`` 20: the
   engine's ``batch_wait_*`` knobs).
 
-MTP acceptance is not recorded by the runs: ``MTP_ACCEPTANCE`` is taken from elsewhere, stated.
+The breadth runs record no MTP acceptance, so ``MTP_ACCEPTANCE`` is taken from elsewhere
+(stated there); a runs file that measured it gives it per run (``mtp_acceptance``).
 """
 
 from __future__ import annotations
@@ -57,6 +58,12 @@ def _round_up(tokens: int) -> int:
     return -(-int(tokens) // _BUDGET_ROUND) * _BUDGET_ROUND
 
 
+def _acceptance(row: dict) -> float:
+    """The run's measured acceptance per MTP draft position, else ``MTP_ACCEPTANCE``."""
+    measured = row.get("mtp_acceptance")
+    return MTP_ACCEPTANCE if measured is None or measured != measured else float(measured)
+
+
 def known_server(row: dict) -> KnownServer | None:
     """The server of ``row`` (a ``load_runs`` row with its layout) when its script is
     known, else None. ``batch_size`` is the clients of one attention-DP group."""
@@ -73,7 +80,7 @@ def known_server(row: dict) -> KnownServer | None:
             "max_num_seqs": clients, "max_num_batched_tokens": _round_up((mtp + 1) * clients + isl + 64),
             "speculative_mode": "fixed", "num_speculative_tokens": mtp,
             "speculative_draft_cost_mode": "fraction", "speculative_draft_cost": MTP_DRAFT_FRACTION},
-            AcceptanceModel(default=(MTP_ACCEPTANCE,) * mtp))
+            AcceptanceModel(default=(_acceptance(row),) * mtp))
     if row["model"] == "meta-llama/Llama-3.1-70B" and row["gpu"] == "b200_sxm" and row["gemm_dtype"] == "fp8":
         server = no_chunking | {"max_num_batched_tokens": 16384}
         if row["isl"] == 1024 and row["osl"] == 1024 and row["tp"] < 8:

@@ -90,6 +90,8 @@ def test_canonical_runs_csv_is_accepted_and_fit(tmp_path):
     (lambda d: d.with_columns(pl.Series("model", ["llama-9", "x", "y"])), "unknown models"),
     (lambda d: d.with_columns(pl.Series("client", ["aiperf", "guidellm", "aiperf"])),
      r"row 3, column 'client': 'guidellm' is not one of aiperf, inferencex"),
+    (lambda d: d.with_columns(pl.Series("mtp_acceptance", ["0.6", "", "1.5"])),
+     r"row 4, column 'mtp_acceptance': '1.5' is not a number in \(0, 1\]"),
 ])
 def test_bad_runs_csv_names_the_problem(tmp_path, change, message):
     with pytest.raises(CostModelError, match=message):
@@ -124,3 +126,12 @@ def test_bundled_entries_are_one_per_key_with_their_out_of_sample_error():
     assert (ep8.calibration["match"], ep8.calibration["model"]) == ("family", "deepseek-ai/DeepSeek-R1")
     r1 = build("deepseek-ai/DeepSeek-R1", "h200", tp=8, **v3)  # its TP8 rows are V3's, filed again: scored once
     assert (r1.calibration["match"], r1.calibration["model"]) == ("family", "deepseek-ai/DeepSeek-V3")
+
+
+def test_a_run_may_record_its_mtp_acceptance(tmp_path):
+    """Blank where the run did not speculate; a bad value marks only its row."""
+    runs = pl.DataFrame(GOOD).with_columns(pl.Series("mtp_acceptance", ["0.6", "", "nan"]))
+    marked = load_runs(write(tmp_path, runs), bad_rows="mark")
+    assert marked["mtp_acceptance"].to_list() == [0.6, None, None]
+    assert marked["error"].to_list() == [None, None, "row 4: column 'mtp_acceptance': 'nan' is not a number in (0, 1]"]
+    assert "mtp_acceptance" not in load_runs(write(tmp_path, pl.DataFrame(GOOD))).columns

@@ -51,6 +51,8 @@ def test_the_deepseek_mtp_script_runs_three_drafts_without_attention_dp_and_one_
     dp = known_server(_row(model=R1, clients=8, isl=1024, ep=8, dp=8))  # 2 x 8 + 1088 = 1104 -> 1152
     assert dp.overrides["num_speculative_tokens"] == 1 and dp.overrides["max_num_seqs"] == 8
     assert dp.overrides["max_num_batched_tokens"] == 1152 and list(dp.acceptance.default) == [MTP_ACCEPTANCE]
+    # a run that measured its acceptance replays with it
+    assert list(known_server(_row(model=R1, ep=8, mtp_acceptance=0.5)).acceptance.default) == [0.5] * 3
 
 
 def test_the_llama_b200_script_has_a_fixed_budget_and_other_runs_have_no_known_server():
