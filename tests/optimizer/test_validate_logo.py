@@ -156,7 +156,8 @@ def test_a_client_or_fit_variant_is_fitted_replayed_and_named_in_the_command(mon
     from costmodels.moeops import DEFAULT_DISTRIBUTION
     from optimizer.closedloop import RESIDUAL_SCALE, TTFT_WEIGHT
 
-    defaults = dict(ttft_weight=TTFT_WEIGHT, residual_scale=RESIDUAL_SCALE, moe_distribution=DEFAULT_DISTRIBUTION)
+    defaults = dict(ttft_weight=TTFT_WEIGHT, residual_scale=RESIDUAL_SCALE, moe_distribution=DEFAULT_DISTRIBUTION,
+                    mtp_acceptance=None)
     args = argparse.Namespace(quick=False, client_ingress_ms=150.0, client_jitter_ms=0.0, **defaults)
     bench = fidelity.bench_client(args)
     assert bench.ingress_s == pytest.approx(0.15) and bench.jitter_s == 0.0
@@ -164,8 +165,11 @@ def test_a_client_or_fit_variant_is_fitted_replayed_and_named_in_the_command(mon
     plain = argparse.Namespace(quick=True, client_ingress_ms=0.0, client_jitter_ms=0.0, **defaults)
     assert fidelity.command_line(plain, "dense") == "python benchmarks/fidelity.py --quick"
     assert fidelity.bench_client(plain) == BenchClient()
+    mtp = argparse.Namespace(**{**vars(plain), "quick": False, "mtp_acceptance": 0.5})  # the breadth MTP runs only
+    assert fidelity.command_line(mtp, "breadth") == "python benchmarks/fidelity.py --part breadth --mtp-acceptance 0.5"
+    assert fidelity.command_line(mtp, "dense") == "python benchmarks/fidelity.py"
     fit = argparse.Namespace(quick=False, client_ingress_ms=0.0, client_jitter_ms=0.0, ttft_weight=TTFT_WEIGHT,
-                             residual_scale=0.02, moe_distribution="balanced")
+                             residual_scale=0.02, moe_distribution="balanced", mtp_acceptance=None)
     assert fidelity.command_line(fit, "dense") == ("python benchmarks/fidelity.py --residual-scale 0.02 "
                                                    "--moe-distribution balanced")
     seen = []
