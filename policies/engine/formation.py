@@ -10,7 +10,6 @@ from numba import njit
 
 from policies import fairness as fm
 from policies import prefix_cache as pcm
-from policies import queues as qm
 from policies.engine.admission import _admit_waiting, _long_prefill_threshold
 from policies.engine.batch import _fit_step_cap, _need_blocks, _schedule, _schedule_shared
 from policies.engine.codes import (
@@ -26,7 +25,8 @@ from policies.engine.codes import (
     PREFILL_FIRST,
 )
 from policies.engine.preemption import _schedule_running
-from policies.engine.state import _cache, _is_decode, _queue, _shares
+from policies.engine.state import _cache, _is_decode, _shares
+from policies.engine.summary import _queued_sum
 from policies.kernel_state import (
     B_TOKENS,
     BATCH_WAITED,
@@ -125,7 +125,7 @@ def _batch_wait_over(rep, st, cfg):
     if not _batch_waits(cfg) or g[B_TOKENS] == 0:
         return True
     if g[BATCH_WAITED] >= cfg[I_BATCH_WAIT_ITERS] or (
-            g[B_TOKENS] + min(_waiting_tokens(rep, st), g[BUDGET]) >= cfg[I_BATCH_WAIT_RATIO] * cfg[I_MAX_BATCHED]):
+            g[B_TOKENS] + min(_queued_sum(rep, st, True), g[BUDGET]) >= cfg[I_BATCH_WAIT_RATIO] * cfg[I_MAX_BATCHED]):
         g[BATCH_WAITED] = 0
         return True
     g[BATCH_WAITED] += 1
@@ -135,19 +135,6 @@ def _batch_wait_over(rep, st, cfg):
 @njit(cache=True, nogil=True, inline="always")
 def _batch_waits(cfg):
     return cfg[I_BATCH_WAIT_ITERS] > 0 and cfg[I_BATCH_WAIT_RATIO] > 0.0
-
-
-@njit(cache=True, nogil=True)
-def _waiting_tokens(rep, st):
-    """Tokens the waiting requests have left to compute."""
-    wq, ri, prompt = _queue(rep, st), rep.ri, st.si[S_PROMPT]
-    total = 0
-    for lane in range(wq.lanes.shape[1]):
-        base = wq.lanes[qm.L_BASE, lane]
-        for s in range(base, base + wq.lanes[qm.L_SIZE, lane]):
-            r = wq.slots[qm.SLOT_REQ, s]
-            total += prompt[r] + ri[GENERATED, r] - ri[COMPUTED, r]
-    return total
 
 
 @njit(cache=True, nogil=True)

@@ -120,8 +120,9 @@ def waiting_tokens(rep, st):
 
 
 @njit(cache=True, nogil=True)
-def _waiting_sum(rep, st, less_computed):
-    ri, g, wq = rep.ri, rep.g, _queue(rep, st)
+def _queued_sum(rep, st, less_computed):
+    """prompt + generated tokens of every queued request, less those computed if asked."""
+    ri, wq = rep.ri, _queue(rep, st)
     prompt = st.si[S_PROMPT]
     total = 0
     for lane in range(wq.lanes.shape[1]):
@@ -129,6 +130,14 @@ def _waiting_sum(rep, st, less_computed):
         for s in range(base, base + wq.lanes[qm.L_SIZE, lane]):
             r = wq.slots[qm.SLOT_REQ, s]
             total += prompt[r] + ri[GENERATED, r] - (ri[COMPUTED, r] if less_computed else 0)
+    return total
+
+
+@njit(cache=True, nogil=True)
+def _waiting_sum(rep, st, less_computed):
+    ri, g = rep.ri, rep.g
+    prompt = st.si[S_PROMPT]
+    total = _queued_sum(rep, st, less_computed)
     inbox = rep.lists[L_INBOX]
     ring = inbox.shape[0] - 1
     for p in range(g[INBOX_HEAD], g[N_DELIVERED]):
