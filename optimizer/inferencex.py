@@ -26,6 +26,7 @@ The breadth runs record no MTP acceptance, so ``MTP_ACCEPTANCE`` is taken from e
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from policies.speculative import AcceptanceModel
@@ -61,7 +62,7 @@ def _round_up(tokens: int) -> int:
 def _acceptance(row: dict) -> float:
     """The run's measured acceptance per MTP draft position, else ``MTP_ACCEPTANCE``."""
     measured = row.get("mtp_acceptance")
-    return MTP_ACCEPTANCE if measured is None or measured != measured else float(measured)
+    return MTP_ACCEPTANCE if measured is None or math.isnan(measured) else float(measured)
 
 
 def known_server(row: dict) -> KnownServer | None:
