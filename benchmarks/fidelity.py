@@ -76,6 +76,7 @@ from costmodels.calibration import (  # noqa: E402
     BUNDLED,
     SETUP,
     entry_key,
+    entry_path,
     fitted_layouts,
     layout_label,
     match_entry,
@@ -182,6 +183,16 @@ def evaluate(runs: pl.DataFrame, fitter, bench: BenchClient, pool=None, keys=LOG
             parts.append(predict_with(held, mine, bench, Path(tmp), f"fold{i}", moe_distribution))
         logo = pl.concat(parts, how="vertical_relaxed").sort("row")
     return insample, logo, entries
+
+
+def pinned_lines(entries: list[dict]) -> list[str]:
+    """The in-sample entries whose fit left terms on a limit of their range
+    (``closedloop.pinned_terms``): those terms are the limit's, not the runs'."""
+    pinned = [e for e in entries if e.get("pinned_terms")]
+    return ["fitted terms held at a limit of their range (not placed by the runs; the entry's other terms "
+            "absorb what they could not):",
+            *(f"  {e['model']} {e['gpu']} {e['framework']}/{e['gemm_dtype']} {entry_path(e)}: "
+              f"{', '.join(e['pinned_terms'])}" for e in pinned)] + ([] if pinned else ["  none"])
 
 
 def _ape(pred: str, measured: str) -> pl.Expr:
@@ -354,6 +365,7 @@ def breadth(path: Path, bench: BenchClient, pool, fit: dict, quick: bool,
               f"{r['tpot_diff_mean']:.1f}%" for r in twice] or ["  none"]
     osl, osl_split = osl_sensitivity(insample, logo, BREADTH_KEYS)
     lines += ["", *format_osl(osl, osl_split, BREADTH_KEYS)]
+    lines += ["", *pinned_lines(entries)]
     lines += ["", "not scorable (rows, reason):"]
     for r in skipped.group_by(["model", "gpu", "gemm_dtype", "layout", "reason"], maintain_order=True).len().iter_rows(
             named=True):
@@ -578,6 +590,7 @@ def run_dense(args, pool) -> None:
         lines.append(f"  {e['model']:24} {e['framework']}/{e['gemm_dtype']} tp{e['tp']}: overhead "
                      f"{e['overhead_s'] * 1e3:.2f} ms, prefill x{e['prefill_scale']:.3f}, decode x{e['decode_scale']:.3f}, "
                      f"prompt steps +{e.get('prefill_step_s', 0.0) * 1e3:.1f} ms, server {json.dumps(e['measured_server'])}")
+    lines += ["", *pinned_lines(entries)]
     lines += ["", "--- leave one group out, per (model, framework) ---", format_report(logo, worst=8)]
     text = "\n".join(lines)
     print(text)

@@ -32,6 +32,10 @@ from costmodels.steptable import StepTables, step_seconds
 
 BUNDLED = Path(__file__).resolve().parent / "data" / "calibration.json"
 FORMAT = "servetune-calibration/1"
+#: The terms an entry corrects the tables with. A replay-fitted entry lists in
+#: ``pinned_terms`` those its fit left on a limit of their search range: their values are
+#: the limit's, and ``apply_calibration`` says so in the cost model's source.
+FITTED_TERMS = ("overhead_s", "scale", "prefill_scale", "decode_scale", "prefill_step_s")
 
 # canonical column -> accepted spellings (aiconfigurator's silicon CSV first)
 COLUMNS = {
@@ -414,6 +418,10 @@ def load_calibration(path: str | Path) -> list[dict]:
         missing = [k for k in ("model", "gpu", "framework", "gemm_dtype") if k not in e]
         if missing:
             raise CostModelError(f"calibration file {path}: entry {i} lacks {missing}")
+        pinned = e.get("pinned_terms", [])
+        if not isinstance(pinned, list) or not set(pinned) <= set(FITTED_TERMS):
+            raise CostModelError(f"calibration file {path}: entry {i} pinned_terms must list terms of "
+                                 f"{list(FITTED_TERMS)}, got {pinned!r}")
         paths = {parallel_path(ep, dp) for _, ep, dp in e.get("layouts", [])} - {entry_path(e)}
         if paths:
             raise CostModelError(f"calibration file {path}: entry {i} is for the {entry_path(e)!r} path but was "
@@ -530,9 +538,12 @@ def apply_calibration(cost: CostModel, model: str, gpu: str, framework: str, gem
     split = "" if scales == {"prefill_scale": 1.0, "decode_scale": 1.0} else (
         f", prefill x{scales['prefill_scale']:.3f}, decode x{scales['decode_scale']:.3f}")
     split += f", prompt steps +{prefill_step_s * 1e3:.1f} ms" if prefill_step_s else ""
+    pinned = list(entry.get("pinned_terms") or [])
+    split += f"; {', '.join(pinned)} held at the fit's range limit, not placed by the runs" if pinned else ""
     used = {"file": label, "match": how, "model": entry["model"], "gpu": entry["gpu"], "tp": entry.get("tp"),
             "measured_server": dict(entry.get("measured_server") or {}) if entry["model"] == model else None,
             "overhead_s": entry["overhead_s"], "scale": entry["scale"], **scales, "prefill_step_s": prefill_step_s,
+            "pinned_terms": pinned,
             "error": entry.get("error") or {"in_sample_tpot_mape": entry.get("tpot_mape_after"),
                                             "in_sample_ttft_mape": entry.get("ttft_mape_after"),
                                             "out_of_sample": None}}

@@ -586,6 +586,29 @@ TTFT_WEIGHT = 0.3
 RESIDUAL_SCALE = 0.2
 
 
+#: The replay fit's terms, in the order and units it searches them (times in ms), and
+#: their search ranges. The 0 ms floors are physics (no time is negative); every other
+#: limit bounds what servetune takes for a plausible correction of the tables, so a term
+#: the fit leaves on one was not placed by the runs (``pinned_terms``).
+FIT_TERMS = ("overhead_s", "prefill_scale", "decode_scale", "prefill_step_s")
+FIT_LOWER = np.array([0.0, 0.2, 0.2, 0.0])
+FIT_UPPER = np.array([50.0, 10.0, 5.0, 500.0])
+#: How close to a limit, as a share of the range, counts as on it.
+PINNED_TOLERANCE = 1e-3
+
+
+def pinned_terms(x) -> list[str]:
+    """The terms of a replay fit ``x`` (``FIT_TERMS`` order, fit units) that ended on a
+    limit of their search range other than a physical 0 ms floor: the least-squares
+    optimum lies beyond it, so the model could not reproduce the runs with a plausible
+    value, and the term's figure is the limit's, not a measurement."""
+    x = np.asarray(x, dtype=float)
+    lo, hi = FIT_LOWER[:x.size], FIT_UPPER[:x.size]
+    near = PINNED_TOLERANCE * (hi - lo)
+    on_floor = (lo > 0) & (x - lo <= near)
+    return [FIT_TERMS[i] for i in np.flatnonzero(on_floor | (hi - x <= near))]
+
+
 def warmup() -> None:
     """Compile (or load from the cache) the closed-loop kernel for the types
     ``servetune validate`` and the replay calibration pass it: a tiny run of each
@@ -691,8 +714,9 @@ def fit_replay(runs, *, bench: BenchClient | None = None, start: tuple[float, fl
     script is known replays on that (``run_server``), and where every run's is, no
     candidate is tried ({}). ``start``: (overhead_s, scale) from the steady-state formula fit.
 
-    Returns the fitted terms and their in-sample MAPE (``*_mape_after``; ``*_before`` for
-    the uncalibrated model under the framework defaults)."""
+    Returns the fitted terms, those left on a limit of their range (``pinned_terms``) and
+    their in-sample MAPE (``*_mape_after``; ``*_before`` for the uncalibrated model under
+    the framework defaults)."""
     from scipy.optimize import least_squares
 
     frameworks = set(runs["framework"].to_list())
@@ -704,11 +728,10 @@ def fit_replay(runs, *, bench: BenchClient | None = None, start: tuple[float, fl
     if all(known_server(r) is not None for r in rows.rows):  # no server left to choose
         candidates = ({},)
     overhead0, scale0 = start or (rows._cost[0].tables.overhead_s, 1.0)
-    # overhead (ms), prefill and decode scales, then the prompt-step time (ms) where fitted
     terms = 4 if framework in PREFILL_STEP_FRAMEWORKS else 3
+    lo, hi = FIT_LOWER[:terms], FIT_UPPER[:terms]
     x0 = np.clip([scale0 * overhead0 * 1e3, scale0, scale0, PREFILL_STEP_START_MS][:terms],
-                 [0.0, 0.21, 0.21, 0.0][:terms], [49.0, 9.9, 4.9, 499.0][:terms])
-    lo, hi = np.array([0.0, 0.2, 0.2, 0.0][:terms]), np.array([50.0, 10.0, 5.0, 500.0][:terms])
+                 [0.0, 0.21, 0.21, 0.0][:terms], [49.0, 9.9, 4.9, 499.0][:terms])  # inside the range
 
     def predict(x, server):
         return rows.predict(x[0] * 1e-3, x[1], x[2], server, prefill_step_s=x[3] * 1e-3 if terms > 3 else 0.0)
@@ -730,7 +753,7 @@ def fit_replay(runs, *, bench: BenchClient | None = None, start: tuple[float, fl
     return {
         "overhead_s": float(fit.x[0] * 1e-3), "scale": 1.0, "prefill_scale": float(fit.x[1]),
         "decode_scale": float(fit.x[2]), "prefill_step_s": float(fit.x[3] * 1e-3) if terms > 3 else 0.0,
-        "measured_server": dict(server), "fit": "replay",
+        "measured_server": dict(server), "fit": "replay", "pinned_terms": pinned_terms(fit.x),
         "step_source": step_source(rows._cost[0]), **fitted_routing(rows._cost),
         "tpot_mape_before": _mape(before[:, 1], rows.tpot_ms), "ttft_mape_before": _mape(before[:, 0], rows.ttft_ms),
         "tpot_mape_after": _mape(after[:, 1], rows.tpot_ms), "ttft_mape_after": _mape(after[:, 0], rows.ttft_ms),

@@ -209,6 +209,11 @@ def calibrate_cmd(
                       f"{e['tpot_mape_before']:.1f} -> {e['tpot_mape_after']:.1f}",
                       f"{e['ttft_mape_before']:.1f} -> {e['ttft_mape_after']:.1f}")
     console.print(table)
+    for e in entries:
+        if e.get("pinned_terms"):
+            console.print(f"[yellow]{e['model']} {e['framework']}/{e['gemm_dtype']} {entry_path(e)}: "
+                          f"{', '.join(e['pinned_terms'])} held at the fit's range limit: the runs did not place "
+                          "them, the entry's other terms absorb the rest[/yellow]")
     console.print(f"wrote {output}; in-sample figures only: `python benchmarks/fidelity.py --runs {runs}` scores "
                   "each entry on groups it was not fitted on")
 

@@ -103,3 +103,18 @@ def test_an_entrys_prompt_step_time_reaches_the_tables_and_the_label(tmp_path):
     save_calibration([entry(LLAMA8, prefill_step_s=-0.01)], path)
     with pytest.raises(CostModelError, match="prefill_step_s >= 0"):
         build(LLAMA8, "h100", framework="trtllm", calibration=path)
+
+
+@pytest.mark.parametrize("pinned", ["decode_scale", ["decode"], [3]])
+def test_pinned_terms_must_name_fitted_terms(tmp_path, pinned):
+    path = tmp_path / "cal.json"
+    save_calibration([entry(LLAMA8), entry(LLAMA8, gpu="a100_sxm", pinned_terms=pinned)], path)
+    with pytest.raises(CostModelError, match=r"entry 1 pinned_terms must list terms of"):
+        build(LLAMA8, "h100", tp=1, framework="trtllm", calibration=path)
+
+
+def test_an_entry_without_pinned_terms_applies_as_placed(tmp_path):
+    path = tmp_path / "cal.json"
+    save_calibration([entry(LLAMA8)], path)
+    cost = build(LLAMA8, "h100", tp=1, framework="trtllm", calibration=path)
+    assert cost.calibration["pinned_terms"] == [] and "range limit" not in cost.source

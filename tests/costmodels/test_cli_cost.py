@@ -72,3 +72,18 @@ def test_calibrate_by_replay_fits_prefill_and_decode_terms(tmp_path):
                                "--calibration", str(out), "--format", "json"])
     assert "calibrated:replay.json setup" in json.loads(show.output)["source"]
     assert runner.invoke(app, ["cost", "calibrate", str(runs), "--fit", "guess"]).exit_code == 2
+
+
+def test_calibrate_names_the_terms_a_fit_left_on_a_limit(tmp_path):
+    """Runs ten times slower than the tables allow push the decode scale past its 5x limit."""
+    import polars as pl
+
+    if not SILICON.is_file():
+        pytest.skip("measured runs not available")
+    rows = pl.read_csv(SILICON, infer_schema_length=None).filter(pl.col("backend") == "vllm").gather_every(30)
+    runs, out = tmp_path / "runs.csv", tmp_path / "slow.json"
+    rows.with_columns(pl.col("silicon_tpot_ms") * 10).write_csv(runs)
+    result = runner.invoke(app, ["cost", "calibrate", str(runs), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "decode_scale held at the fit's range limit" in " ".join(result.output.split())
+    assert all("decode_scale" in e["pinned_terms"] for e in json.loads(out.read_text())["entries"])

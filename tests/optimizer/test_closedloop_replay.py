@@ -15,6 +15,7 @@ from optimizer.closedloop import (
     benchmark_means,
     calibrate_replay,
     fit_replay,
+    pinned_terms,
     server_config,
 )
 from optimizer.targets import context_of
@@ -24,12 +25,12 @@ BENCH = BenchClient(requests_per_client=4)
 TRUTH = {"overhead_s": 3e-3, "prefill_scale": 1.3, "decode_scale": 0.85}
 
 
-def _measured(framework, server, tps=(1,)):
-    """Runs "measured" on a server whose step costs TRUTH and runs ``server`` overrides."""
+def _measured(framework, server, tps=(1,), truth=TRUTH):
+    """Runs "measured" on a server whose step costs ``truth`` and runs ``server`` overrides."""
     rows = []
     for tp in tps:
         cost = build(MODEL, GPU, tp=tp, framework=framework, calibration=False)
-        true = cost.__class__(**{**cost.__dict__, "tables": cost.tables._replace(scale=1.0, **TRUTH)})
+        true = cost.__class__(**{**cost.__dict__, "tables": cost.tables._replace(scale=1.0, **truth)})
         config = server_config(framework, context_of(true, GPU, context_len=0, tp=tp), server)
         for clients, isl, osl in [(8, 1024, 128), (8, 4096, 512), (32, 1024, 512), (32, 4096, 128), (16, 2048, 256)]:
             ttft, tpot = benchmark_means(true, config, clients, isl, osl, BENCH)
@@ -47,6 +48,7 @@ def test_replay_fit_recovers_known_terms_and_the_servers_token_budget():
     assert fit["overhead_s"] == pytest.approx(TRUTH["overhead_s"], abs=5e-4)
     assert fit["tpot_mape_after"] < 1.0 and fit["ttft_mape_after"] < 2.0
     assert fit["tpot_mape_after"] < fit["tpot_mape_before"]
+    assert fit["pinned_terms"] == []  # every term placed inside its range
 
 
 def test_calibrate_replay_writes_entries_build_and_validate_apply(tmp_path):
@@ -156,3 +158,26 @@ def test_only_trtllm_fits_a_prompt_step_time(monkeypatch):
     trt = fit_replay(_measured("trtllm", {}).head(1), bench=BENCH, candidates=({},))
     assert sizes == [3, 4]
     assert vllm["prefill_step_s"] == 0.0 and trt["prefill_step_s"] == pytest.approx(0.04)
+
+
+def test_pinned_terms_are_the_limits_a_fit_ends_on_except_the_zero_time_floors():
+    # order and units of the fit: overhead ms, prefill scale, decode scale, prompt-step ms
+    assert pinned_terms([0.0, 1.0, 1.0, 0.0]) == []  # no fixed time at all is physics, not a limit
+    assert pinned_terms([0.0, 0.2, 0.2]) == ["prefill_scale", "decode_scale"]
+    assert pinned_terms([50.0, 10.0, 5.0, 500.0]) == ["overhead_s", "prefill_scale", "decode_scale", "prefill_step_s"]
+    assert pinned_terms([49.0, 0.21, 4.99, 499.0]) == []  # near is not on: 1e-3 of the range
+    assert pinned_terms([1.0, 1.0, 4.996]) == ["decode_scale"]
+
+
+def test_a_fit_the_runs_push_past_a_limit_says_so_in_the_entry_and_the_cost_model(tmp_path):
+    truth = {**TRUTH, "decode_scale": 8.0}  # decode 8x the tables: beyond the fit's 5x
+    runs = _measured("vllm", {}, truth=truth)
+    entries = calibrate_replay(runs, bench=BENCH)
+    mine = entries[0]
+    assert mine["decode_scale"] == pytest.approx(5.0)
+    assert mine["pinned_terms"] == ["decode_scale"]
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps({"format": "servetune-calibration/1", "entries": entries}))
+    cost = build(MODEL, GPU, tp=1, framework="vllm", calibration=path)
+    assert cost.calibration["pinned_terms"] == ["decode_scale"]
+    assert "decode_scale held at the fit's range limit" in cost.source
