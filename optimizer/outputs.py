@@ -698,6 +698,16 @@ def _pareto_points(trials, dirs, names) -> tuple[list[plots.TrialPoint], tuple[s
     return points, (names[0], "p99 TTFT (ms)"), (dirs[0], "minimize")
 
 
+#: What a gain on an attention-DP layout does not include: the engines (SGLang DP attention,
+#: vLLM's DP ranks of a MoE model, TRT-LLM's) step all groups of an instance together, so
+#: one group's prompt lengthens every group's step; the simulator runs each group's
+#: scheduler on its own, timing its MoE layers as if every group ran a batch like its own.
+ATTENTION_DP_CAVEAT = ("Attention DP is simulated as independent groups, each timing its MoE layers as if every "
+                       "group ran a batch like its own; the engine steps the groups together (a prompt on one "
+                       "lengthens every group's step), which is not simulated, so under uneven load a DP layout's "
+                       "TPOT is optimistic: measure it with the bench script before relying on its gain.")
+
+
 def _notes(best: FrozenTrial, recommended: Evaluated, evaluated: Sequence[Evaluated], spec, target,
            generalisation: Mapping[str, Any] | None = None, calibration: Mapping[str, Any] | None = None) -> list[str]:
     notes = []
@@ -731,6 +741,8 @@ def _notes(best: FrozenTrial, recommended: Evaluated, evaluated: Sequence[Evalua
                      "router as it arrives: "
                      + "; ".join(f"{e.name}: {routing_label(e.config, e.fleet.schedulers)}" for e in evaluated)
                      + ". The fleet's KV high-water is the sum of the replicas' peaks.")
+    if any(e.fleet.attention_dp > 1 for e in evaluated):
+        notes.append(ATTENTION_DP_CAVEAT)
     if spec.failures is not None:
         notes.append(f"Every simulation ran with the study's failures ({spec.failures.describe()}), compressed "
                      "with the trace at other arrival rates.")

@@ -391,6 +391,8 @@ def _pct(value) -> str:
 
 def _print_file_gains(console: Console, summary: dict) -> None:
     """The recommendation's figures: the exported file, replayed; held-out and verdict first."""
+    from optimizer.outputs import ATTENTION_DP_CAVEAT
+
     rec = summary["recommendation"]
     best = summary["best"]["report"]
     lead = summary["verdict"]
@@ -422,6 +424,8 @@ def _print_file_gains(console: Console, summary: dict) -> None:
         console.print(f"[dim]{bound['label']}: {mine:.3f}/s; "
                       + ", ".join(f"{g:.2f}x over {n}" if math.isfinite(g) else f"unbounded over {n}"
                                   for n, g in bound["gain"].items()) + " (not a recommendation)[/]")
+    if summary["best"].get("fleet", {}).get("attention_dp", 1) > 1:
+        console.print(f"[yellow]{ATTENTION_DP_CAVEAT}[/]")
     extrapolated = {n: e["report"].get("out_of_range_steps") for n, e in summary["baselines"].items()}
     extrapolated[rec["file"]] = best.get("out_of_range_steps")
     flagged = {n: v for n, v in extrapolated.items() if v}

@@ -8,7 +8,7 @@ import yaml
 
 from costmodels.layout import ParallelLayout
 from optimizer.evaluate import Evaluator
-from optimizer.outputs import deployment_of, trial_fleet, write_run_outputs
+from optimizer.outputs import ATTENTION_DP_CAVEAT, deployment_of, trial_fleet, write_run_outputs
 from optimizer.space import Fleet, SpaceError, build_space, fleet_of
 from optimizer.spec import load_spec
 from optimizer.study import create_or_resume, enqueue_baselines, run
@@ -149,6 +149,8 @@ def test_a_layout_study_exports_the_recommended_layout_in_the_engines_flags(tmp_
     review = (spec.run_dir / "capacity-review.md").read_text()
     stated = [f"expert parallel {recommended.moe_ep}", f"attention DP groups {recommended.attention_dp}"]
     assert [s in review for s in stated] == [recommended.moe_ep > 1, recommended.attention_dp > 1]
+    # what the simulator leaves out of a DP layout's figures is said wherever one was simulated
+    assert (ATTENTION_DP_CAVEAT in review) == any(f.attention_dp > 1 for f in (recommended, spec.fleet))
 
 
 def test_simulate_refuses_a_layout_file_it_would_run_as_plain_tp(tmp_path):
