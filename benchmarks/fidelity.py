@@ -6,7 +6,7 @@ through the engine as the benchmark client that produced it drove the server
 request count; a run from another client, such as the breadth file's InferenceX rows, is
 replayed as that one: ``closedloop.client_for``), with each framework's scheduler: the
 path of ``servetune validate``.
-The cost model is calibrated by replay (``optimizer.closedloop.calibrate_replay``: overhead,
+The cost model is calibrated by replay (``optimizer.replayfit.calibrate_replay``: overhead,
 prefill and decode scales and the measured server's token budget, fitted so the closed
 loop reproduces the runs). Two figures per (model, framework, TP) group and overall:
 
@@ -48,7 +48,7 @@ dense files are left as they are).
 ``--client-ingress-ms`` / ``--client-jitter-ms`` fit and replay with a variant of the
 client (``BenchClient.ingress_s``, ``jitter_s``) to test what the harness explains;
 ``--ttft-weight`` / ``--residual-scale`` change the replay fit's loss
-(``closedloop.TTFT_WEIGHT``, ``RESIDUAL_SCALE``); ``--moe-distribution`` times the MoE
+(``replayfit.TTFT_WEIGHT``, ``RESIDUAL_SCALE``); ``--moe-distribution`` times the MoE
 layers at another routing skew (``costmodels.moeops.DEFAULT_DISTRIBUTION`` by default).
 The bundled figures use the defaults.
 """
@@ -88,13 +88,8 @@ from costmodels.distil import aic_root, shared_dir  # noqa: E402
 from costmodels.gpus import load_gpu  # noqa: E402
 from costmodels.moeops import DEFAULT_DISTRIBUTION, DISTRIBUTIONS  # noqa: E402
 from optimizer.cli.validate import format_report, predict_runs, scatter_figure, server_label  # noqa: E402
-from optimizer.closedloop import (  # noqa: E402
-    LOCKSTEP,
-    RESIDUAL_SCALE,
-    TTFT_WEIGHT,
-    BenchClient,
-    calibrate_replay,
-)
+from optimizer.closedloop import LOCKSTEP, BenchClient  # noqa: E402
+from optimizer.replayfit import RESIDUAL_SCALE, TTFT_WEIGHT, calibrate_replay  # noqa: E402
 
 #: A leave-one-out group: one measured setup (the GPU and dtype go with the model here).
 LOGO_KEYS = ["model", "gpu", "framework", "gemm_dtype", "tp"]
@@ -187,7 +182,7 @@ def evaluate(runs: pl.DataFrame, fitter, bench: BenchClient, pool=None, keys=LOG
 
 def pinned_lines(entries: list[dict]) -> list[str]:
     """The in-sample entries whose fit left terms on a limit of their range
-    (``closedloop.pinned_terms``): those terms are the limit's, not the runs'."""
+    (``replayfit.pinned_terms``): those terms are the limit's, not the runs'."""
     pinned = [e for e in entries if e.get("pinned_terms")]
     return ["fitted terms held at a limit of their range (not placed by the runs; the entry's other terms "
             "absorb what they could not):",
@@ -396,7 +391,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2, help="worker processes for the fits")
     parser.add_argument("--ttft-weight", type=float, default=TTFT_WEIGHT, help="TTFT residual weight in the replay fit")
     parser.add_argument("--residual-scale", type=float, default=RESIDUAL_SCALE,
-                        help="soft-L1 scale of the replay fit's log-ratio residuals (closedloop.RESIDUAL_SCALE)")
+                        help="soft-L1 scale of the replay fit's log-ratio residuals (replayfit.RESIDUAL_SCALE)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--install", action="store_true",
                         help="also write the fitted entries, with their stated errors, as the bundled calibration "

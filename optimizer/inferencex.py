@@ -4,7 +4,7 @@ A run measured by InferenceX (``client`` "inferencex": ``costmodels.calibration.
 was served by a public script that sets the scheduler from the run's own concurrency and
 prompt length. Where that script is known, the replay serves the run with it
 (``known_server``) instead of a server the replay fit chooses among
-``closedloop.SERVER_CANDIDATES``: a fact about the run is not a term to fit.
+``replayfit.SERVER_CANDIDATES``: a fact about the run is not a term to fit.
 
 Scripts (SemiAnalysisAI/InferenceX, ``benchmarks/``), all TensorRT-LLM without chunked prefill:
 

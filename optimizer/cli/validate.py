@@ -32,16 +32,15 @@ import typer
 from costmodels.calibration import SETUP, layout_label, with_layout
 from costmodels.costmodel import CostModel, CostModelError
 from optimizer.closedloop import (
-    UNMEASURED_SERVER,
     BenchClient,
     ClosedLoopError,
     ClosedLoopResult,
     client_for,
     run_benchmark,
-    run_server,
     server_max_seq_len,
 )
 from optimizer.inferencex import known_server
+from optimizer.replayfit import UNMEASURED_SERVER, run_server
 from optimizer.targets import context_of
 from policies.config import ConfigError
 from policies.engines import EngineContext
@@ -192,7 +191,7 @@ def _config_target(unknown: list[str], model_config: str | Path | None) -> str |
 
 def measured_server(cost, framework: str) -> dict:
     """The scheduler overrides a replay fit chose for the runs of ``cost``'s calibration
-    entry (its ``measured_server``; ``optimizer.closedloop.SERVER_CANDIDATES``), {} when the
+    entry (its ``measured_server``; ``optimizer.replayfit.SERVER_CANDIDATES``), {} when the
     entry has none (a formula fit), ``UNMEASURED_SERVER`` when no entry of the model applied."""
     server = (cost.calibration or {}).get("measured_server")
     return dict(UNMEASURED_SERVER[framework] if server is None else server)

@@ -15,18 +15,15 @@ from optimizer.cli import app
 from optimizer.closedloop import (
     CLIENT_VARIANTS,
     LOCKSTEP,
-    SEQS_BELOW_CLIENTS,
-    SERVER_CANDIDATES,
     TRTLLM_DEFAULT,
     BenchClient,
     ClosedLoopError,
     benchmark_means,
     client_for,
-    for_clients,
     framework_config,
     run_benchmark,
-    server_config,
 )
+from optimizer.replayfit import SEQS_BELOW_CLIENTS, SERVER_CANDIDATES, for_clients, server_config
 from policies.config import PolicyConfig
 
 # Step = 2 ms + 0.1 ms per token: a prefill of P tokens takes 2 + 0.1 P ms, a decode step of S sequences 2 + 0.1 S.
@@ -199,7 +196,8 @@ def test_reproduces_measured_h100_runs_as_well_as_the_calibration_states():
     replays them (AIPerf's harness, the entry's measured-server settings), these runs
     are within it: TPOT within 10% on average, TTFT no worse than the stated error."""
     from optimizer.cli.validate import measured_server
-    from optimizer.closedloop import server_config, server_max_seq_len
+    from optimizer.closedloop import server_max_seq_len
+    from optimizer.replayfit import server_config
     from optimizer.targets import context_of
 
     assert LLAMA_TRT.calibration["match"] == "setup"
@@ -248,7 +246,8 @@ def test_validate_command_prints_mape_and_writes_predictions(tmp_path):
     pred = pl.read_csv(tmp_path / "pred.csv")
     # what validate predicts is the closed loop of the row's setup, as the benchmark drove it
     from optimizer.cli.validate import measured_server
-    from optimizer.closedloop import server_config, server_max_seq_len
+    from optimizer.closedloop import server_max_seq_len
+    from optimizer.replayfit import server_config
     from optimizer.targets import context_of
 
     server = measured_server(LLAMA_TRT, "trtllm")

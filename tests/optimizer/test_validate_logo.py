@@ -154,7 +154,7 @@ def test_a_client_or_fit_variant_is_fitted_replayed_and_named_in_the_command(mon
     import argparse
 
     from costmodels.moeops import DEFAULT_DISTRIBUTION
-    from optimizer.closedloop import RESIDUAL_SCALE, TTFT_WEIGHT
+    from optimizer.replayfit import RESIDUAL_SCALE, TTFT_WEIGHT
 
     defaults = dict(ttft_weight=TTFT_WEIGHT, residual_scale=RESIDUAL_SCALE, moe_distribution=DEFAULT_DISTRIBUTION,
                     mtp_acceptance=None)

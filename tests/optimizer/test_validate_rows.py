@@ -31,11 +31,10 @@ from optimizer.closedloop import (
     BenchClient,
     ClosedLoopError,
     client_for,
-    for_clients,
     run_benchmark,
-    server_config,
     server_max_seq_len,
 )
+from optimizer.replayfit import for_clients, server_config
 from optimizer.targets import context_of
 
 ROOT = Path(__file__).resolve().parents[2]

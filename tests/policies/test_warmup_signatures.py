@@ -17,7 +17,7 @@ from numba.core.dispatcher import Dispatcher
 
 import costmodels
 from costmodels.jitcache import JIT_PACKAGES
-from optimizer import closedloop
+from optimizer import closedloop, replayfit
 from optimizer.targets import context_of
 from policies import engine, fleet
 from policies.config import PolicyConfig
@@ -81,7 +81,7 @@ def test_a_real_run_compiles_nothing_after_warmup(tmp_path):
     for framework in ("vllm", "trtllm"):  # as validate replays a measured run
         measured = costmodels.build("meta-llama/Llama-3.1-8B", "h100", framework=framework)
         ctx = context_of(measured, "h100", context_len=0)
-        closedloop.run_benchmark(measured, closedloop.server_config(framework, ctx), 3, 64, 8,
+        closedloop.run_benchmark(measured, replayfit.server_config(framework, ctx), 3, 64, 8,
                                  max_seq_len=closedloop.server_max_seq_len(framework, "meta-llama/Llama-3.1-8B"))
 
     after = _signatures()

@@ -1,4 +1,4 @@
-"""Calibration by replay: the closed loop fitted to runs it must reproduce."""
+"""Calibration by replay (``optimizer.replayfit``): the closed loop fitted to runs it must reproduce."""
 
 import json
 
@@ -8,11 +8,9 @@ import pytest
 
 from costmodels import build
 from optimizer.cli.validate import predict_runs
-from optimizer.closedloop import (
+from optimizer.closedloop import BenchClient, ClosedLoopError, benchmark_means
+from optimizer.replayfit import (
     UNMEASURED_SERVER,
-    BenchClient,
-    ClosedLoopError,
-    benchmark_means,
     calibrate_replay,
     fit_replay,
     pinned_terms,
@@ -116,7 +114,7 @@ def test_the_residual_scale_is_the_soft_l1_scale_of_the_fit(monkeypatch):
 
     import scipy.optimize
 
-    from optimizer.closedloop import PREFILL_STEP_START_MS, RESIDUAL_SCALE
+    from optimizer.replayfit import PREFILL_STEP_START_MS, RESIDUAL_SCALE
 
     scales, starts = [], []
 
@@ -138,12 +136,12 @@ def test_the_residual_scale_is_the_soft_l1_scale_of_the_fit(monkeypatch):
 
 def test_only_trtllm_fits_a_prompt_step_time(monkeypatch):
     """vLLM replays piecewise CUDA graphs for mixed batches: its fit has three terms and
-    its entries no prompt-step time (``closedloop.PREFILL_STEP_FRAMEWORKS``)."""
+    its entries no prompt-step time (``replayfit.PREFILL_STEP_FRAMEWORKS``)."""
     import types
 
     import scipy.optimize
 
-    from optimizer.closedloop import PREFILL_STEP_FRAMEWORKS
+    from optimizer.replayfit import PREFILL_STEP_FRAMEWORKS
 
     sizes = []
 
