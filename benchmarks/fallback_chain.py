@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from costmodels import save_calibration  # noqa: E402
-from costmodels.calibration import layout_label  # noqa: E402
+from costmodels.runs import layout_label  # noqa: E402
 from optimizer.cli.validate import predict_runs  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"

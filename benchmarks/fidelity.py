@@ -74,19 +74,17 @@ from costmodels import build, calibrate, load_calibration, load_runs, save_calib
 from costmodels.architecture import load_model  # noqa: E402
 from costmodels.calibration import (  # noqa: E402
     BUNDLED,
-    SETUP,
     entry_key,
     entry_path,
     fitted_layouts,
-    layout_label,
     match_entry,
     with_key_columns,
-    with_layout,
 )
 from costmodels.costmodel import CostModelError  # noqa: E402
 from costmodels.distil import aic_root, shared_dir  # noqa: E402
 from costmodels.gpus import load_gpu  # noqa: E402
 from costmodels.moeops import DEFAULT_DISTRIBUTION, DISTRIBUTIONS  # noqa: E402
+from costmodels.runs import SETUP, layout_label, with_layout  # noqa: E402
 from optimizer.cli.validate import format_report, predict_runs, scatter_figure, server_label  # noqa: E402
 from optimizer.closedloop import LOCKSTEP, BenchClient  # noqa: E402
 from optimizer.replayfit import RESIDUAL_SCALE, TTFT_WEIGHT, calibrate_replay  # noqa: E402

@@ -8,9 +8,10 @@ times up with ``step_seconds(cost.tables, ...)``.
 from costmodels import jitcache  # noqa: F401
 from costmodels.architecture import ModelArch, load_model
 from costmodels.build import build
-from costmodels.calibration import calibrate, load_calibration, load_runs, save_calibration
+from costmodels.calibration import calibrate, load_calibration, save_calibration
 from costmodels.costmodel import CostModel, CostModelError
 from costmodels.gpus import GPUSpec, load_gpu, register_gpu
+from costmodels.runs import load_runs
 from costmodels.sps import read_step_csv, sps_curve, write_sps_csv
 from costmodels.steptable import StepTables, linear_tables, step_seconds
 

@@ -334,7 +334,8 @@ def main(argv: list[str] | None = None) -> None:
         shutil.copyfile(cfg, args.out / "models" / cfg.name)
     shutil.copyfile(args.shared / "profiles" / "aiconfigurator" / "LICENSE", args.out / "LICENSE-aiconfigurator")
     if args.out == DATA_DIR:  # calibrate against the bundled tables just written
-        from costmodels.calibration import BUNDLED, calibrate, load_runs, save_calibration
+        from costmodels.calibration import BUNDLED, calibrate, save_calibration
+        from costmodels.runs import load_runs
 
         save_calibration(calibrate(load_runs(root / "systems" / "silicon_dense_h100.csv")), BUNDLED)
     for f in sorted(args.out.rglob("*")):

@@ -208,7 +208,7 @@ class BenchClient:
         return np.random.default_rng([self.seed, 1]).exponential(self.jitter_s, n)
 
 
-#: How each benchmark client a measured run may name (``costmodels.calibration.CLIENT_NAMES``)
+#: How each benchmark client a measured run may name (``costmodels.runs.CLIENT_NAMES``)
 #: departs from AIPerf as aiconfigurator's script runs it (``BenchClient()``). InferenceX's
 #: ``benchmark_serving.py`` (``benchmarks/benchmark_lib.sh``: ``--random-range-ratio 0.8
 #: --num-prompts 10C --max-concurrency C --num-warmups 2C --ignore-eos``) draws each prompt

@@ -1,6 +1,6 @@
 """The servers SemiAnalysis InferenceX's benchmark scripts launch, known per measured run.
 
-A run measured by InferenceX (``client`` "inferencex": ``costmodels.calibration.client_column``)
+A run measured by InferenceX (``client`` "inferencex": ``costmodels.runs.client_column``)
 was served by a public script that sets the scheduler from the run's own concurrency and
 prompt length. Where that script is known, the replay serves the run with it
 (``known_server``) instead of a server the replay fit chooses among

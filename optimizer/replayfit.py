@@ -20,16 +20,15 @@ from dataclasses import replace
 import numpy as np
 
 from costmodels.calibration import (
-    SETUP,
     entry_family,
     entry_key,
     fitted_layouts,
     fitted_routing,
     step_source,
     with_key_columns,
-    with_layout,
 )
 from costmodels.costmodel import CostModel
+from costmodels.runs import SETUP, with_layout
 from optimizer.closedloop import (
     BenchClient,
     ClosedLoopError,

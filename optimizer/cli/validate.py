@@ -1,7 +1,7 @@
 """`servetune validate`: simulate measured closed-loop runs and compare TTFT and TPOT.
 
 Each row of a runs CSV (aiconfigurator's ``silicon_*.csv`` format, or the canonical
-columns of ``costmodels.calibration.COLUMNS``) is one benchmark: ``batch_size`` clients,
+columns of ``costmodels.runs.COLUMNS``) is one benchmark: ``batch_size`` clients,
 ``isl``-token prompts, ``osl`` output tokens, on ``tp_size`` GPUs. Every row is replayed
 through the engine as the benchmark client ran it (``optimizer.closedloop.BenchClient``:
 AIPerf's start-up burst, warm-up, profiled request count and length draws) with the
@@ -29,8 +29,8 @@ import numpy as np
 import polars as pl
 import typer
 
-from costmodels.calibration import SETUP, layout_label, with_layout
 from costmodels.costmodel import CostModel, CostModelError
+from costmodels.runs import SETUP, layout_label, with_layout
 from optimizer.closedloop import (
     BenchClient,
     ClosedLoopError,

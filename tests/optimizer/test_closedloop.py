@@ -8,8 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from costmodels import build
-from costmodels.calibration import CLIENT_NAMES
 from costmodels.costmodel import CostModel
+from costmodels.runs import CLIENT_NAMES
 from costmodels.steptable import linear_tables
 from optimizer.cli import app
 from optimizer.closedloop import (
