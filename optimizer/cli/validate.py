@@ -48,8 +48,8 @@ from policies.engines import EngineContext
 GROUP = ["model", "framework", "gemm_dtype"]
 #: the columns ``predict_runs`` adds, with their types
 PREDICTED = {"pred_ttft_ms": pl.Float64, "pred_tpot_ms": pl.Float64, "calibration_match": pl.Utf8,
-             "measured_server": pl.Utf8, "cost_source": pl.Utf8, "kv_dtype": pl.Utf8, "kv_dtype_assumed": pl.Boolean,
-             "error": pl.Utf8}
+             "calibration_pinned": pl.Utf8, "measured_server": pl.Utf8, "cost_source": pl.Utf8, "kv_dtype": pl.Utf8,
+             "kv_dtype_assumed": pl.Boolean, "error": pl.Utf8}
 
 
 def register(app: typer.Typer) -> None:
@@ -69,8 +69,9 @@ class Setup:
 def predict_runs(runs: pl.DataFrame, *, model_config: str | Path | None = None, calibration=None,
                  bench: BenchClient | None = None, on_row=None, moe_distribution: str | None = None) -> pl.DataFrame:
     """``runs`` (from ``load_runs``) with predicted ``pred_ttft_ms``/``pred_tpot_ms``, the
-    ``calibration_match`` of the row's cost model (setup, model, pooled, none or off), the
-    ``measured_server`` scheduler overrides it was replayed with (JSON; from the matched
+    ``calibration_match`` of the row's cost model (setup, model, pooled, none or off) and
+    the terms its entry's fit left on a range limit (``calibration_pinned``, comma-separated;
+    null when none), the ``measured_server`` scheduler overrides it was replayed with (JSON; from the matched
     calibration entry when a replay fit chose them, else the framework's defaults), its
     ``cost_source`` (``CostModel.source``: op tables or a roofline fallback with its
     reason, and the calibration), the ``kv_dtype`` it assumed (``kv_dtype_assumed``: the
@@ -111,7 +112,9 @@ def _predict_row(i: int, row: dict, configs: dict, setups: dict, calibration, be
         return values | {"error": f"row {i + 2}: {setup}"}
     known = known_server(row)
     server = setup.server if known is None else {"script": known.script, **known.overrides}
-    values |= {"calibration_match": (setup.cost.calibration or {}).get("match", "none"),
+    used = setup.cost.calibration or {}
+    values |= {"calibration_match": used.get("match", "none"),
+               "calibration_pinned": ", ".join(used.get("pinned_terms") or []) or None,
                "measured_server": json.dumps(server), "cost_source": setup.cost.source}
     try:
         loop = simulate_row(setup, row, bench)
@@ -329,6 +332,18 @@ def _report_servers(pred: pl.DataFrame) -> list[str]:
               for r in used.iter_rows(named=True))]
 
 
+def _report_pinned(pred: pl.DataFrame) -> list[str]:
+    """The scored rows replayed on an entry whose fit left terms on a limit of their range."""
+    rows = _scored(pred).filter(pl.col("calibration_pinned").is_not_null())
+    if rows.is_empty():
+        return []
+    groups = rows.group_by(*GROUP, "calibration_match", "calibration_pinned", maintain_order=True).len()
+    return ["\nrows replayed on an entry whose fit left terms on a limit of their range (their values are the "
+            "limit's, not the runs'):",
+            *(f"  {r['model']} {r['framework']}/{r['gemm_dtype']} ({r['calibration_match']} entry): "
+              f"{r['calibration_pinned']}  ({r['len']} runs)" for r in groups.iter_rows(named=True))]
+
+
 def format_report(pred: pl.DataFrame, worst: int = 5) -> str:
     """The MAPE table, the worst rows, the rows that could not be simulated, the cost
     models and calibration entries used, and the rows that ran uncalibrated, as text."""
@@ -338,7 +353,8 @@ def format_report(pred: pl.DataFrame, worst: int = 5) -> str:
     if failed:
         lines.append(f"\n{len(failed)} run(s) not simulated (left out of the MAPE):")
         lines += [f"  {e}" for e in failed]
-    return "\n".join(lines + _report_cost_models(pred) + _report_uncalibrated(pred) + _report_servers(pred))
+    return "\n".join(lines + _report_cost_models(pred) + _report_uncalibrated(pred) + _report_servers(pred)
+                     + _report_pinned(pred))
 
 
 def _check_arguments(model_config: Path | None, calibration: Path | None) -> None:

@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 
 from costmodels import build
-from optimizer.cli.validate import predict_runs
+from optimizer.cli.validate import format_report, predict_runs
 from optimizer.closedloop import BenchClient, ClosedLoopError, benchmark_means
 from optimizer.replayfit import (
     UNMEASURED_SERVER,
@@ -179,3 +179,8 @@ def test_a_fit_the_runs_push_past_a_limit_says_so_in_the_entry_and_the_cost_mode
     cost = build(MODEL, GPU, tp=1, framework="vllm", calibration=path)
     assert cost.calibration["pinned_terms"] == ["decode_scale"]
     assert "decode_scale held at the fit's range limit" in cost.source
+    pred = predict_runs(runs, calibration=path, bench=BENCH)
+    assert set(pred["calibration_pinned"].to_list()) == {"decode_scale"}
+    report = format_report(pred)
+    assert f"{MODEL} vllm/bf16 (setup entry): decode_scale  ({runs.height} runs)" in report
+    assert "limit of their range" not in format_report(predict_runs(runs, calibration=False, bench=BENCH))
