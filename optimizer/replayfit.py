@@ -93,8 +93,6 @@ TTFT_WEIGHT = 0.3
 #: 9.4%, before SEQS_BELOW_CLIENTS) but picks another measured server in one fold and loses TTFT (30.2% against 28.1%;
 #: `benchmarks/fidelity.py --residual-scale 0.02`), so it is not the default.
 RESIDUAL_SCALE = 0.2
-
-
 #: The replay fit's terms, in the order and units it searches them (times in ms), and
 #: their search ranges. The 0 ms floors are physics (no time is negative); every other
 #: limit bounds what servetune takes for a plausible correction of the tables, so a term

@@ -164,3 +164,29 @@ def test_simulate_refuses_a_layout_file_it_would_run_as_plain_tp(tmp_path):
     path.write_text(f"model-path: {MOE}\ntp-size: 8\n")
     plain = _engine_file(path, ctx)  # the same file without attention DP: read as it runs
     assert plain.max_num_batched_tokens == target("sglang").defaults(ctx).max_num_batched_tokens
+
+
+@pytest.mark.parametrize("dp", [1, 4])
+def test_the_review_and_tune_state_the_unsimulated_lockstep_exactly_when_a_dp_layout_ran(dp):
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from optimizer.cli.tune import _print_file_gains
+    from optimizer.outputs import _notes
+
+    fleet, plain = Fleet(8, 1, 8, dp), Fleet(8, 1)
+    spec = SimpleNamespace(objective="goodput", fleet=plain, failures=None)
+    target = SimpleNamespace(what_if=False, name="sglang", display="SGLang", version="0.5.23")
+    best = SimpleNamespace(constraints={}, number=3)
+    recommended = SimpleNamespace(fleet=fleet, name="sglang.yaml", config=PolicyConfig(), report={})
+    default = SimpleNamespace(fleet=plain, name="sglang-default", config=PolicyConfig(), report={})
+    notes = _notes(best, recommended, [recommended, default], spec, target)
+    assert (ATTENTION_DP_CAVEAT in notes) == (dp > 1)
+    out = io.StringIO()
+    summary = {"recommendation": {"what_if": False, "file": "sglang.yaml", "engine": "sglang"},
+               "best": {"report": {"weighted_goodput": 2.0}, "fleet": fleet.to_dict()},
+               "verdict": {"kind": "gain"}, "baselines": {"sglang-default": {"report": {"weighted_goodput": 1.0}}}}
+    _print_file_gains(Console(file=out, width=400), summary)
+    assert ("Attention DP is simulated as independent groups" in out.getvalue()) == (dp > 1)
