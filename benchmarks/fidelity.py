@@ -203,12 +203,14 @@ GROUP_KEYS = ["model", "framework", "gemm_dtype", "tp"]
 
 def group_table(insample: pl.DataFrame, logo: pl.DataFrame, keys=GROUP_KEYS) -> pl.DataFrame:
     """MAPE per ``keys`` group and overall (keys "all", or 0 for a number): in sample and
-    LOGO side by side."""
+    LOGO side by side, with the signed TPOT bias (median replayed / measured - 1, in %),
+    which MAPE hides: a bias that moves with TP is a term the fit lacks."""
 
     def agg(df, tag):
         ok = df.filter(pl.col("error").is_null())
         cols = [pl.len().alias("runs"), _ape("pred_ttft_ms", "ttft_ms").mean().alias(f"ttft_{tag}"),
-                _ape("pred_tpot_ms", "tpot_ms").mean().alias(f"tpot_{tag}")]
+                _ape("pred_tpot_ms", "tpot_ms").mean().alias(f"tpot_{tag}"),
+                ((pl.col("pred_tpot_ms") / pl.col("tpot_ms")).median() * 100.0 - 100.0).alias(f"tpot_bias_{tag}")]
         per = ok.group_by(keys, maintain_order=True).agg(cols)
         allrow = ok.select(cols).with_columns(pl.lit("all" if per.schema[k] == pl.Utf8 else 0).cast(per.schema[k])
                                               .alias(k) for k in keys)
@@ -228,11 +230,12 @@ def format_groups(table: pl.DataFrame) -> str:
              for r in table.iter_rows(named=True)]
     widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
     lines = ["  ".join(f"{k:{w}}" for k, w in zip(keys, widths, strict=True)) + f" {'runs':>4}  {'TTFT in':>7} "
-             f"{'LOGO':>6}  {'TPOT in':>7} {'LOGO':>6}  LOGO entry (server)"]
+             f"{'LOGO':>6}  {'TPOT in':>7} {'LOGO':>6} {'bias':>6}  LOGO entry (server)"]
     for r, c in zip(table.iter_rows(named=True), cells, strict=True):
         how = "" if r["model"] == "all" else f"{r['logo_match']} {r['logo_server']}"
         lines.append("  ".join(f"{v:{w}}" for v, w in zip(c, widths, strict=True)) + f" {r['runs']:4d}  "
-                     f"{r['ttft_in']:6.1f}% {r['ttft_logo']:5.1f}%  {r['tpot_in']:6.1f}% {r['tpot_logo']:5.1f}%  {how}")
+                     f"{r['ttft_in']:6.1f}% {r['ttft_logo']:5.1f}%  {r['tpot_in']:6.1f}% {r['tpot_logo']:5.1f}% "
+                     f"{r['tpot_bias_logo']:+5.1f}%  {how}")
     return "\n".join(lines)
 
 
@@ -460,11 +463,13 @@ def install(entries: list[dict], models: set[str]) -> None:
     (``entry_key``) and every entry of ``models`` (the models the runs file names: an entry
     this fit no longer makes, such as one of a model whose runs all repeat another's, would
     keep a stale stated error) and keeping the rest: the dense and the breadth parts install
-    apart."""
-    new = {entry_key(e) for e in entries}
-    kept = [e for e in load_calibration(BUNDLED) if entry_key(e) not in new and e["model"] not in models] \
-        if BUNDLED.is_file() else []
-    save_calibration(kept + entries, BUNDLED)
+    apart. A replaced entry keeps its place: ``match_entry`` takes the first of equal
+    candidates on other GPUs, so an install must not reorder what it does not change."""
+    new = {entry_key(e): e for e in entries}
+    old = load_calibration(BUNDLED) if BUNDLED.is_file() else []
+    kept = [new.pop(entry_key(e)) if entry_key(e) in new else e for e in old
+            if entry_key(e) in new or e["model"] not in models]
+    save_calibration(kept + list(new.values()), BUNDLED)
 
 
 def run_breadth(args, pool) -> None:

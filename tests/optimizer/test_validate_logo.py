@@ -71,7 +71,9 @@ def test_logo_scores_with_the_fold_entry_and_reports_both_figures():
     assert match[0] == "model" and match[4] == "pooled" and match[5] == "off"
     assert set(insample["calibration_match"].to_list()) == {"setup"}
     text = fidelity.format_groups(table)
-    assert "TTFT in" in text and "LOGO" in text
+    assert "TTFT in" in text and "LOGO" in text and "bias" in text
+    ok = logo.filter(pl.col("error").is_null())  # the signed bias: median replayed / measured, less 1
+    assert table["tpot_bias_logo"][-1] == pytest.approx(((ok["pred_tpot_ms"] / ok["tpot_ms"]).median() - 1) * 100)
     assert all(r["ttft_logo"] == pytest.approx(r["ttft_logo"]) for r in table.iter_rows(named=True))
 
 
@@ -112,7 +114,7 @@ def test_a_run_filed_again_under_another_model_name_is_scored_once(tmp_path):
     assert skipped["reason"][0] == f"{v3}'s run again, number for number: scored once, as {v3}'s"
 
 
-def test_install_replaces_entries_of_the_same_key_and_of_the_runs_models_and_keeps_the_rest(tmp_path, monkeypatch):
+def test_install_replaces_entries_in_place_drops_the_runs_stale_ones_and_keeps_the_rest(tmp_path, monkeypatch):
     from costmodels import load_calibration, save_calibration
 
     base = {"gpu": "h100_sxm", "framework": "trtllm", "gemm_dtype": "fp8", "overhead_s": 0.001, "scale": 1.0,
@@ -123,8 +125,10 @@ def test_install_replaces_entries_of_the_same_key_and_of_the_runs_models_and_kee
     monkeypatch.setattr(fidelity, "BUNDLED", tmp_path / "calibration.json")
     save_calibration([dense, old_ep, stale, other], fidelity.BUNDLED)
     new_ep = {**old_ep, "overhead_s": 0.003}
-    fidelity.install([new_ep], {"deepseek-ai/DeepSeek-R1", "deepseek-ai/DeepSeek-V3"})
-    assert load_calibration(fidelity.BUNDLED) == [dense, other, new_ep]
+    added = {**base, "model": "*", "path": "ep+dp"}
+    fidelity.install([new_ep, added], {"deepseek-ai/DeepSeek-R1", "deepseek-ai/DeepSeek-V3"})
+    # a replaced entry keeps its place (match_entry takes the first of equal candidates); new keys go last
+    assert load_calibration(fidelity.BUNDLED) == [dense, new_ep, other, added]
 
 
 def test_a_setup_whose_light_load_ttft_moves_with_output_length_is_flagged():
