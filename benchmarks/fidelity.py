@@ -43,14 +43,15 @@ dense files are left as they are).
 
     python benchmarks/fidelity.py [--runs FILE.csv] [--breadth-runs FILE.csv] [--part both|dense|breadth]
                                   [--quick] [--jobs 2] [--install] [--client-ingress-ms MS] [--client-jitter-ms MS]
-                                  [--ttft-weight W] [--residual-scale S] [--moe-distribution SKEW]
+                                  [--ttft-weight W] [--residual-scale S] [--moe-distribution SKEW] [--comm-scale]
 
 ``--client-ingress-ms`` / ``--client-jitter-ms`` fit and replay with a variant of the
 client (``BenchClient.ingress_s``, ``jitter_s``) to test what the harness explains;
 ``--ttft-weight`` / ``--residual-scale`` change the replay fit's loss
 (``replayfit.TTFT_WEIGHT``, ``RESIDUAL_SCALE``); ``--moe-distribution`` times the MoE
-layers at another routing skew (``costmodels.moeops.DEFAULT_DISTRIBUTION`` by default).
-The bundled figures use the defaults.
+layers at another routing skew (``costmodels.moeops.DEFAULT_DISTRIBUTION`` by default);
+``--comm-scale`` lets each TRT-LLM fit scale the collectives apart from the decode scale
+(``replayfit.COMM_SCALE_FRAMEWORKS``). The bundled figures use the defaults.
 """
 
 from __future__ import annotations
@@ -410,6 +411,9 @@ def main() -> None:
                              "inferencex.MTP_ACCEPTANCE (a sensitivity: the runs record none)")
     parser.add_argument("--moe-distribution", choices=tuple(DISTRIBUTIONS), default=DEFAULT_DISTRIBUTION,
                         help="MoE routing skew of the fused-MoE table, for fit and replay (costmodels.moeops)")
+    parser.add_argument("--comm-scale", action="store_true",
+                        help="TRT-LLM fits also scale the collectives against their tables (replayfit."
+                             "COMM_SCALE_FRAMEWORKS; a variant: off in the bundled figures)")
     args = parser.parse_args()
     ctx = multiprocessing.get_context("spawn")  # polars thread pools do not survive a fork
     with ProcessPoolExecutor(max_workers=args.jobs, mp_context=ctx) if args.jobs > 1 else _Serial() as pool:
@@ -422,7 +426,7 @@ def main() -> None:
 def fit_options(args) -> dict:
     """The replay fit's options (``replay_fitter``) from the command line."""
     return {"ttft_weight": args.ttft_weight, "residual_scale": args.residual_scale,
-            "moe_distribution": args.moe_distribution}
+            "moe_distribution": args.moe_distribution, "comm_scale": args.comm_scale}
 
 
 def bench_client(args) -> BenchClient:
@@ -441,6 +445,7 @@ def command_line(args, part: str) -> str:
               if v != default]
     extra += [f" --moe-distribution {args.moe_distribution}"] if args.moe_distribution != DEFAULT_DISTRIBUTION else []
     extra += [f" --mtp-acceptance {args.mtp_acceptance:g}"] if part == "breadth" and args.mtp_acceptance else []
+    extra += [" --comm-scale"] if args.comm_scale else []
     return "python benchmarks/fidelity.py" + "".join(extra)
 
 
@@ -587,7 +592,8 @@ def run_dense(args, pool) -> None:
     for e in entries:
         lines.append(f"  {e['model']:24} {e['framework']}/{e['gemm_dtype']} tp{e['tp']}: overhead "
                      f"{e['overhead_s'] * 1e3:.2f} ms, prefill x{e['prefill_scale']:.3f}, decode x{e['decode_scale']:.3f}, "
-                     f"prompt steps +{e.get('prefill_step_s', 0.0) * 1e3:.1f} ms, server {json.dumps(e['measured_server'])}")
+                     f"prompt steps +{e.get('prefill_step_s', 0.0) * 1e3:.1f} ms, communication "
+                     f"x{e.get('comm_scale', 1.0):.3f}, server {json.dumps(e['measured_server'])}")
     lines += ["", *pinned_lines(entries)]
     lines += ["", "--- leave one group out, per (model, framework) ---", format_report(logo, worst=8)]
     text = "\n".join(lines)

@@ -109,7 +109,7 @@ def build(
     if sps_csv is not None:
         from costmodels.sps import read_step_csv
 
-        tables, source = read_step_csv(sps_csv), f"measured:{Path(sps_csv).name}"
+        tables, source, comm = read_step_csv(sps_csv), f"measured:{Path(sps_csv).name}", None
         lora = None  # a measured curve has no GEMMs to time the adapters' with
     else:
         ops, fallback = _op_source(spec, framework, gemm_dtype)
@@ -120,12 +120,12 @@ def build(
         bandwidth, overhead = spec.hbm_bytes_per_s * spec.hbm_efficiency, DEFAULT_OVERHEAD_S[framework]
         options = dict(overhead_s=overhead, gemm_dtype=gemm_dtype, moe_distribution=moe_distribution)
         try:
-            tables = compose(arch, ops, layout, kv_dtype, bandwidth, **options)
+            tables, comm = compose(arch, ops, layout, kv_dtype, bandwidth, **options)
         except CostModelError as exc:  # e.g. a head_dim or KV dtype the tables lack
             if ops.kind != "profiled" or tables_only:
                 raise
             ops, fallback = RooflineOps(spec, gemm_dtype), str(exc)
-            tables = compose(arch, ops, layout, kv_dtype, bandwidth, **options)
+            tables, comm = compose(arch, ops, layout, kv_dtype, bandwidth, **options)
         lora = lora_cost(arch, ops, layout, ops.token_axis()) if arch.moe is None and arch.mla is None else None
         source = ops.label + (f" ({fallback})" if fallback else "")
         if ops.notes:
@@ -137,7 +137,7 @@ def build(
         gpu_memory_bytes=float(spec.memory_bytes), weight_bytes=weights, reserved_bytes=reserve,
         activation_bytes_per_token=activation_bytes_per_token(arch, tp, moe_ep_size),
         swap_bytes_per_s=spec.pcie_bytes_per_s * PCIE_EFFICIENCY, swap_capacity_bytes=float(SWAP_BYTES),
-        tp=tp, source=source, lora=lora,
+        tp=tp, source=source, lora=lora, comm_s=comm,
         moe_distribution=moe_distribution if arch.moe is not None and sps_csv is None else None,
     )
     if sps_csv is None:

@@ -27,6 +27,7 @@ import polars as pl
 from scipy.optimize import least_squares
 
 from costmodels.architecture import load_model
+from costmodels.compose import with_comm_scale
 from costmodels.costmodel import CostModel, CostModelError, read_json_file
 from costmodels.runs import SETUP, layout_label, with_layout
 from costmodels.steptable import StepTables, step_seconds
@@ -36,7 +37,7 @@ FORMAT = "servetune-calibration/1"
 #: The terms an entry corrects the tables with. A replay-fitted entry lists in
 #: ``pinned_terms`` those its fit left on a limit of their search range: their values are
 #: the limit's, and ``apply_calibration`` says so in the cost model's source.
-FITTED_TERMS = ("overhead_s", "scale", "prefill_scale", "decode_scale", "prefill_step_s")
+FITTED_TERMS = ("overhead_s", "scale", "prefill_scale", "decode_scale", "prefill_step_s", "comm_scale")
 
 def fitted_layouts(layouts) -> list[list[int]]:
     """An entry's ``layouts``: the distinct [tp, moe_ep_size, attention_dp_size] it was fitted on."""
@@ -179,7 +180,8 @@ def load_calibration(path: str | Path) -> list[dict]:
         raise CostModelError(f"calibration file {path}: expected format {FORMAT!r}")
     for i, e in enumerate(data["entries"]):
         if not (e.get("overhead_s", -1) >= 0 and e.get("scale", 0) > 0 and e.get("prefill_step_s", 0.0) >= 0
-                and e.get("prefill_scale", 1.0) > 0 and e.get("decode_scale", 1.0) > 0):
+                and e.get("prefill_scale", 1.0) > 0 and e.get("decode_scale", 1.0) > 0
+                and e.get("comm_scale", 1.0) > 0):
             raise CostModelError(f"calibration file {path}: entry {i} needs overhead_s >= 0, prefill_step_s >= 0 "
                                  f"and scales > 0")
         missing = [k for k in ("model", "gpu", "framework", "gemm_dtype") if k not in e]
@@ -298,18 +300,20 @@ def apply_calibration(cost: CostModel, model: str, gpu: str, framework: str, gem
                                  f"{framework}/{gemm_dtype}")
         return replace(cost, source=cost.source + "; uncalibrated", calibration={"file": None, "match": "none"})
     scales = {k: float(entry.get(k, 1.0)) for k in ("prefill_scale", "decode_scale")}
-    prefill_step_s = float(entry.get("prefill_step_s", 0.0))
-    tables = cost.tables._replace(overhead_s=entry["overhead_s"], scale=entry["scale"], prefill_step_s=prefill_step_s,
-                                  **scales)
+    prefill_step_s, comm_scale = float(entry.get("prefill_step_s", 0.0)), float(entry.get("comm_scale", 1.0))
+    tables = with_comm_scale(cost.tables, cost.comm_s, comm_scale)._replace(
+        overhead_s=entry["overhead_s"], scale=entry["scale"], prefill_step_s=prefill_step_s, **scales)
     label = "default" if calibration is None else path.name
     split = "" if scales == {"prefill_scale": 1.0, "decode_scale": 1.0} else (
         f", prefill x{scales['prefill_scale']:.3f}, decode x{scales['decode_scale']:.3f}")
     split += f", prompt steps +{prefill_step_s * 1e3:.1f} ms" if prefill_step_s else ""
+    split += f", communication x{comm_scale:.3f}" if comm_scale != 1.0 else ""
     pinned = list(entry.get("pinned_terms") or [])
     split += f"; {', '.join(pinned)} held at the fit's range limit, not placed by the runs" if pinned else ""
     used = {"file": label, "match": how, "model": entry["model"], "gpu": entry["gpu"], "tp": entry.get("tp"),
             "measured_server": dict(entry.get("measured_server") or {}) if entry["model"] == model else None,
             "overhead_s": entry["overhead_s"], "scale": entry["scale"], **scales, "prefill_step_s": prefill_step_s,
+            "comm_scale": comm_scale,
             "pinned_terms": pinned,
             "error": entry.get("error") or {"in_sample_tpot_mape": entry.get("tpot_mape_after"),
                                             "in_sample_ttft_mape": entry.get("ttft_mape_after"),

@@ -91,13 +91,15 @@ def prefill_curve(arch: ModelArch, rows: tuple) -> tuple[np.ndarray, np.ndarray]
 
 def compose(arch: ModelArch, ops, layout: ParallelLayout, kv_dtype: str, hbm_bytes_per_s: float,
             overhead_s: float, scale: float = 1.0, max_logit_seqs: int = 4096, gemm_dtype: str = "bf16",
-            moe_distribution: str = DEFAULT_DISTRIBUTION) -> StepTables:
-    """StepTables for ``arch`` at ``layout`` from an op source (profiled or roofline);
-    ``moe_distribution`` is the fused-MoE table's routing skew (``costmodels.moeops``).
-    Notes on what was read beyond or beside the tables go to ``ops.notes``."""
+            moe_distribution: str = DEFAULT_DISTRIBUTION) -> tuple[StepTables, np.ndarray]:
+    """StepTables for ``arch`` at ``layout`` from an op source (profiled or roofline), and
+    the communication seconds inside their ``linear_s`` at each ``linear_tokens`` point
+    (``CostModel.comm_s``); ``moe_distribution`` is the fused-MoE table's routing skew
+    (``costmodels.moeops``). Notes on what was read beyond or beside the tables go to
+    ``ops.notes``."""
     tokens = ops.token_axis()
     moe = moe_shape(arch, layout, gemm_dtype, moe_distribution) if arch.moe is not None else None
-    linear, notes = linear_seconds(arch, ops, layout, tokens, hbm_bytes_per_s, moe)
+    linear, comm, notes = linear_seconds(arch, ops, layout, tokens, hbm_bytes_per_s, moe)
     ops.notes.extend(notes)
     linear = _monotone(linear, 0)
     seqs = tokens[tokens <= max_logit_seqs]
@@ -111,7 +113,19 @@ def compose(arch: ModelArch, ops, layout: ParallelLayout, kv_dtype: str, hbm_byt
         decode_batch=batch, decode_kv=kv_axis, decode_s=decode, decode_kv_measured=measured,
         prefill_pairs=pairs, prefill_s=prefill,
         overhead_s=overhead_s, scale=scale,
-    )
+    ), comm
+
+
+def with_comm_scale(tables: StepTables, comm_s: np.ndarray | None, comm_scale: float) -> StepTables:
+    """``tables`` with the communication inside ``linear_s`` (``comm_s``, from ``compose``)
+    taken at ``comm_scale`` times its table time, the rest of every grid and scalar as it
+    was; ``tables`` itself when there is nothing to rescale."""
+    if comm_scale == 1.0 or comm_s is None or not comm_s.any():
+        return tables
+    grids = tables.grids() | {"linear_s": _monotone(tables.linear_s - (1.0 - comm_scale) * comm_s, 0)}
+    return StepTables.from_grids(**grids, overhead_s=tables.overhead_s, scale=tables.scale,
+                                 prefill_scale=tables.prefill_scale, decode_scale=tables.decode_scale,
+                                 prefill_step_s=tables.prefill_step_s)
 
 
 def _monotone(values: np.ndarray, axis: int) -> np.ndarray:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from costmodels.steptable import StepTables, linear_tables, validate_tables
 
 if TYPE_CHECKING:
@@ -60,6 +62,10 @@ class CostModel:
     #: the fused-MoE table's routing skew the step times were read at
     #: (``costmodels.moeops.DISTRIBUTIONS``); None for a model without MoE layers
     moe_distribution: str | None = None
+    #: the communication seconds inside ``tables.linear_s`` at each ``linear_tokens`` point
+    #: as the op tables time it (``costmodels.compose``), which a calibration's ``comm_scale``
+    #: rescales; None where the step times have no such part (a measured step CSV)
+    comm_s: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         validate_tables(self.tables)

@@ -47,9 +47,11 @@ def mlp_comm_seconds(ops, arch: ModelArch, layout: ParallelLayout, tokens: np.nd
 
 
 def linear_seconds(arch: ModelArch, ops, layout: ParallelLayout, tokens: np.ndarray, hbm_bytes_per_s: float,
-                   moe: MoEShape | None = None) -> tuple[np.ndarray, list[str]]:
-    """Token-linear seconds of all layers for each entry of ``tokens``, and notes on what
-    was read beyond or beside the tables (``moe``: the MoE layers' table key)."""
+                   moe: MoEShape | None = None) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Token-linear seconds of all layers for each entry of ``tokens``, the part of them
+    that is communication (the collectives' table times, which a calibration may rescale:
+    an engine can fuse or overlap them unlike the microbenchmark), and notes on what was
+    read beyond or beside the tables (``moe``: the MoE layers' table key)."""
     h, atp, tp = arch.hidden_size, layout.attention_tp, layout.tp
     mlp_tokens = tokens * layout.attention_dp_size
     notes: list[str] = []
@@ -59,14 +61,15 @@ def linear_seconds(arch: ModelArch, ops, layout: ParallelLayout, tokens: np.ndar
         q, kv = arch.q_size // atp, arch.kv_heads_per_gpu(atp) * arch.head_dim
         attention = ops.gemm(tokens, q + 2 * kv, h) + ops.gemm(tokens, h, q)
         rope = q + kv
-    if atp > 1:
-        attention = attention + ops.allreduce(tokens * h, atp)
-    dense = _gated_mlp(ops, mlp_tokens, arch.intermediate_size // tp, h, arch.gated_mlp)
-    dense = dense + mlp_comm_seconds(ops, arch, layout, tokens, routed=False)
+    attention_comm = ops.allreduce(tokens * h, atp) if atp > 1 else np.zeros_like(tokens)
+    dense_comm = mlp_comm_seconds(ops, arch, layout, tokens, routed=False)
+    dense = _gated_mlp(ops, mlp_tokens, arch.intermediate_size // tp, h, arch.gated_mlp) + dense_comm
     dense_elementwise = 3 * arch.intermediate_size // tp
-    total = arch.num_layers * attention
+    total = arch.num_layers * (attention + attention_comm)
+    comm = arch.num_layers * attention_comm
     if arch.moe is None:
         total = total + arch.num_layers * dense
+        comm = comm + arch.num_layers * dense_comm
         elementwise = arch.num_layers * (10 * h + dense_elementwise + 2 * rope)
     else:
         m = arch.moe
@@ -79,11 +82,13 @@ def linear_seconds(arch: ModelArch, ops, layout: ParallelLayout, tokens: np.ndar
         shared_width = m.shared_experts * m.shared_intermediate_size // tp
         if shared_width:
             routed = routed + _gated_mlp(ops, mlp_tokens, shared_width, h, arch.gated_mlp)
-        routed = routed + mlp_comm_seconds(ops, arch, layout, tokens, routed=True)
+        routed_comm = mlp_comm_seconds(ops, arch, layout, tokens, routed=True)
+        routed = routed + routed_comm
         moe_layers, dense_layers = m.moe_layers(arch.num_layers), len(m.dense_layers)
         total = total + moe_layers * routed + dense_layers * dense
+        comm = comm + moe_layers * routed_comm + dense_layers * dense_comm
         # the fused kernel does its own activation; shared experts and dense layers do not
         elementwise = (arch.num_layers * (10 * h + 2 * rope) + dense_layers * dense_elementwise
                        + moe_layers * 3 * shared_width)
     # two norms (read+write), two residual adds (2 reads+write), activation, RoPE on q and k
-    return total + tokens * ACT_BYTES * elementwise / hbm_bytes_per_s, notes
+    return total + tokens * ACT_BYTES * elementwise / hbm_bytes_per_s, comm, notes

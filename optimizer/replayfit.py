@@ -2,7 +2,7 @@
 
 ``fit_replay`` fits ``overhead_s``, ``prefill_scale``, ``decode_scale`` and, for TRT-LLM,
 ``prefill_step_s`` (the fixed time of a step with prompt tokens: ``PREFILL_STEP_FRAMEWORKS``)
-so that the closed loop of ``optimizer.closedloop``, driven as each run's benchmark client
+and ``comm_scale`` (its collectives against their tables: ``COMM_SCALE_FRAMEWORKS``) so that the closed loop of ``optimizer.closedloop``, driven as each run's benchmark client
 drove its server, reproduces the runs' mean TPOT and TTFT. The measured server's step
 token budget and chunking, which a runs file does not record, are chosen among
 ``SERVER_CANDIDATES`` by the same fit and stored in the entry as ``measured_server``, which
@@ -27,6 +27,7 @@ from costmodels.calibration import (
     step_source,
     with_key_columns,
 )
+from costmodels.compose import with_comm_scale
 from costmodels.costmodel import CostModel
 from costmodels.runs import SETUP, with_layout
 from optimizer.closedloop import (
@@ -83,6 +84,17 @@ PREFILL_STEP_START_MS = 20.0
 #: / 6.1% without, 15.2% / 6.5% with), and, lent by the pooled entry to a smaller model, its
 #: 9.6 ms would all but double Llama-3.1-8B's short mixed steps.
 PREFILL_STEP_FRAMEWORKS = frozenset({"trtllm"})
+#: Frameworks whose replay fit can scale the communication in the step on its own, when
+#: asked (``fit_replay(comm_scale=True)``; ``CostModel.comm_s``): TRT-LLM fuses its
+#: all-reduce with the residual add and RMSNorm and picks one-shot or two-shot kernels by
+#: message size, so an in-model all-reduce costs other than the microbenchmarked
+#: collective plus separate norms. With one decode scale for compute and communication
+#: alike, every TRT-LLM plain-TP setup's out-of-sample TPOT bias rises with TP
+#: (Llama-3.1-70B on B200 -13.6% at TP1 to +15.4% at TP8; Llama-3.1-8B and Qwen3-32B on
+#: H100 about -2.5% to +2.5%; `benchmarks/fidelity.py`, column "bias"); vLLM's does not.
+#: It is off by default: it meets the breadth TPOT target and misses the dense one
+#: (`benchmarks/fidelity.py --comm-scale`; docs/results.md).
+COMM_SCALE_FRAMEWORKS = frozenset({"trtllm"})
 #: Weight of a run's TTFT residual against its TPOT residual in a replay fit (both as log
 #: ratios): TTFT carries the run-to-run scatter of the queueing a closed loop sees, so it
 #: steers the prefill scale without letting a few queue-bound runs pull the decode scale.
@@ -97,23 +109,32 @@ RESIDUAL_SCALE = 0.2
 #: their search ranges. The 0 ms floors are physics (no time is negative); every other
 #: limit bounds what servetune takes for a plausible correction of the tables, so a term
 #: the fit leaves on one was not placed by the runs (``pinned_terms``).
-FIT_TERMS = ("overhead_s", "prefill_scale", "decode_scale", "prefill_step_s")
-FIT_LOWER = np.array([0.0, 0.2, 0.2, 0.0])
-FIT_UPPER = np.array([50.0, 10.0, 5.0, 500.0])
+FIT_TERMS = ("overhead_s", "prefill_scale", "decode_scale", "prefill_step_s", "comm_scale")
+FIT_LOWER = np.array([0.0, 0.2, 0.2, 0.0, 0.2])
+FIT_UPPER = np.array([50.0, 10.0, 5.0, 500.0, 5.0])
 #: How close to a limit, as a share of the range, counts as on it.
 PINNED_TOLERANCE = 1e-3
 
 
-def pinned_terms(x) -> list[str]:
-    """The terms of a replay fit ``x`` (``FIT_TERMS`` order, fit units) that ended on a
-    limit of their search range other than a physical 0 ms floor: the least-squares
-    optimum lies beyond it, so the model could not reproduce the runs with a plausible
-    value, and the term's figure is the limit's, not a measurement."""
+def fit_terms(framework: str, comm_scale: bool = False) -> list[int]:
+    """Which ``FIT_TERMS`` (indexes) a framework's replay fit searches (``comm_scale``: with
+    the communication scale where the framework has one)."""
+    return [0, 1, 2] + ([3] if framework in PREFILL_STEP_FRAMEWORKS else []) + (
+        [4] if comm_scale and framework in COMM_SCALE_FRAMEWORKS else [])
+
+
+def pinned_terms(x, terms: list[int] | None = None) -> list[str]:
+    """The terms of a replay fit ``x`` (fit units; ``terms``: which ``FIT_TERMS`` they are,
+    the first ``len(x)`` if not given) that ended on a limit of their search range other
+    than a physical 0 ms floor: the least-squares optimum lies beyond it, so the model
+    could not reproduce the runs with a plausible value, and the term's figure is the
+    limit's, not a measurement."""
     x = np.asarray(x, dtype=float)
-    lo, hi = FIT_LOWER[:x.size], FIT_UPPER[:x.size]
+    terms = list(range(x.size)) if terms is None else terms
+    lo, hi = FIT_LOWER[terms], FIT_UPPER[terms]
     near = PINNED_TOLERANCE * (hi - lo)
     on_floor = (lo > 0) & (x - lo <= near)
-    return [FIT_TERMS[i] for i in np.flatnonzero(on_floor | (hi - x <= near))]
+    return [FIT_TERMS[terms[i]] for i in np.flatnonzero(on_floor | (hi - x <= near))]
 
 
 def server_config(framework: str, ctx: EngineContext, overrides: dict | None = None) -> PolicyConfig:
@@ -175,7 +196,7 @@ class ReplayRows:
             self._ctx.append(context_of(built[key], r["gpu"], context_len=0, tp=r["tp"]))
 
     def predict(self, overhead_s: float, prefill_scale: float, decode_scale: float, server: dict | None = None,
-                scale: float = 1.0, prefill_step_s: float = 0.0) -> np.ndarray:
+                scale: float = 1.0, prefill_step_s: float = 0.0, comm_scale: float = 1.0) -> np.ndarray:
         """(n, 2) mean TTFT and TPOT (ms) of every row under these terms; NaN where a run
         cannot be simulated (it never fits the KV pool)."""
         out = np.full((len(self.rows), 2), np.nan)
@@ -183,7 +204,7 @@ class ReplayRows:
         for i, (r, cost, ctx, seq, bench) in enumerate(zip(self.rows, self._cost, self._ctx, self._seq, self._bench,
                                                            strict=True)):
             if id(cost) not in swapped:
-                swapped[id(cost)] = replace(cost, tables=cost.tables._replace(
+                swapped[id(cost)] = replace(cost, tables=with_comm_scale(cost.tables, cost.comm_s, comm_scale)._replace(
                     overhead_s=overhead_s, scale=scale, prefill_scale=prefill_scale, decode_scale=decode_scale,
                     prefill_step_s=prefill_step_s))
             try:
@@ -197,9 +218,11 @@ class ReplayRows:
 
 def fit_replay(runs, *, bench: BenchClient | None = None, start: tuple[float, float] | None = None,
                ttft_weight: float = TTFT_WEIGHT, residual_scale: float = RESIDUAL_SCALE,
-               candidates: tuple[dict, ...] | None = None, builder=None, max_nfev: int = 40) -> dict:
+               candidates: tuple[dict, ...] | None = None, builder=None, max_nfev: int = 40,
+               comm_scale: bool = False) -> dict:
     """Fit ``overhead_s``, ``prefill_scale``, ``decode_scale`` and, for a framework of
-    ``PREFILL_STEP_FRAMEWORKS``, ``prefill_step_s`` (else 0; ``scale`` 1) to ``runs`` (one framework's rows) by replaying every run as the benchmark client drove it
+    ``PREFILL_STEP_FRAMEWORKS``, ``prefill_step_s`` (else 0) and, asked (``comm_scale``) for
+    one of ``COMM_SCALE_FRAMEWORKS``, ``comm_scale`` (else 1; ``scale`` 1) to ``runs`` (one framework's rows) by replaying every run as the benchmark client drove it
     (``ReplayRows``) and least-squares on the log ratios of simulated to measured TPOT and,
     weighted by ``ttft_weight``, TTFT (soft-L1 at ``residual_scale``, so runs the model
     cannot reach, such as a KV-bound queue, do not pull the rest). Each measured-server candidate
@@ -222,13 +245,17 @@ def fit_replay(runs, *, bench: BenchClient | None = None, start: tuple[float, fl
     if all(known_server(r) is not None for r in rows.rows):  # no server left to choose
         candidates = ({},)
     overhead0, scale0 = start or (rows._cost[0].tables.overhead_s, 1.0)
-    terms = 4 if framework in PREFILL_STEP_FRAMEWORKS else 3
-    lo, hi = FIT_LOWER[:terms], FIT_UPPER[:terms]
-    x0 = np.clip([scale0 * overhead0 * 1e3, scale0, scale0, PREFILL_STEP_START_MS][:terms],
-                 [0.0, 0.21, 0.21, 0.0][:terms], [49.0, 9.9, 4.9, 499.0][:terms])  # inside the range
+    terms = fit_terms(framework, comm_scale)
+    lo, hi = FIT_LOWER[terms], FIT_UPPER[terms]
+    x0 = np.clip(np.array([scale0 * overhead0 * 1e3, scale0, scale0, PREFILL_STEP_START_MS, 1.0])[terms],
+                 np.array([0.0, 0.21, 0.21, 0.0, 0.21])[terms], np.array([49.0, 9.9, 4.9, 499.0, 4.9])[terms])
+
+    def term(x, i, default):  # FIT_TERMS[i] in the units the engine takes
+        return x[terms.index(i)] * (1e-3 if i in (0, 3) else 1.0) if i in terms else default
 
     def predict(x, server):
-        return rows.predict(x[0] * 1e-3, x[1], x[2], server, prefill_step_s=x[3] * 1e-3 if terms > 3 else 0.0)
+        return rows.predict(term(x, 0, 0.0), x[1], x[2], server, prefill_step_s=term(x, 3, 0.0),
+                            comm_scale=term(x, 4, 1.0))
 
     def residuals(x, server):
         pred = predict(x, server)
@@ -238,7 +265,7 @@ def fit_replay(runs, *, bench: BenchClient | None = None, start: tuple[float, fl
     best = None
     for server in candidates:
         fit = least_squares(residuals, x0, args=(server,), bounds=(lo, hi), loss="soft_l1", f_scale=residual_scale,
-                            diff_step=0.03, x_scale=[1.0, 0.1, 0.1, 10.0][:terms], max_nfev=max_nfev)
+                            diff_step=0.03, x_scale=np.array([1.0, 0.1, 0.1, 10.0, 0.1])[terms], max_nfev=max_nfev)
         if best is None or fit.cost < best[0].cost:
             best = (fit, server)
     fit, server = best
@@ -246,8 +273,9 @@ def fit_replay(runs, *, bench: BenchClient | None = None, start: tuple[float, fl
     after = predict(fit.x, server)
     return {
         "overhead_s": float(fit.x[0] * 1e-3), "scale": 1.0, "prefill_scale": float(fit.x[1]),
-        "decode_scale": float(fit.x[2]), "prefill_step_s": float(fit.x[3] * 1e-3) if terms > 3 else 0.0,
-        "measured_server": dict(server), "fit": "replay", "pinned_terms": pinned_terms(fit.x),
+        "decode_scale": float(fit.x[2]), "prefill_step_s": float(term(fit.x, 3, 0.0)),
+        "comm_scale": float(term(fit.x, 4, 1.0)),
+        "measured_server": dict(server), "fit": "replay", "pinned_terms": pinned_terms(fit.x, terms),
         "step_source": step_source(rows._cost[0]), **fitted_routing(rows._cost),
         "tpot_mape_before": _mape(before[:, 1], rows.tpot_ms), "ttft_mape_before": _mape(before[:, 0], rows.ttft_ms),
         "tpot_mape_after": _mape(after[:, 1], rows.tpot_ms), "ttft_mape_after": _mape(after[:, 0], rows.ttft_ms),
@@ -256,7 +284,7 @@ def fit_replay(runs, *, bench: BenchClient | None = None, start: tuple[float, fl
 
 def calibrate_replay(runs, *, bench: BenchClient | None = None, ttft_weight: float = TTFT_WEIGHT,
                      residual_scale: float = RESIDUAL_SCALE, builder=None, keys: list[tuple] | None = None,
-                     max_nfev: int = 40) -> list[dict]:
+                     max_nfev: int = 40, comm_scale: bool = False) -> list[dict]:
     """Calibration entries (``costmodels.calibration`` format, for ``build(calibration=...)``)
     fitted by replay (``fit_replay``): one per (GPU, framework, model, GEMM dtype, parallel
     path) across its layouts of that path, then one pooled per (GPU, framework, GEMM dtype,
@@ -266,7 +294,8 @@ def calibrate_replay(runs, *, bench: BenchClient | None = None, ttft_weight: flo
     (``costmodels.calibrate``) gives the starting point. ``keys`` limits the fit to those
     (gpu, framework, model, gemm_dtype, path) entries (model "*" for a pooled one): a
     leave-one-out fold needs only the entry its held-out setup falls back to. A pooled fit
-    over the same runs as a model's entry reuses its result."""
+    over the same runs as a model's entry reuses its result. ``comm_scale``: fit the
+    communication scale too (``fit_replay``)."""
     from costmodels import calibrate
 
     runs = with_key_columns(runs).with_row_index("_r")
@@ -288,7 +317,7 @@ def calibrate_replay(runs, *, bench: BenchClient | None = None, ttft_weight: flo
             else:
                 fitted = done[rows_id] = fit_replay(group.drop("_gpu", "_r", "_path"), bench=bench, start=start,
                                                     ttft_weight=ttft_weight, residual_scale=residual_scale,
-                                                    builder=builder, max_nfev=max_nfev)
+                                                    builder=builder, max_nfev=max_nfev, comm_scale=comm_scale)
             family = "" if pooled else entry_family({"model": model})
             entries.append({"gpu": gpu, "framework": fw, "model": model, "family": family, "gemm_dtype": dtype,
                             "kv_dtype": dtype, "path": path,

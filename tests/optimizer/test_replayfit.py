@@ -7,6 +7,7 @@ import polars as pl
 import pytest
 
 from costmodels import build
+from costmodels.compose import with_comm_scale
 from optimizer.cli.validate import format_report, predict_runs
 from optimizer.closedloop import BenchClient, ClosedLoopError, benchmark_means
 from optimizer.replayfit import (
@@ -28,7 +29,9 @@ def _measured(framework, server, tps=(1,), truth=TRUTH):
     rows = []
     for tp in tps:
         cost = build(MODEL, GPU, tp=tp, framework=framework, calibration=False)
-        true = cost.__class__(**{**cost.__dict__, "tables": cost.tables._replace(scale=1.0, **truth)})
+        terms = {k: v for k, v in truth.items() if k != "comm_scale"}
+        tables = with_comm_scale(cost.tables, cost.comm_s, truth.get("comm_scale", 1.0))._replace(scale=1.0, **terms)
+        true = cost.__class__(**{**cost.__dict__, "tables": tables})
         config = server_config(framework, context_of(true, GPU, context_len=0, tp=tp), server)
         for clients, isl, osl in [(8, 1024, 128), (8, 4096, 512), (32, 1024, 512), (32, 4096, 128), (16, 2048, 256)]:
             ttft, tpot = benchmark_means(true, config, clients, isl, osl, BENCH)
@@ -122,40 +125,44 @@ def test_the_residual_scale_is_the_soft_l1_scale_of_the_fit(monkeypatch):
         scales.append(kw["f_scale"])
         starts.append(list(x0))
         assert kw["loss"] == "soft_l1" and len(kw["bounds"][0]) == len(x0) == len(kw["x_scale"])
-        return types.SimpleNamespace(x=np.array([3.0, 1.3, 0.85, 40.0][:len(x0)]), cost=0.0)
+        return types.SimpleNamespace(x=np.array([3.0, 1.3, 0.85, 40.0, 0.7][:len(x0)]), cost=0.0)
 
     monkeypatch.setattr(scipy.optimize, "least_squares", least_squares)
     runs = _measured("trtllm", {}).head(1)
     fit_replay(runs, bench=BENCH, candidates=({},))
-    fit = fit_replay(runs, bench=BENCH, candidates=({},), residual_scale=0.02)
+    fit = fit_replay(runs, bench=BENCH, candidates=({},), residual_scale=0.02, comm_scale=True)
     assert scales == [RESIDUAL_SCALE, 0.02]
     assert fit["overhead_s"] == pytest.approx(3e-3) and fit["decode_scale"] == pytest.approx(0.85)
     assert len(starts[0]) == 4 and starts[0][3] == PREFILL_STEP_START_MS  # the prompt-step time starts off zero
-    assert fit["prefill_step_s"] == pytest.approx(0.04)
+    assert len(starts[1]) == 5 and starts[1][4] == 1.0  # asked for, the communication starts at its tables' time
+    assert fit["prefill_step_s"] == pytest.approx(0.04) and fit["comm_scale"] == pytest.approx(0.7)
 
 
-def test_only_trtllm_fits_a_prompt_step_time(monkeypatch):
-    """vLLM replays piecewise CUDA graphs for mixed batches: its fit has three terms and
-    its entries no prompt-step time (``replayfit.PREFILL_STEP_FRAMEWORKS``)."""
+def test_only_trtllm_fits_a_prompt_step_time_and_when_asked_a_communication_scale(monkeypatch):
+    """vLLM replays piecewise CUDA graphs for mixed batches and runs its collectives
+    unfused: its fit has three terms and its entries no prompt-step time and the tables'
+    communication (``replayfit.PREFILL_STEP_FRAMEWORKS``, ``COMM_SCALE_FRAMEWORKS``)."""
     import types
 
     import scipy.optimize
 
-    from optimizer.replayfit import PREFILL_STEP_FRAMEWORKS
+    from optimizer.replayfit import COMM_SCALE_FRAMEWORKS, PREFILL_STEP_FRAMEWORKS
 
     sizes = []
 
     def least_squares(fun, x0, **kw):
         sizes.append(len(x0))
         assert np.isfinite(fun(np.asarray(x0), *kw["args"])).all()  # the residuals take a vector that long
-        return types.SimpleNamespace(x=np.array([3.0, 1.3, 0.85, 40.0][:len(x0)]), cost=0.0)
+        return types.SimpleNamespace(x=np.array([3.0, 1.3, 0.85, 40.0, 0.7][:len(x0)]), cost=0.0)
 
     monkeypatch.setattr(scipy.optimize, "least_squares", least_squares)
-    assert PREFILL_STEP_FRAMEWORKS == {"trtllm"}
-    vllm = fit_replay(_measured("vllm", {}).head(1), bench=BENCH, candidates=({},))
-    trt = fit_replay(_measured("trtllm", {}).head(1), bench=BENCH, candidates=({},))
-    assert sizes == [3, 4]
+    assert PREFILL_STEP_FRAMEWORKS == COMM_SCALE_FRAMEWORKS == {"trtllm"}
+    vllm = fit_replay(_measured("vllm", {}).head(1), bench=BENCH, candidates=({},), comm_scale=True)
+    trt = fit_replay(_measured("trtllm", {}).head(1), bench=BENCH, candidates=({},), comm_scale=True)
+    plain = fit_replay(_measured("trtllm", {}).head(1), bench=BENCH, candidates=({},))
+    assert sizes == [3, 5, 4] and plain["comm_scale"] == 1.0
     assert vllm["prefill_step_s"] == 0.0 and trt["prefill_step_s"] == pytest.approx(0.04)
+    assert vllm["comm_scale"] == 1.0 and trt["comm_scale"] == pytest.approx(0.7)
 
 
 def test_pinned_terms_are_the_limits_a_fit_ends_on_except_the_zero_time_floors():
@@ -184,3 +191,14 @@ def test_a_fit_the_runs_push_past_a_limit_says_so_in_the_entry_and_the_cost_mode
     report = format_report(pred)
     assert f"{MODEL} vllm/bf16 (setup entry): decode_scale  ({runs.height} runs)" in report
     assert "limit of their range" not in format_report(predict_runs(runs, calibration=False, bench=BENCH))
+
+
+def test_a_trtllm_fit_recovers_how_far_its_collectives_run_from_their_tables():
+    """TP1 runs carry no communication and TP2 runs do, so the fit tells the collectives'
+    scale from the decode scale."""
+    truth = {**TRUTH, "comm_scale": 0.5}
+    fit = fit_replay(_measured("trtllm", {"enable_chunked_prefill": True}, tps=(1, 2), truth=truth), bench=BENCH,
+                     candidates=({"enable_chunked_prefill": True},), comm_scale=True)
+    assert fit["comm_scale"] == pytest.approx(0.5, abs=0.08)
+    assert fit["decode_scale"] == pytest.approx(TRUTH["decode_scale"], rel=0.05)
+    assert fit["tpot_mape_after"] < 1.5 and fit["pinned_terms"] == []

@@ -161,7 +161,7 @@ def test_a_client_or_fit_variant_is_fitted_replayed_and_named_in_the_command(mon
     from optimizer.replayfit import RESIDUAL_SCALE, TTFT_WEIGHT
 
     defaults = dict(ttft_weight=TTFT_WEIGHT, residual_scale=RESIDUAL_SCALE, moe_distribution=DEFAULT_DISTRIBUTION,
-                    mtp_acceptance=None)
+                    mtp_acceptance=None, comm_scale=False)
     args = argparse.Namespace(quick=False, client_ingress_ms=150.0, client_jitter_ms=0.0, **defaults)
     bench = fidelity.bench_client(args)
     assert bench.ingress_s == pytest.approx(0.15) and bench.jitter_s == 0.0
@@ -173,12 +173,13 @@ def test_a_client_or_fit_variant_is_fitted_replayed_and_named_in_the_command(mon
     assert fidelity.command_line(mtp, "breadth") == "python benchmarks/fidelity.py --part breadth --mtp-acceptance 0.5"
     assert fidelity.command_line(mtp, "dense") == "python benchmarks/fidelity.py"
     fit = argparse.Namespace(quick=False, client_ingress_ms=0.0, client_jitter_ms=0.0, ttft_weight=TTFT_WEIGHT,
-                             residual_scale=0.02, moe_distribution="balanced", mtp_acceptance=None)
+                             residual_scale=0.02, moe_distribution="balanced", mtp_acceptance=None, comm_scale=True)
     assert fidelity.command_line(fit, "dense") == ("python benchmarks/fidelity.py --residual-scale 0.02 "
-                                                   "--moe-distribution balanced")
+                                                   "--moe-distribution balanced --comm-scale")
     seen = []
     monkeypatch.setattr(fidelity, "calibrate_replay", lambda train, **kw: seen.append(kw) or [])
     fidelity.replay_fitter(RUNS, bench=bench, **fidelity.fit_options(fit))
     builder = seen[0].pop("builder")
-    assert seen == [{"keys": None, "bench": bench, "ttft_weight": TTFT_WEIGHT, "residual_scale": 0.02}]
+    assert seen == [{"keys": None, "bench": bench, "ttft_weight": TTFT_WEIGHT, "residual_scale": 0.02,
+                     "comm_scale": True}]
     assert builder.keywords == {"moe_distribution": "balanced"}  # the fit times MoE at the asked skew
