@@ -1,8 +1,8 @@
 """Calibrate the per-step overhead and a scale factor against measured serving runs.
 
-A run (``costmodels.runs``) is one closed-loop benchmark: ``batch_size`` clients each send ``isl`` prompt
-tokens and read ``osl`` output tokens; the measured mean TTFT and TPOT are compared with
-the cost model's steady state:
+A run (``costmodels.runs``) is one closed-loop benchmark: ``batch_size`` clients each
+send ``isl`` prompt tokens and read ``osl`` output tokens; the measured mean TTFT and TPOT
+are compared with the cost model's steady state:
 
 - TPOT: one decode step for ``batch_size`` sequences at the mean context ``isl + osl/2``,
   plus the prompts that other clients start meanwhile (``batch_size`` prefills per
@@ -38,6 +38,7 @@ FORMAT = "servetune-calibration/1"
 #: ``pinned_terms`` those its fit left on a limit of their search range: their values are
 #: the limit's, and ``apply_calibration`` says so in the cost model's source.
 FITTED_TERMS = ("overhead_s", "scale", "prefill_scale", "decode_scale", "prefill_step_s", "comm_scale")
+
 
 def fitted_layouts(layouts) -> list[list[int]]:
     """An entry's ``layouts``: the distinct [tp, moe_ep_size, attention_dp_size] it was fitted on."""

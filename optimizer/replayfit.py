@@ -1,8 +1,9 @@
 """Calibration by replay: the cost model's terms fitted so the closed loop reproduces measured runs.
 
 ``fit_replay`` fits ``overhead_s``, ``prefill_scale``, ``decode_scale`` and, for TRT-LLM,
-``prefill_step_s`` (the fixed time of a step with prompt tokens: ``PREFILL_STEP_FRAMEWORKS``)
-and ``comm_scale`` (its collectives against their tables: ``COMM_SCALE_FRAMEWORKS``) so that the closed loop of ``optimizer.closedloop``, driven as each run's benchmark client
+``prefill_step_s`` (the fixed time of a step with prompt tokens: ``PREFILL_STEP_FRAMEWORKS``;
+asked, also ``comm_scale``, its collectives against their tables: ``COMM_SCALE_FRAMEWORKS``)
+so that the closed loop of ``optimizer.closedloop``, driven as each run's benchmark client
 drove its server, reproduces the runs' mean TPOT and TTFT. The measured server's step
 token budget and chunking, which a runs file does not record, are chosen among
 ``SERVER_CANDIDATES`` by the same fit and stored in the entry as ``measured_server``, which

@@ -71,8 +71,9 @@ def predict_runs(runs: pl.DataFrame, *, model_config: str | Path | None = None, 
     """``runs`` (from ``load_runs``) with predicted ``pred_ttft_ms``/``pred_tpot_ms``, the
     ``calibration_match`` of the row's cost model (setup, model, pooled, none or off) and
     the terms its entry's fit left on a range limit (``calibration_pinned``, comma-separated;
-    null when none), the ``measured_server`` scheduler overrides it was replayed with (JSON; from the matched
-    calibration entry when a replay fit chose them, else the framework's defaults), its
+    null when none), the ``measured_server`` scheduler overrides it was replayed with (JSON;
+    from the matched calibration entry when a replay fit chose them, else the framework's
+    defaults), its
     ``cost_source`` (``CostModel.source``: op tables or a roofline fallback with its
     reason, and the calibration), the ``kv_dtype`` it assumed (``kv_dtype_assumed``: the
     runs record none, so the GEMM dtype) and ``error``: why the row could not be simulated,
