@@ -19,6 +19,7 @@ ships for the measured combinations in ``data/calibration.json``.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -240,7 +241,8 @@ def match_entry(entries: list[dict], *, model: str, family: str, gpu: str, frame
     fitted on plain TP, is no ``setup`` match of another) and KV dtype (``setup``), at any
     TP or layout of its parallel path (``model``), another model of its family (``family``),
     the pooled fit of the GPU (``pooled``), the same chain fitted on another GPU
-    (``other_gpu``: the overhead and scales of one GPU's tables applied to another's).
+    (``other_gpu``: the overhead and scales of one GPU's tables applied to another's; the
+    GPU nearest in memory bandwidth first, ``_nearest_gpu_first``).
     Every tier keeps to the setup's parallel path (``parallel_path``): EP and attention DP
     run other kernels and collectives with other fixed costs, so only when no entry of the
     path exists anywhere does an entry of another path stand in (``other_path``: the same
@@ -265,13 +267,35 @@ def match_entry(entries: list[dict], *, model: str, family: str, gpu: str, frame
         found = next((e for e in same if e["gpu"] == gpu and test(e)), None)
         if found is not None:
             return found, how
-    other = sorted((e for e in kind if entry_path(e) != path), key=lambda e: e["gpu"] != gpu)
-    for pool, how in ((same, "other_gpu"), (other, "other_path")):  # same: this GPU's failed the tiers above
+    other = _nearest_gpu_first([e for e in kind if entry_path(e) != path], gpu)
+    for pool, how in ((_nearest_gpu_first(same, gpu), "other_gpu"), (other, "other_path")):
+        # same: this GPU's entries failed the tiers above
         for test in tiers:
             found = next((e for e in pool if test(e)), None)
             if found is not None:
                 return found, how
     return None, "none"
+
+
+def _nearest_gpu_first(entries: list[dict], gpu: str) -> list[dict]:
+    """``entries``, this GPU's first, then the others by how far their GPU's HBM bandwidth is
+    from this one's (decode steps, most of a serving run, follow it), ties in file order: a
+    fallback from another GPU is taken from the nearest, whatever the file's order."""
+    from costmodels.gpus import load_gpu
+
+    def bandwidth(name: str) -> float | None:
+        try:
+            return load_gpu(name).hbm_bytes_per_s
+        except CostModelError:  # a GPU servetune does not know: no distance to rank it by
+            return None
+
+    here = bandwidth(gpu)
+
+    def distance(e: dict) -> float:
+        there = bandwidth(e["gpu"])
+        return 0.0 if here is None else math.inf if there is None else abs(there - here)
+
+    return sorted(entries, key=lambda e: (e["gpu"] != gpu, distance(e)))
 
 
 def apply_calibration(cost: CostModel, model: str, gpu: str, framework: str, gemm_dtype: str,

@@ -118,3 +118,14 @@ def test_an_entry_without_pinned_terms_applies_as_placed(tmp_path):
     save_calibration([entry(LLAMA8)], path)
     cost = build(LLAMA8, "h100", tp=1, framework="trtllm", calibration=path)
     assert cost.calibration["pinned_terms"] == [] and "range limit" not in cost.source
+
+
+@pytest.mark.parametrize("gpu, nearest_ms", [("a100_sxm", 2.0), ("b200_sxm", 3.0)])
+def test_another_gpus_fallback_is_the_nearest_in_memory_bandwidth_whatever_the_file_order(gpu, nearest_ms):
+    # pooled fits on H100 (3.35 TB/s, overhead 2 ms) and H200 (4.8 TB/s, 3 ms), none on the
+    # setup's GPU: A100 (2.0 TB/s) takes H100's, B200 (7.7 TB/s) H200's, in either file order
+    pooled = [entry("*", gpu="h100_sxm", overhead_ms=2.0), entry("*", gpu="h200_sxm", overhead_ms=3.0)]
+    for order in (pooled, pooled[::-1]):
+        found, how = match_entry(order, model="my-model", family="mistral", gpu=gpu, framework="trtllm",
+                                 gemm_dtype="bf16", tp=1, kv_dtype="bf16")
+        assert (round(found["overhead_s"] * 1e3), how) == (nearest_ms, "other_gpu")
