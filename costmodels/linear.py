@@ -16,8 +16,10 @@ Per layer, on one GPU of a ``ParallelLayout``:
                            T x top-k x hidden
     elementwise            norms, residuals, activation, RoPE: HBM-bound (roofline)
 
-With attention DP the step tables describe one DP group's batch and assume the others run
-a batch like it (balanced), so the MoE layer sees d x T tokens.
+With attention DP the step tables describe one DP group's batch and time the MoE layer at
+d x T tokens, every group holding as many; the groups step together, so the simulator
+takes the step of the fullest group (``policies.engine.lockstep``), as the engines pad
+their DP batches to the largest.
 """
 
 from __future__ import annotations

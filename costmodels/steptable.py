@@ -345,15 +345,7 @@ def _step_seconds(t, n_tokens, n_logit_seqs, n_decode, kv_decode_tokens, prefill
     if n_tokens <= 0:
         return 0.0, False
     d = t.data
-    total, out = _curve(d, LINEAR, n_tokens)
-    split = t.prefill_scale != t.decode_scale  # equal scales need no second lookup
-    if n_decode >= n_tokens or not split:
-        decode_part, prefill_part = total, 0.0
-    elif n_decode > 0:
-        decode_part = _curve(d, LINEAR, n_decode)[0]
-        prefill_part = total - decode_part
-    else:
-        decode_part, prefill_part = 0.0, total
+    decode_part, prefill_part, out = _linear_parts(t, n_tokens, n_decode)
     # additions below in the order decode_run_step uses
     if n_logit_seqs > 0:
         part, past = _curve(d, HEAD, n_logit_seqs)
@@ -369,6 +361,31 @@ def _step_seconds(t, n_tokens, n_logit_seqs, n_decode, kv_decode_tokens, prefill
         out = out or past
     eager = t.prefill_step_s if prefill_pairs > 0 else 0.0  # prompt chunks, not verified drafts
     return t.scale * (t.decode_scale * decode_part + t.prefill_scale * prefill_part + t.overhead_s + eager), out
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _linear_parts(t, n_tokens, n_decode):
+    """The token-linear curve at ``n_tokens`` split into its decode part (the curve at
+    ``n_decode``) and the prefill increment, unscaled, and whether it left the range."""
+    total, out = _curve(t.data, LINEAR, n_tokens)
+    split = t.prefill_scale != t.decode_scale  # equal scales need no second lookup
+    if n_decode >= n_tokens or not split:
+        return total, 0.0, out
+    if n_decode > 0:
+        decode_part = _curve(t.data, LINEAR, n_decode)[0]
+        return decode_part, total - decode_part, out
+    return 0.0, total, out
+
+
+@njit(cache=True, nogil=True)
+def linear_step_seconds(t, n_tokens, n_decode):
+    """The token-linear part of ``step_seconds`` (GEMMs, MoE layers, collectives), scaled
+    as there, for ``n_tokens`` new tokens of which ``n_decode`` decode (floats allowed: an
+    attention-DP instance reads it at its groups' mean, ``policies.engine.lockstep``)."""
+    if n_tokens <= 0:
+        return 0.0
+    decode_part, prefill_part, _ = _linear_parts(t, float(n_tokens), float(n_decode))
+    return t.scale * (t.decode_scale * decode_part + t.prefill_scale * prefill_part)
 
 
 @njit(cache=True, nogil=True)

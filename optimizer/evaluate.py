@@ -11,7 +11,8 @@ A fleet is ``replicas`` engines of TP ``tp`` (``optimizer.space.Fleet``; the spe
 default), each laid out for expert and attention data parallelism when the model is MoE.
 Its cost model is built once per layout (``costmodels.layout.ParallelLayout``); an
 attention-DP instance runs as ``attention_dp`` schedulers on the cost model of one group
-(which assumes its peers' batches like its own: the MoE layer sees all of them), so the
+(which times the MoE layer at ``attention_dp`` times the group's tokens), stepping together
+(``policies.engine.lockstep``: each step as long as the slowest group's), so the
 simulator runs ``Fleet.schedulers`` replicas. One scheduler runs the single-replica engine
 (``policies.engine``); more than one, or any failure plan, runs the fleet kernel
 (``policies.fleet``: the config's router, migration and prefill/decode split under one
@@ -129,8 +130,8 @@ class Evaluator:
         if reason is not None:
             return reason
         try:
-            check_fleet(config, fleet.schedulers)
-            self.failures_at(1.0, fleet.schedulers)
+            check_fleet(config, fleet.schedulers, fleet.attention_dp)
+            self.failures_at(1.0, fleet)
             if hasattr(self.engine, "validate"):
                 self.engine.validate(self.trace, cost_model, config)
         except (ConfigError, FailureError) as exc:
@@ -151,17 +152,19 @@ class Evaluator:
         return out_of_memory(report.peak_step_tokens, report.peak_step_s, self.cost_model_at(fleet.tp), config,
                              self.target.oom_consequence)
 
-    def failures_at(self, rate_scale: float, replicas: int) -> FailureSchedule | None:
-        """The failure windows a fleet of ``replicas`` runs with at ``rate_scale`` (None:
-        the study declares no failures). Raises FailureError for a replica the fleet lacks."""
+    def failures_at(self, rate_scale: float, fleet: Fleet) -> FailureSchedule | None:
+        """The failure windows ``fleet`` runs with at ``rate_scale``, per scheduler (None:
+        the study declares no failures): the plan's are per instance, and an attention-DP
+        instance's window stops all of its ranks. Raises FailureError for a replica the
+        fleet lacks."""
         plan = self.spec.failures
         if plan is None:
             return None
-        key = (rate_scale, replicas)
+        key = (rate_scale, fleet.replicas, fleet.attention_dp)
         if key not in self._schedules:
-            schedule = plan.schedule(replicas, np.asarray(self.trace.arrival_s), self.spec.seed)
+            schedule = plan.schedule(fleet.replicas, np.asarray(self.trace.arrival_s), self.spec.seed)
             t0 = float(self.trace.arrival_s[0]) if self.trace.n else 0.0
-            self._schedules[key] = compressed(schedule, t0, rate_scale)
+            self._schedules[key] = compressed(schedule, t0, rate_scale).per_rank(fleet.attention_dp)
         return self._schedules[key]
 
     @property
@@ -215,8 +218,8 @@ class Evaluator:
         options = {} if self.spec.speculative is None else {"acceptance": self.spec.speculative.acceptance}
         if fleet.schedulers == 1:
             return self.engine.simulate(trace, cost_model, config, seed=seed, **options)
-        return self.fleet_engine.simulate_fleet_many(trace, cost_model, [config], seed=seed,
-                                                     replicas=fleet.schedulers, failures=None, **options)[0]
+        return self.fleet_engine.simulate_fleet_many(trace, cost_model, [config], seed=seed, replicas=fleet.schedulers,
+                                                     failures=None, lockstep=fleet.attention_dp, **options)[0]
 
     def _pairs(self, configs, fleets) -> list[tuple[PolicyConfig, Fleet]]:
         if fleets is None:
@@ -247,13 +250,13 @@ class Evaluator:
         cost_model, seed = self.cost_model_of(fleet), self.spec.seed
         # the declared drafter's acceptance profile (an engine without speculation needs none)
         options = {} if self.spec.speculative is None else {"acceptance": self.spec.speculative.acceptance}
-        failures = self.failures_at(rate_scale, fleet.schedulers)
+        failures = self.failures_at(rate_scale, fleet)
         if fleet.schedulers == 1 and failures is None:
             if len(configs) == 1:
                 return [self.engine.simulate(trace, cost_model, configs[0], seed=seed, **options)]
             return self.engine.simulate_many(trace, cost_model, configs, seed=seed, **options)
-        return self.fleet_engine.simulate_fleet_many(trace, cost_model, configs, seed=seed,
-                                                     replicas=fleet.schedulers, failures=failures, **options)
+        return self.fleet_engine.simulate_fleet_many(trace, cost_model, configs, seed=seed, replicas=fleet.schedulers,
+                                                     failures=failures, lockstep=fleet.attention_dp, **options)
 
     def _trim(self, protect: int) -> None:
         """Drop the oldest SimResults beyond ``keep_results`` (never the newest ``protect``)."""
@@ -263,7 +266,7 @@ class Evaluator:
     def _key(self, config: PolicyConfig, fleet: Fleet, rate_scale: float) -> bytes:
         key = config.to_vector().tobytes() + np.array([rate_scale, fleet.tp, fleet.replicas, fleet.moe_ep,
                                                        fleet.attention_dp]).tobytes()
-        failures = self.failures_at(rate_scale, fleet.schedulers)
+        failures = self.failures_at(rate_scale, fleet)
         if failures is not None:
             key += b"failures" + b"".join(np.asarray(c).tobytes()
                                          for c in (failures.replica, failures.t_down, failures.t_up))

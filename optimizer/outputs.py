@@ -698,14 +698,13 @@ def _pareto_points(trials, dirs, names) -> tuple[list[plots.TrialPoint], tuple[s
     return points, (names[0], "p99 TTFT (ms)"), (dirs[0], "minimize")
 
 
-#: What a gain on an attention-DP layout does not include: the engines (SGLang DP attention,
-#: vLLM's DP ranks of a MoE model, TRT-LLM's) step all groups of an instance together, so
-#: one group's prompt lengthens every group's step; the simulator runs each group's
-#: scheduler on its own, timing its MoE layers as if every group ran a batch like its own.
-ATTENTION_DP_CAVEAT = ("Attention DP is simulated as independent groups, each timing its MoE layers as if every "
-                       "group ran a batch like its own; the engine steps the groups together (a prompt on one "
-                       "lengthens every group's step), which is not simulated, so under uneven load a DP layout's "
-                       "TPOT is optimistic: measure it with the bench script before relying on its gain.")
+#: What stands behind a gain on an attention-DP layout: the groups' lockstep is simulated
+#: (``policies.engine.lockstep``), but no measured run of the engines' DP checks it.
+ATTENTION_DP_CAVEAT = ("Attention DP is simulated as groups stepping together, each step as long as the slowest "
+                       "group's, with the MoE layers timed at every group holding the fullest group's tokens (vLLM "
+                       "pads its DP ranks so); no measured vLLM or SGLang DP run has checked this, and the one "
+                       "measured DP setup (TensorRT-LLM) is fitted only at its calibration's limits: measure a DP "
+                       "layout with the bench script before relying on its gain.")
 
 
 def _notes(best: FrozenTrial, recommended: Evaluated, evaluated: Sequence[Evaluated], spec, target,

@@ -26,14 +26,14 @@ def engine_context(model: str, gpu: str, tp: int = 1, framework: str = "vllm", r
     gpu_spec = load_gpu(gpu)
     try:
         arch = load_model(model, model_config)
-        context_len, moe, quant = arch.context_len, arch.moe is not None, arch.quant
+        context_len, moe, mla, quant = arch.context_len, arch.moe is not None, arch.mla is not None, arch.quant
     except CostModelError:
-        context_len, moe, quant = 0, False, ""
+        context_len, moe, mla, quant = 0, False, False, ""
     cost_model = _lazy_cost_model(model, gpu, tp, framework, model_config, dtype, kv_dtype)
     shares = _reserve_shares(cost_model()) if context_len else {}
     return EngineContext(gpu=gpu, gpu_memory_gib=gpu_spec.memory_bytes / 2**30, context_len=context_len,
                          kv_tokens=lambda utilization, tokens: cost_model().kv_capacity_tokens(utilization, tokens),
-                         tp=tp, replicas=replicas, dtype=dtype, kv_dtype=kv_dtype, moe=moe,
+                         tp=tp, replicas=replicas, dtype=dtype, kv_dtype=kv_dtype, moe=moe, mla=mla,
                          weight_quant=quant, **shares)
 
 

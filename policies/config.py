@@ -320,11 +320,18 @@ class PolicyConfig:
         return cls(**data)
 
 
-def check_fleet(config: PolicyConfig, replicas: int) -> None:
+def check_fleet(config: PolicyConfig, replicas: int, lockstep: int = 1) -> None:
     """Raise ConfigError when ``config``'s fleet knobs cannot run on ``replicas`` replicas
-    (one replica ignores them: only the count is checked)."""
+    (one replica ignores them: only the count is checked), ``lockstep`` of them to an
+    attention-DP instance whose ranks step together."""
     if isinstance(replicas, bool) or not isinstance(replicas, int | np.integer) or not 1 <= replicas <= MAX_REPLICAS:
         raise ConfigError(f"replicas must be an integer in [1, {MAX_REPLICAS}], got {replicas!r}")
+    if isinstance(lockstep, bool) or not isinstance(lockstep, int | np.integer) or lockstep < 1 or replicas % lockstep:
+        raise ConfigError(f"lockstep must be a positive integer dividing replicas={replicas} (the attention-DP "
+                          f"ranks of each instance), got {lockstep!r}")
+    if lockstep > 1 and config.prefill_replicas:
+        raise ConfigError(f"prefill_replicas={config.prefill_replicas} with attention-DP ranks stepping together "
+                          f"(lockstep {lockstep}): a prefill/decode split of DP ranks is not modelled")
     if config.prefill_replicas >= replicas > 1:
         raise ConfigError(f"prefill_replicas={config.prefill_replicas} leaves no decode replica among "
                           f"{replicas}; give at most {replicas - 1}")

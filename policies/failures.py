@@ -67,6 +67,25 @@ class FailureSchedule:
             raise FailureError(f"failure {r}@{d:g}:{u:g}: replica {r} does not exist in a fleet of "
                                f"{n_replicas} (replicas 0..{n_replicas - 1})")
 
+    def per_rank(self, ranks: int) -> FailureSchedule:
+        """The schedule of instances of ``ranks`` schedulers each (attention-DP ranks,
+        replicas ``i * ranks .. i * ranks + ranks - 1`` of the fleet kernel): an instance's
+        window takes all of its ranks down and back together, as a rank's failure stops
+        the instance's lockstep."""
+        return FailureSchedule.from_rows([(r * ranks + k, d, u) for r, d, u in self.rows() for k in range(ranks)])
+
+    def check_lockstep(self, ranks: int) -> None:
+        """Raise FailureError unless every window stops whole instances of ``ranks`` ranks
+        (ranks stepping together cannot fail one by one)."""
+        rows = set(self.rows())
+        for r, d, u in sorted(rows):
+            first = r - r % ranks
+            missing = [first + k for k in range(ranks) if (first + k, d, u) not in rows]
+            if missing:
+                raise FailureError(f"failure {r}@{d:g}:{u:g}: replica {r} is a rank of the attention-DP instance "
+                                   f"of replicas {first}..{first + ranks - 1}, which step together and fail "
+                                   f"together; ranks {missing} lack that window")
+
     def events(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every down and up event as (time f8, replica i8, up b1) arrays, in processing order.
 

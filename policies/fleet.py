@@ -247,6 +247,7 @@ class Fleet(NamedTuple):
     seed: int
     series_every: float
     fast_forward: bool
+    lockstep: int  # ranks per instance that step together (attention DP); 1: replicas step alone
 
 
 # ======================================================================================
@@ -254,18 +255,20 @@ class Fleet(NamedTuple):
 # ======================================================================================
 @njit(cache=True, nogil=True)
 def fleet_kernel(statics, tables, block_hashes, kv_bytes, swap_bw, fail_t, fail_replica, fail_up, cfg, caps, hosts,
-                 seed, series_every, fast_forward, tenant_params, class_params, router, out, budget):
+                 seed, series_every, fast_forward, lockstep, tenant_params, class_params, router, out, budget):
     """One replay of the trace through a fleet of R = len(statics) replicas running ``cfg``.
 
     ``statics``/``tables``: each replica's ``engine.Statics`` and step-time tables;
     ``kv_bytes``/``swap_bw``/``caps``/``hosts``: each replica's KV bytes per token, host
     copy bandwidth and GPU/host KV blocks; ``fail_*``: the failure events in processing
-    order (``FailureSchedule.events``); ``router``: an empty ``routing.RouterState``;
+    order (``FailureSchedule.events``); ``lockstep``: replicas j with the same j // lockstep
+    are the ranks of one attention-DP instance, advanced together (``engine.advance_group``);
+    ``router``: an empty ``routing.RouterState``;
     ``out``: ``FleetBuffers``, filled; ``budget``: i8[2] (base, per), the event loop runs
     at most base + per * progress times (``_progress``). The rest as in ``engine.new_replica``.
     """
     owned = _new_fleet(statics, tables, block_hashes, kv_bytes, swap_bw, fail_t, fail_replica, fail_up, cfg, caps,
-                       hosts, seed, series_every, fast_forward, tenant_params, class_params, router, out)
+                       hosts, seed, series_every, fast_forward, lockstep, tenant_params, class_params, router, out)
     fl = _borrow_fleet(owned)  # owned outlives it
     n_rep = fl.fr.shape[1]
     t = fl.t0
@@ -299,7 +302,7 @@ def fleet_kernel(statics, tables, block_hashes, kv_bytes, swap_bw, fail_t, fail_
 
 @njit(cache=True, nogil=True)
 def _new_fleet(statics, tables, block_hashes, kv_bytes, swap_bw, fail_t, fail_replica, fail_up, cfg, caps, hosts,
-               seed, series_every, fast_forward, tenant_params, class_params, router, out):
+               seed, series_every, fast_forward, lockstep, tenant_params, class_params, router, out):
     n_rep = len(statics)
     n = statics[0].sf.shape[1]
     t0 = statics[0].sf[S_ARRIVAL, 0]
@@ -333,7 +336,7 @@ def _new_fleet(statics, tables, block_hashes, kv_bytes, swap_bw, fail_t, fail_re
                  np.zeros(n, dtype=np.int64), np.zeros((n_rep, rt.N_SUMMARY)), np.zeros(n_rep, dtype=np.int64),
                  np.zeros((N_SCRATCH, n_rep), dtype=np.int64), np.zeros(n_rep), router, out, block_hashes, caps,
                  hosts, kv_bytes, swap_bw, tenant_params, class_params, fail_t, fail_replica, fail_up, t0, seed,
-                 series_every, fast_forward)
+                 series_every, fast_forward, lockstep)
 
 
 @njit(cache=True, nogil=True)
@@ -355,7 +358,7 @@ def _borrow_fleet(fl):
                      borrowed(out.fleet), borrowed(out.stall)),
         borrowed(fl.block_hashes), borrowed(fl.caps), borrowed(fl.hosts), borrowed(fl.kv_bytes), borrowed(fl.swap_bw),
         borrowed(fl.tenant_params), borrowed(fl.class_params), borrowed(fl.fail_t), borrowed(fl.fail_replica),
-        borrowed(fl.fail_up), fl.t0, fl.seed, fl.series_every, fl.fast_forward)
+        borrowed(fl.fail_up), fl.t0, fl.seed, fl.series_every, fl.fast_forward, fl.lockstep)
 
 
 @njit(cache=True, nogil=True)
@@ -471,7 +474,11 @@ def _watch_steps(fl):
 @njit(cache=True, nogil=True)
 def _run(fl, j, t_limit, through):
     """Advance replica j to ``t_limit`` (``through``: also the step starting at it), sending
-    what a prefill replica hands off on its way."""
+    what a prefill replica hands off on its way; an attention-DP rank advances with the
+    other ranks of its instance."""
+    if fl.lockstep > 1:  # no P/D with lockstep (check_fleet): nothing to hand off
+        engine.advance_group(fl.nodes, j - j % fl.lockstep, fl.lockstep, fl.cfg, t_limit, through)
+        return
     rep, st, tables = fl.nodes[j]
     while True:
         if through:
@@ -1053,7 +1060,8 @@ def warmup(speculative: bool = True) -> None:
 
 def simulate_fleet(trace, cost_models, config: PolicyConfig, seed: int = 0, *, replicas: int | None = None,
                    failures: FailureSchedule | None = None, acceptance: spm.AcceptanceModel | None = None,
-                   sharing: fm.SharingSpec | None = None, progress_budget: tuple[int, int] | None = None) -> SimResult:
+                   sharing: fm.SharingSpec | None = None, progress_budget: tuple[int, int] | None = None,
+                   lockstep: int = 1) -> SimResult:
     """Replay ``trace`` through a fleet of replicas running ``config``; deterministic for a seed.
 
     ``cost_models`` is one CostModel (every replica alike) or one per replica (their GPU,
@@ -1067,16 +1075,20 @@ def simulate_fleet(trace, cost_models, config: PolicyConfig, seed: int = 0, *, r
     ``progress_budget`` (base, per) bounds the event loop's iterations by base + per *
     progress (default: ``engine.default_progress_budget`` of requests + failure events +
     replicas; each replica's engine keeps its own default guard); past it the run raises
-    ``SimulationStalled`` instead of hanging.
+    ``SimulationStalled`` instead of hanging. ``lockstep`` > 1: every ``lockstep``
+    consecutive replicas are the attention-DP ranks of one instance and step together
+    (``policies.engine.lockstep``); a failure window must then stop all of an instance's
+    ranks (``FailureSchedule.per_rank``), and P/D is refused.
     """
     return simulate_fleet_many(trace, cost_models, [config], seed, replicas=replicas, failures=failures,
-                               acceptance=acceptance, sharing=sharing, progress_budget=progress_budget)[0]
+                               acceptance=acceptance, sharing=sharing, progress_budget=progress_budget,
+                               lockstep=lockstep)[0]
 
 
 def simulate_fleet_many(trace, cost_models, configs: Sequence[PolicyConfig], seed: int = 0, *,
                         replicas: int | None = None, failures: FailureSchedule | None = None,
                         acceptance: spm.AcceptanceModel | None = None, sharing: fm.SharingSpec | None = None,
-                        progress_budget: tuple[int, int] | None = None) -> list[SimResult]:
+                        progress_budget: tuple[int, int] | None = None, lockstep: int = 1) -> list[SimResult]:
     """``simulate_fleet`` for each config (each its own fleet), in parallel across cores;
     results in config order."""
     if not configs:
@@ -1084,11 +1096,12 @@ def simulate_fleet_many(trace, cost_models, configs: Sequence[PolicyConfig], see
     costs = _replica_costs(cost_models, replicas)
     n_rep = len(costs)
     for config in configs:
-        check_fleet(config, n_rep)
+        check_fleet(config, n_rep, lockstep)
     schedule = failures if failures is not None else FailureSchedule.empty()
     if not isinstance(schedule, FailureSchedule):
         raise TypeError(f"failures must be a policies.failures.FailureSchedule or None, got {type(failures).__name__}")
     schedule.check_replicas(n_rep)
+    schedule.check_lockstep(lockstep)
     limits = [[engine.validate(trace, cost, config) for cost in costs] for config in configs]
     by_model: dict[int, engine.Statics] = {}
     for cost in costs:
@@ -1112,11 +1125,11 @@ def simulate_fleet_many(trace, cost_models, configs: Sequence[PolicyConfig], see
     args = (statics, tables, trace.cache_block_hashes, kv_bytes, swap_bw,
             fail_t.astype(np.float64), fail_replica.astype(np.int64), fail_up.astype(np.bool_))
     every = engine.default_series_every(trace)
-    fast_forward = engine.fast_forward_enabled()
+    fast_forward = engine.fast_forward_enabled() and lockstep == 1
     budget = engine.progress_bound(progress_budget, trace.n + len(fail_t) + n_rep)
 
     def replay(k: int) -> None:
-        fleet_kernel(*args, cfgs[k], caps[k], hosts[k], seed, every, fast_forward, side[k][0], side[k][1],
+        fleet_kernel(*args, cfgs[k], caps[k], hosts[k], seed, every, fast_forward, lockstep, side[k][0], side[k][1],
                      routers[k], outs[k], budget)
 
     engine.in_parallel(replay, len(configs))

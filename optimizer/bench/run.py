@@ -97,12 +97,15 @@ class BenchRun:
         spec = self.spec
         options = {} if spec.speculative is None else {"acceptance": spec.speculative.acceptance}
         deployment = self.manifest["deployment"]
-        # one scheduler per attention-DP group of each replica (optimizer.space.Fleet.schedulers)
-        replicas = int(deployment["replicas"]) * int(deployment.get("attention_dp", 1))
+        # one scheduler per attention-DP group of each replica (optimizer.space.Fleet.schedulers),
+        # the groups of a replica stepping together
+        ranks = int(deployment.get("attention_dp", 1))
+        replicas = int(deployment["replicas"]) * ranks
         if replicas > 1:
             from policies.fleet import simulate_fleet
 
-            return simulate_fleet(trace, cost_model, self.config, seed=spec.seed, replicas=replicas, **options)
+            return simulate_fleet(trace, cost_model, self.config, seed=spec.seed, replicas=replicas, lockstep=ranks,
+                                  **options)
         from policies.engine import simulate
 
         return simulate(trace, cost_model, self.config, seed=spec.seed, **options)

@@ -118,7 +118,9 @@ sampler's state and, with its KV, computed tokens):
   a step samples a token for it, into ``handed_off(rep)`` (``clear_handed_off`` once
   taken); ``advance`` returns after such a step, so its clock is the hand-off time.
 * ``advance_through(rep, st, tables, cfg, t)``: ``advance`` that also runs the step
-  starting at t; ``head_request``, ``newest_running``, ``capacity_blocks``, ``max_len``.
+  starting at t; ``advance_group(nodes, first, count, cfg, t_limit, through)``: the ranks
+  of one attention-DP instance advanced in lockstep (``policies.engine.lockstep``: every
+  step as long as the slowest rank's); ``head_request``, ``newest_running``, ``capacity_blocks``, ``max_len``.
 
 Progress guard: ``advance``'s loop counts its iterations over every call and, once they
 pass base + per * progress (``_progress``: steps, deliveries taken, requests ended,
@@ -136,7 +138,7 @@ Modules, in the order a step meets them: ``codes`` (the constants the kernels co
 with), ``state`` (``Statics``, ``Replica``, borrowed views, small helpers), ``events``,
 ``batch``, ``preemption``, ``admission``, ``formation`` (one step's batch), ``verify``
 (speculative budgets), ``step_end``, ``fast_forward``, ``replica`` (the resumable loop),
-``summary`` (the router's view), ``moves`` (the fleet's hand-overs), ``capacity``, ``run``
+``lockstep`` (attention-DP ranks on one clock), ``summary`` (the router's view), ``moves`` (the fleet's hand-overs), ``capacity``, ``run``
 (``simulate``, ``simulate_many``) and ``warmup``. This package re-exports the interface
 the rest of servetune uses.
 """
@@ -169,6 +171,7 @@ from policies.engine.codes import (
     P_QUERY_TOKENS,
     SimulationStalled,
 )
+from policies.engine.lockstep import advance_group
 from policies.engine.moves import (
     carry,
     clear_handed_off,
@@ -262,6 +265,7 @@ __all__ = [
     "Statics",
     "adapter_load_s",
     "advance",
+    "advance_group",
     "advance_through",
     "borrow_replica",
     "borrow_statics",

@@ -418,38 +418,57 @@ def _advance(rep, st, tables, cfg, t_limit, through):
                 if finished:
                     _end_fast_forward(rep, st, cfg)
                 continue
-        g[PREEMPTED_NOW] = 0
-        gf[SWAP_S] = 0.0
-        g[B_TOKENS] = 0
-        g[B_LOGITS] = 0
-        g[B_DECODES] = 0
-        g[B_KV_DECODE] = 0
-        g[B_PAIRS] = 0
-        g[B_PREFILL] = 0
-        _form_batch(rep, st, tables, cfg)
-        g[LEFT_WAITING] = g[N_WAIT]
-        if g[B_TOKENS] == 0:
-            g[N_BATCH] = 0
+        dt, oor = _form_step(rep, st, tables, cfg, speculating)
+        if dt < 0.0:
             if g[PREEMPTED_NOW] != 0 or g[N_RUN] + g[N_WAIT] == 0:
                 continue  # the step only preempted or rejected (edf); admission resumes at once
             g[ERROR] = ERROR_STALLED
             return
-        if speculating and g[B_DECODES] > 0:
-            gf[DRAFT_S] = 0.0
-            _plan_verify(rep, st, tables, cfg, st.spec)
-        dt, oor = step_seconds(tables, g[B_TOKENS], g[B_LOGITS], g[B_DECODES], g[B_KV_DECODE], g[B_PAIRS])
-        if g[LORA] != 0:
-            dt += adm.step_seconds(st.lora[1:], cfg[I_LORA_RANK], _adapter_tokens(rep, st))
-        if speculating and g[SPEC_SLOTS] > 0:
-            dt += gf[DRAFT_S]
-            _settle_verify(rep, st, cfg, st.spec)
-        t_end, dt = _book_step(g, gf, series, cfg, dt, oor)
-        _end_step(rep, st, cfg, t_end, dt)
-        gf[CLOCK] = t_end
+        _commit_step(rep, st, cfg, dt, oor)
         if hand_off and g[N_OUTBOX] > 0:
             break  # the fleet sends what this step handed off before time moves on
     if gf[CLOCK] < t_limit and t_limit < np.inf and g[N_RUN] + g[N_WAIT] == 0 and _next_delivery(rep) >= t_limit:
         _idle_until(g, gf, series, cfg, t_limit)
+
+
+@njit(cache=True, nogil=True)
+def _form_step(rep, st, tables, cfg, speculating):
+    """Form the step starting at the clock and time it: (its seconds, copies included;
+    whether the tables were read beyond their range), or (-1, False) when it holds no
+    tokens (``N_BATCH`` is then 0). Speculative outcomes are settled here."""
+    g, gf = rep.g, rep.gf
+    g[PREEMPTED_NOW] = 0
+    gf[SWAP_S] = 0.0
+    g[B_TOKENS] = 0
+    g[B_LOGITS] = 0
+    g[B_DECODES] = 0
+    g[B_KV_DECODE] = 0
+    g[B_PAIRS] = 0
+    g[B_PREFILL] = 0
+    _form_batch(rep, st, tables, cfg)
+    g[LEFT_WAITING] = g[N_WAIT]
+    if g[B_TOKENS] == 0:
+        g[N_BATCH] = 0
+        return -1.0, False
+    if speculating and g[B_DECODES] > 0:
+        gf[DRAFT_S] = 0.0
+        _plan_verify(rep, st, tables, cfg, st.spec)
+    dt, oor = step_seconds(tables, g[B_TOKENS], g[B_LOGITS], g[B_DECODES], g[B_KV_DECODE], g[B_PAIRS])
+    if g[LORA] != 0:
+        dt += adm.step_seconds(st.lora[1:], cfg[I_LORA_RANK], _adapter_tokens(rep, st))
+    if speculating and g[SPEC_SLOTS] > 0:
+        dt += gf[DRAFT_S]
+        _settle_verify(rep, st, cfg, st.spec)
+    return dt + gf[SWAP_S], oor
+
+
+@njit(cache=True, nogil=True)
+def _commit_step(rep, st, cfg, dt, oor):
+    """End the formed step after ``dt`` seconds and move the clock there."""
+    g, gf = rep.g, rep.gf
+    t_end = _book_step(g, gf, rep.series, cfg, dt, oor)
+    _end_step(rep, st, cfg, t_end, dt)
+    gf[CLOCK] = t_end
 
 
 @njit(cache=True, nogil=True)

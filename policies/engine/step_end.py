@@ -67,7 +67,6 @@ from policies.kernel_state import (
     SERIES_T0,
     STATUS,
     STEPS,
-    SWAP_S,
     TARGET,
     USED,
 )
@@ -219,10 +218,9 @@ def _note_step_tokens(g, gf, tokens):
 
 
 @njit(cache=True, nogil=True)
-def _book_step(g, gf, series, cfg, dt_compute, oor):
-    """Book one formed step of dt_compute (+ copies) seconds; return its end and length.
-    The caller then runs ``_end_step`` and moves the clock."""
-    dt = dt_compute + gf[SWAP_S]
+def _book_step(g, gf, series, cfg, dt, oor):
+    """Book one formed step of dt seconds (copies included); return its end. The caller
+    then runs ``_end_step`` and moves the clock."""
     _count_step(g, dt)
     _note_step_tokens(g, gf, g[B_TOKENS])
     if oor:
@@ -235,7 +233,7 @@ def _book_step(g, gf, series, cfg, dt_compute, oor):
     g[PREFILL_TOKENS] += g[B_PREFILL]
     if g[B_DECODES] > 0 and int(cfg[I_ADMISSION]) == ADMIT_NTR:
         _decay_ratio(gf, cfg)
-    return t_end, dt
+    return t_end
 
 
 @njit(cache=True, nogil=True)

@@ -67,6 +67,8 @@ class EngineContext:
     dtype: str = "bf16"
     kv_dtype: str = "bf16"
     moe: bool = False
+    #: whether attention is multi-head latent (MLA), which picks the engine's attention kernels
+    mla: bool = False
     #: the checkpoint's own weight quantization (``costmodels.architecture.weight_quant``), "" for none
     weight_quant: str = ""
 

@@ -48,6 +48,21 @@ VERSION = "0.33.0"
 _BATCH_TIERS = ((160.0, 16384, 1024), (70.0, 8192, 1024), (0.0, 2048, 256))
 GPU_MEMORY_UTILIZATION = 0.92  # what `vllm serve` resolves on an H100 (engine-check of 0.33.0)
 BLOCK_SIZE = 16  # CUDA default block size (vllm/platforms/cuda.py check_and_update_config)
+#: The MLA attention backend vLLM 0.33 takes on a GPU generation (compute capability major)
+#: with or without an FP8 KV cache, and the KV block sizes it takes: the first backend of
+#: platforms/cuda.py:96-155 that takes the KV dtype. Without --block-size the block is that
+#: backend's preferred (v1/attention/backend.py:155-163: 16 if taken, else its smallest;
+#: platforms/interface.py:771-779); a --block-size it does not take drops vLLM to a lower
+#: backend (platforms/cuda.py:489-507 warns; TRITON_MLA at worst), which the MLA op tables do
+#: not time. Ampere runs TRITON_MLA whatever the block, so it has no entry.
+MLA_BACKENDS = {
+    (9, False): ("FLASH_ATTN_MLA", (16, 32, 64, 128)),  # v1/attention/backends/mla/flashattn_mla.py:49-50
+    (9, True): ("FLASHMLA", (64,)),  # flashmla.py:57-58 (FLASH_ATTN_MLA takes no FP8 KV: flashattn_mla.py:42-46)
+    (10, False): ("FLASHINFER_MLA", (32, 64)),  # flashinfer_mla.py:204-205
+    (10, True): ("FLASHINFER_MLA", (32, 64)),
+}
+#: compute capability major by GPU name prefix
+_SM_MAJOR = {"a100": 8, "h100": 9, "h200": 9, "b200": 10}
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128)  # vllm/config/cache.py BlockSize literal
 
 SCHEDULING_POLICIES = {"fcfs": "fcfs", "priority": "priority"}  # vllm/config/scheduler.py SchedulerPolicy
@@ -103,7 +118,8 @@ class VLLM(Target):
         tokens, seqs = next((t, s) for gib, t, s in tiers if ctx.gpu_memory_gib >= gib)
         return PolicyConfig(
             max_num_batched_tokens=tokens, max_num_seqs=seqs, enable_chunked_prefill=True,
-            long_prefill_token_threshold=0, gpu_memory_utilization=GPU_MEMORY_UTILIZATION, block_size=BLOCK_SIZE,
+            long_prefill_token_threshold=0, gpu_memory_utilization=GPU_MEMORY_UTILIZATION,
+            block_size=_default_block_size(ctx),
             scheduling_policy="fcfs", schedule_mode="decode_first", kv_headroom=0.0, admission_mode="none",
             preemption_mode="recompute", preemption_victim="newest", enable_prefix_caching=True,
             max_model_len=ctx.context_len, router="vllm_dp",
@@ -154,6 +170,11 @@ class VLLM(Target):
         if config.block_size not in BLOCK_SIZES:
             broken.append(f"block-size {config.block_size} is not one of {list(BLOCK_SIZES)} "
                           "[vllm/config/cache.py BlockSize]")
+        mla = mla_backend(ctx)
+        if mla is not None and config.block_size not in mla[1]:
+            broken.append(f"block-size {config.block_size} precludes {mla[0]} for this MLA model with a {ctx.kv_dtype} "
+                          f"KV cache on {ctx.gpu}: vLLM falls back to a slower attention backend the op tables do "
+                          f"not time; give one of {list(mla[1])} [vllm/platforms/cuda.py:489-507]")
         if max_len and ctx.context_len and max_len > ctx.context_len:
             broken.append(f"max-model-len {max_len} exceeds the model's max_position_embeddings {ctx.context_len} "
                           "[vllm/config/model.py: User-specified max_model_len is greater than the derived]")
@@ -199,6 +220,19 @@ def memory_violations(config: PolicyConfig, ctx: EngineContext) -> list[str]:
                 f"pass of max-num-batched-tokens {tokens}). Try increasing `gpu_memory_utilization` or decreasing "
                 "`max_model_len` [vllm/v1/core/kv_cache_planning.py:66-84]"]
     return []
+
+
+def mla_backend(ctx: EngineContext) -> tuple[str, tuple[int, ...]] | None:
+    """(backend, block sizes it takes) of ``MLA_BACKENDS`` for an MLA model on ``ctx.gpu``;
+    None for another attention or a GPU without an entry."""
+    major = next((m for prefix, m in _SM_MAJOR.items() if ctx.gpu.lower().startswith(prefix)), None)
+    return MLA_BACKENDS.get((major, ctx.kv_dtype == "fp8")) if ctx.mla else None
+
+
+def _default_block_size(ctx: EngineContext) -> int:
+    """vLLM's block size when the file sets none: its attention backend's preferred."""
+    mla = mla_backend(ctx)
+    return BLOCK_SIZE if mla is None or BLOCK_SIZE in mla[1] else min(mla[1])
 
 
 def _is_a100(gpu: str) -> bool:

@@ -134,9 +134,11 @@ class RecordingFleet(FakeEngine):
     def __init__(self):
         super().__init__()
         self.fleet_calls = []
+        self.lockstep = []  # each call's ranks per attention-DP instance
 
-    def simulate_fleet_many(self, trace, cost_model, configs, seed=0, *, replicas, failures=None):
+    def simulate_fleet_many(self, trace, cost_model, configs, seed=0, *, replicas, failures=None, lockstep=1):
         self.fleet_calls.append((replicas, None if failures is None else failures.rows(), list(configs), seed))
+        self.lockstep.append(lockstep)
         return list(configs)
 
 

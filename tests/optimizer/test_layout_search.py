@@ -112,6 +112,7 @@ def test_an_attention_dp_layout_runs_one_scheduler_per_group_on_its_own_cost_mod
     evaluator.reports([config, config, config], fleets=[Fleet(8, 1), Fleet(8, 1, 8, 4), Fleet(8, 1, 8, 1)])
     assert built == [8, ParallelLayout(8, 8, 4), ParallelLayout(8, 8, 1)]  # the plain TP keyed by its degree
     assert [call[0] for call in fleet.fleet_calls] == [4]  # 4 schedulers behind the DP controller
+    assert fleet.lockstep == [4]  # ... stepping together
     assert fleet.calls == 2  # the plain and the EP-only instance: one scheduler each
     # SGLang refuses dp-size replicas beside attention DP: pruned before simulating
     assert "parallel_hook.py:287-292" in evaluator.infeasibility(config, Fleet(4, 2, 1, 2))

@@ -738,7 +738,6 @@ class Reference:
         replica next moves on), so requests delivered at that very time arrive together
         with the others, as in a single run. With nothing to do the clock moves to the
         limit (kept where it is for an infinite one)."""
-        c = self.c
         while self.t < t_limit or (inclusive and self.t == t_limit):
             self.arrive()
             self.expire()
@@ -750,31 +749,49 @@ class Reference:
                 if t_limit < math.inf:
                     self.t = t_limit
                 return
-            self.form_batch()
-            p = self.batch_parts()
-            if p[0] == 0:
+            dt = self.form_step()
+            if dt is None:
                 assert self.preempted_now or not (self.running or self.waiting), "the reference stalled"
                 continue
-            slots, ell, x, draft_s = [], [], 0, 0.0
-            if self.spec_mode != MODE_OFF and p[2] > 0:
-                slots, ell, x, draft_s = self.plan_verify(p)
-            dt, oor = step_seconds(self.tables, p[0] + x, p[1] + x, p[2], p[3] + x, p[4])
-            if p[0] + x > self.peak_step:
-                self.peak_step, self.peak_step_s = p[0] + x, self.t
-            if slots:
-                dt += draft_s
-                self.settle_verify(slots, ell)
-            dt = dt + self.swap_s
-            self.out_of_range += bool(oor)
-            t_end = self.t + dt
-            self.steps += 1
-            self.busy += dt
-            self.prefill_tokens += p[5]
-            if p[2] > 0 and c.admission_mode == "new_token_ratio":
-                low = NTR_MIN_FACTOR * self.init_ratio
-                self.ratio = max(self.ratio - (self.init_ratio - low) / NTR_DECAY_STEPS, low)
-            self.end_step(t_end, dt, p[0] + x)
-            self.t = t_end
+            self.commit_step(dt)
+
+    def form_step(self) -> float | None:
+        """Form the step at the clock and time it (copies included; speculative outcomes
+        settled); None when it holds no tokens."""
+        self.form_batch()
+        p = self.batch_parts()
+        if p[0] == 0:
+            return None
+        slots, ell, x, draft_s = [], [], 0, 0.0
+        if self.spec_mode != MODE_OFF and p[2] > 0:
+            slots, ell, x, draft_s = self.plan_verify(p)
+        dt, oor = step_seconds(self.tables, p[0] + x, p[1] + x, p[2], p[3] + x, p[4])
+        if p[0] + x > self.peak_step:
+            self.peak_step, self.peak_step_s = p[0] + x, self.t
+        if slots:
+            dt += draft_s
+            self.settle_verify(slots, ell)
+        self.out_of_range += bool(oor)
+        self.formed = (p, x)
+        return dt + self.swap_s
+
+    def step_tokens(self) -> tuple[int, int]:
+        """The formed step's (tokens, decodes), as its time was read."""
+        p, x = self.formed
+        return p[0] + x, p[2]
+
+    def commit_step(self, dt: float) -> None:
+        """End the formed step after ``dt`` seconds."""
+        p, x = self.formed
+        t_end = self.t + dt
+        self.steps += 1
+        self.busy += dt
+        self.prefill_tokens += p[5]
+        if p[2] > 0 and self.c.admission_mode == "new_token_ratio":
+            low = NTR_MIN_FACTOR * self.init_ratio
+            self.ratio = max(self.ratio - (self.init_ratio - low) / NTR_DECAY_STEPS, low)
+        self.end_step(t_end, dt, p[0] + x)
+        self.t = t_end
 
     def withdraw(self, i: int, keep_kv: bool) -> dict:
         """Take request i off this replica (failure, migration, P/D hand-off): everything it

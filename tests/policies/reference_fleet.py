@@ -98,7 +98,7 @@ import sys
 
 import numpy as np
 
-from costmodels.steptable import step_seconds
+from costmodels.steptable import linear_step_seconds, step_seconds
 from policies.config import check_fleet
 from policies.result import Reject, State
 
@@ -126,14 +126,56 @@ def prefill_s(tables, n: int, cached: int) -> float:
     return step_seconds(tables, n, 1, 0, 0, n * cached + n * (n + 1) // 2)[0]
 
 
+def advance_group(reps: list[Reference], t_limit: float, inclusive: bool = False) -> None:
+    """The ranks of one attention-DP instance on one clock (``policies.engine.lockstep``):
+    at each step every rank takes its arrivals and deadlines and forms its batch; every
+    rank's step ends after the largest of the ranks' step times less their token-linear
+    parts, plus the token-linear part at the ranks' mean tokens (the MoE layers over all). A rank with no batch sits it
+    out (its ratio reset if it holds nothing); with no rank holding a request the ranks
+    jump together to the first delivery, else to a finite limit."""
+    lead = reps[0]
+    while lead.t < t_limit or (inclusive and lead.t == t_limit):
+        t = lead.t
+        for rep in reps:
+            rep.arrive()
+            rep.expire()
+        if not any(rep.running or rep.waiting for rep in reps):
+            t_next = min((rep.inbox[0][0] for rep in reps if rep.inbox), default=math.inf)
+            if t_next >= t_limit:
+                t_next = t_limit if t_limit < math.inf else t
+            if t_next <= t:
+                return
+            for rep in reps:
+                rep.ratio = rep.init_ratio
+                rep.t = t_next
+            continue
+        steps = [rep.form_step() if rep.running or rep.waiting else None for rep in reps]
+        for rep, dt in zip(reps, steps, strict=True):
+            assert dt is not None or not (rep.running or rep.waiting) or rep.preempted_now, "the reference stalled"
+        if all(dt is None for dt in steps):
+            continue
+        formed = [(rep, dt, *rep.step_tokens()) for rep, dt in zip(reps, steps, strict=True) if dt is not None]
+        rest = max([0.0, *(dt - linear_step_seconds(rep.tables, tokens, decodes) for rep, dt, tokens, decodes in formed)])
+        step = rest + linear_step_seconds(lead.tables, sum(f[2] for f in formed) / len(reps),
+                                          sum(f[3] for f in formed) / len(reps))
+        for rep, dt in zip(reps, steps, strict=True):
+            if dt is not None:
+                rep.commit_step(step)
+                continue
+            if not rep.running and not rep.waiting:
+                rep.ratio = rep.init_ratio
+            rep.t = t + step
+
+
 class Fleet:
-    def __init__(self, trace, costs, config, seed: int, failures):
+    def __init__(self, trace, costs, config, seed: int, failures, lockstep: int = 1):
         from policies.engine import fairness_params, validate
 
         self.trace, self.c, self.seed = trace, config, seed
         self.costs = list(costs)
         n_rep = len(self.costs)
-        check_fleet(config, n_rep)
+        check_fleet(config, n_rep, lockstep)
+        self.lockstep = lockstep
         self.limits = [validate(trace, cost, config) for cost in self.costs]
         self.side = fairness_params(trace, config, None)
         self.n_rep = n_rep
@@ -237,7 +279,13 @@ class Fleet:
         return len(self.promise) < promised
 
     def run_replica(self, j: int, t_limit: float, inclusive: bool = False) -> bool:
-        """Advance replica j to ``t_limit``; returns whether a promise ended (``collect``)."""
+        """Advance replica j to ``t_limit`` (an attention-DP rank with the other ranks of its
+        instance); returns whether a promise ended (``collect``)."""
+        if self.lockstep > 1:
+            first = j - j % self.lockstep
+            group = self.reps[first:first + self.lockstep]
+            advance_group(group, t_limit, inclusive)
+            return any([self.collect(rep) for rep in group])
         self.reps[j].advance(t_limit, inclusive)
         return self.collect(self.reps[j])
 
@@ -570,14 +618,15 @@ class Fleet:
         return out
 
 
-def reference_fleet(trace, costs, config, seed: int = 0, failures=None) -> dict:
+def reference_fleet(trace, costs, config, seed: int = 0, failures=None, lockstep: int = 1) -> dict:
     """Replay ``trace`` through a fleet of one replica per cost model in ``costs`` (a
     CostModel alone is one replica) running ``config``; ``failures`` is a
-    ``policies.failures.FailureSchedule`` or None. Per-request arrays as SimResult names
+    ``policies.failures.FailureSchedule`` or None; ``lockstep``: replicas per attention-DP
+    instance, stepping together (``advance_group``). Per-request arrays as SimResult names
     them, plus ``end_replica``, the fleet fields (``reroutes``, ``reprefill_tokens``,
     ``replica_routed``, ...) and ``leftover`` (KV and reservations each replica still holds)."""
     if not isinstance(costs, list | tuple):
         costs = [costs]
     if failures is not None:
         failures.check_replicas(len(costs))
-    return Fleet(trace, costs, config, seed, failures).run()
+    return Fleet(trace, costs, config, seed, failures, lockstep).run()

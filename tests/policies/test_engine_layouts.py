@@ -3,6 +3,8 @@ attention data parallelism, their exact inverse, and each engine's rules (with t
 source line that states it; the files below passed engine-check of vLLM 0.33.0 and SGLang
 0.5.23 on a faked 8-GPU H100 node)."""
 
+from dataclasses import replace
+
 import pytest
 
 from policies.config import PolicyConfig
@@ -124,3 +126,35 @@ def test_files_read_back_refuse_unknown_layout_keys():
     with pytest.raises(EngineError, match="does not simulate"):
         target("vllm").from_args({"model": MODEL, "ep-size": 8}, MOE)
     assert isinstance(target("sglang").from_args({"model-path": MODEL, "ep-size": 8}, MOE), PolicyConfig)
+
+
+MLA_FP8 = EngineContext(gpu="h200", gpu_memory_gib=139.8, context_len=163840, moe=True, mla=True, kv_dtype="fp8")
+
+
+def test_vllm_blocks_an_mla_model_as_its_attention_backend_takes_them():
+    # vLLM 0.33 with no --block-size (engine-check, the backend selector on a faked Hopper):
+    # DeepSeek-V3 with an FP8 KV cache takes FLASHMLA, blocks of 64 only
+    # (v1/attention/backends/mla/flashmla.py:57-58; FLASH_ATTN_MLA takes no FP8 KV,
+    # flashattn_mla.py:42-46); with a BF16 KV cache FLASH_ATTN_MLA, the default 16; Blackwell's
+    # FLASHINFER_MLA takes 32 or 64 (flashinfer_mla.py:204-205), preferred the smallest
+    # (v1/attention/backend.py:155-163)
+    engine = target("vllm")
+    assert engine.defaults(MLA_FP8).block_size == 64
+    assert engine.defaults(replace(MLA_FP8, kv_dtype="bf16")).block_size == 16
+    assert engine.defaults(replace(MLA_FP8, gpu="b200")).block_size == 32
+    assert engine.defaults(replace(MLA_FP8, mla=False)).block_size == 16
+    args = engine.to_args(engine.defaults(MLA_FP8), Deployment("deepseek-ai/DeepSeek-V3", 8, 1, moe_ep=8,
+                                                               attention_dp=8), MLA_FP8)
+    assert args["block-size"] == 64 and args["kv-cache-dtype"] == "fp8"
+    # --block-size 16 there precludes FLASHMLA: vLLM runs TRITON_MLA (platforms/cuda.py:489-507)
+    broken = engine.violations(engine.defaults(MLA_FP8).replace(block_size=16), MLA_FP8)
+    assert len(broken) == 1 and "precludes FLASHMLA" in broken[0] and "give one of [64]" in broken[0]
+    assert engine.violations(engine.defaults(replace(MLA_FP8, kv_dtype="bf16")).replace(block_size=32),
+                             replace(MLA_FP8, kv_dtype="bf16")) == []
+
+
+def test_a_models_context_says_whether_its_attention_is_mla():
+    from optimizer.targets import engine_context
+
+    assert engine_context("deepseek-ai/DeepSeek-V3", "h200", 8, dtype="fp8", kv_dtype="fp8").mla
+    assert not engine_context(MODEL, "h100").mla
