@@ -9,7 +9,7 @@ figures and the lockstep / independent ratio of p50 TPOT. Both runs share the tr
 model and config, so the difference is the lockstep alone. No measured DP run of vLLM or
 SGLang is available, so this measures the model's change, not its accuracy.
 
-    python benchmarks/dp_lockstep.py [--minutes 10] [--scales 1,2,4]
+    python benchmarks/dp_lockstep.py [--minutes 5] [--scales 1,2]
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ def run(trace, cost, config, dp: int, lockstep: bool):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--minutes", type=float, default=10.0, help="trace window replayed (from its start)")
-    parser.add_argument("--scales", default="1,2,4", help="arrival-rate multipliers")
+    parser.add_argument("--minutes", type=float, default=5.0, help="trace window replayed (from its start)")
+    parser.add_argument("--scales", default="1,2", help="arrival-rate multipliers")
     args = parser.parse_args()
     slos = parse_slo(SLO)
     base = window(load_trace(SHARED / TRACE), 0.0, args.minutes * 60.0)

@@ -64,17 +64,22 @@ import math
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-from numba import njit
+from numba import njit, typed
 
 from costmodels.costmodel import CostModel, CostModelError
-from costmodels.steptable import step_seconds
+from costmodels.steptable import linear_step_seconds, step_seconds
 from policies import engine
 from policies import fairness as fm
 from policies.config import PolicyConfig
 from policies.engine import O_FINISH, O_FIRST_TOKEN, O_GENERATED, O_REASON, O_STATE
 from policies.engines import EngineContext, preset
 from policies.kernel_state import (
+    C_ERROR,
+    C_N_SAMPLES,
+    C_PEAK_STEP,
     DONE,
+    F_BUSY,
+    F_END,
     ERROR,
     FINISH,
     GENERATED,
@@ -266,7 +271,8 @@ class ClosedLoopResult:
 
 def run_benchmark(cost_model: CostModel, config: PolicyConfig, clients: int, isl: int, osl: int,
                   bench: BenchClient | None = None, *, seed: int = 0, exact_steps: bool = False,
-                  max_seq_len: int | None = None, acceptance: AcceptanceModel | None = None) -> ClosedLoopResult:
+                  max_seq_len: int | None = None, acceptance: AcceptanceModel | None = None,
+                  ranks: int = 1) -> ClosedLoopResult:
     """Simulate ``clients`` closed-loop clients sending ``isl``-token prompts for ``osl``
     output tokens, as ``bench`` (default ``BenchClient()``) drives them.
 
@@ -279,10 +285,14 @@ def run_benchmark(cost_model: CostModel, config: PolicyConfig, clients: int, isl
     budget (``server_max_seq_len``); None: the engine's rule (``config.max_model_len``,
     capped at the step budget without chunked prefill). ``acceptance``: the drafter's
     when ``config`` speculates (``policies.speculative.AcceptanceModel``; None: its default).
+    ``ranks`` > 1: the server is an attention-DP instance of that many ranks (``cost_model``
+    one rank's), stepping together, the clients spread over them in turn; the result's
+    counters add the ranks' and its series is the first rank's.
     """
     bench = bench or BenchClient()
     placeholder, n_warm, client, sent, bufs, tenant_params = _simulate(cost_model, config, clients, isl, osl, bench,
-                                                                        seed, exact_steps, max_seq_len, acceptance)
+                                                                        seed, exact_steps, max_seq_len, acceptance,
+                                                                        ranks)
     trace = replace(placeholder, arrival_s=sent)
     result = engine.sim_result(trace, *bufs, tenant_params[:, fm.T_WEIGHT])
     lat = request_latencies(result, trace)
@@ -294,12 +304,12 @@ def run_benchmark(cost_model: CostModel, config: PolicyConfig, clients: int, isl
 
 def benchmark_means(cost_model: CostModel, config: PolicyConfig, clients: int, isl: int, osl: int,
                     bench: BenchClient | None = None, *, seed: int = 0, max_seq_len: int | None = None,
-                    acceptance: AcceptanceModel | None = None) -> tuple[float, float]:
+                    acceptance: AcceptanceModel | None = None, ranks: int = 1) -> tuple[float, float]:
     """(mean TTFT ms, mean TPOT ms) of ``run_benchmark`` over the profiled requests,
     without building its result (a replay fit calls it thousands of times)."""
     bench = bench or BenchClient()
     placeholder, n_warm, _, sent, bufs, _ = _simulate(cost_model, config, clients, isl, osl, bench, seed,
-                                                      max_seq_len=max_seq_len, acceptance=acceptance)
+                                                      max_seq_len=max_seq_len, acceptance=acceptance, ranks=ranks)
     out_i, out_f = bufs[0], bufs[1]
     prof = slice(n_warm, None)
     first, finish, n_out = out_f[O_FIRST_TOKEN, prof], out_f[O_FINISH, prof], out_i[O_GENERATED, prof]
@@ -361,14 +371,14 @@ def _check_finished(out_i, prompt, output, cost_model, config, cap):
 
 
 def _simulate(cost_model, config, clients, isl, osl, bench, seed, exact_steps=False, max_seq_len=None,
-              acceptance=None):
+              acceptance=None, ranks=1):
     """The kernel run, checked (``_check_lengths``, ``_check_finished``): (placeholder
     trace, warm-up count, client and send time per request, the engine's output buffers,
     tenant params)."""
-    for name, value in (("clients", clients), ("isl", isl), ("osl", osl)):
+    for name, value in (("clients", clients), ("isl", isl), ("osl", osl), ("ranks", ranks)):
         if int(value) != value or value < 1:
             raise ClosedLoopError(f"{name} must be an integer >= 1, got {value!r}")
-    clients, isl, osl = int(clients), int(isl), int(osl)
+    clients, isl, osl, ranks = int(clients), int(isl), int(osl), int(ranks)
     n_warm, n_prof = bench.counts(clients)
     n = n_warm + n_prof
     prompt, output = bench.lengths(n, isl, osl, n_warm)
@@ -384,8 +394,10 @@ def _simulate(cost_model, config, clients, isl, osl, bench, seed, exact_steps=Fa
     tenant_params, class_params = engine.fairness_params(placeholder, config, None)
     st = engine.statics(placeholder, cost_model, [config], acceptance)
     tables = cost_model.tables
-    # the shortest step the tables allow (one decode, or one prompt token): no step is shorter
-    floor = min(step_seconds(tables, 1, 1, 1, 1.0, 0.0)[0], step_seconds(tables, 1, 1, 0, 0.0, 1.0)[0])
+    # the shortest step the tables allow (one decode, or one prompt token): no step is shorter;
+    # ranks stepping together read the token-linear ops at their mean (policies.engine.lockstep)
+    floor = min(step_seconds(tables, 1, 1, decode, decode, 1 - decode)[0] - linear_step_seconds(tables, 1, decode)
+                + linear_step_seconds(tables, 1 / ranks, decode / ranks) for decode in (1, 0))
     bufs = [b[0] for b in engine.output_buffers(1, n, len(tenant_params))]
     # the most tokens a request gains in one step: a verify accepts every draft and adds one
     tokens_per_step = 1 + config.num_speculative_tokens if config.speculative_mode != "off" else 1
@@ -395,10 +407,11 @@ def _simulate(cost_model, config, clients, isl, osl, bench, seed, exact_steps=Fa
     _drive(st, tables, config.to_vector(), cap, host, cost_model.kv_bytes_per_token, cost_model.swap_bytes_per_s,
            seed, 0.05, engine.fast_forward_enabled(), tenant_params, class_params, clients, n_warm, n,
            bench.await_warmup, bench.ramp_s, bench.gap_s, bench.ingress_s, bench.jitters(n),
-           0.0 if exact_steps or floor <= 0 else 0.999 * floor, max_len, tokens_per_step, client, sent, status,
-           *bufs)
+           0.0 if exact_steps or floor <= 0 else 0.999 * floor, max_len, tokens_per_step, ranks, client, sent,
+           status, *bufs)
     if status[0] == _STALLED:
-        raise ClosedLoopError(f"{clients} clients x ({isl} + {osl}) tokens: the engine made no progress "
+        raise ClosedLoopError(f"{clients} clients x ({isl} + {osl}) tokens on {ranks} rank(s): the engine made no "
+                              "progress "
                               f"(engine error {status[2]}) under {cost_model.name}")
     if status[0] != 0:
         raise RuntimeError(f"closed loop: internal error {status[0]} at request {status[1]}; please report this run")
@@ -413,21 +426,28 @@ _OK, _LATE_FINISH, _STALLED = 0, 1, 2
 @njit(cache=True, nogil=True)
 def _drive(st, tables, cfg, cap, host, kv_bytes, swap_bw, seed, series_every, fast_forward, tenant_params,
            class_params, clients, n_warm, n_total, await_warm, ramp_s, gap_s, ingress_s, jitter, dt_floor, max_len,
-           tokens_per_step, client, sent, status, out_i, out_f, out_counts, out_fcounts, series, out_cached,
+           tokens_per_step, ranks, client, sent, status, out_i, out_f, out_counts, out_fcounts, series, out_cached,
            out_service, out_prefix):
     """The closed loop (``run_benchmark``): request r is the r-th sent, at ``sent[r]`` by
     ``client[r]``; it reaches the engine ``ingress_s`` later, which is its arrival there
     (``st.sf[S_ARRIVAL, r]``, written then). ``jitter[i]`` delays the i-th credit's send;
     ``dt_floor`` is a lower bound of any step's seconds (0: one engine step per call).
     ``max_len``: the longest prompt + output a request may reach (-1: the engine's limit);
-    ``tokens_per_step``: the most tokens a request gains in one step.
+    ``tokens_per_step``: the most tokens a request gains in one step. ``ranks`` > 1: the
+    engine is an attention-DP instance of that many ranks stepping together
+    (``engine.advance_group``), client k sending to rank k mod ranks.
     ``status``: (code, request, engine error). Fills the engine's output buffers."""
-    rep = engine.new_replica(st, cfg, cap, host, kv_bytes, swap_bw, seed, series_every, fast_forward,
-                             tenant_params, class_params, 0.0)
-    if max_len >= 0:  # a server whose longest sequence is not its step budget (trtllm-serve)
-        rep.g[MAX_LEN] = max_len
+    reps = typed.List()
+    nodes = typed.List()
+    for _ in range(ranks):
+        rep = engine.new_replica(st, cfg, cap, host, kv_bytes, swap_bw, seed, series_every,
+                                 fast_forward and ranks == 1, tenant_params, class_params, 0.0)
+        if max_len >= 0:  # a server whose longest sequence is not its step budget (trtllm-serve)
+            rep.g[MAX_LEN] = max_len
+        reps.append(rep)
+        nodes.append((engine.borrow_replica(rep), engine.borrow_statics(st), engine.borrow_tables(tables)))
     arrival = st.sf[S_ARRIVAL]
-    ri, rf = rep.ri, rep.rf
+    lead = reps[0]
     waiting_on = np.full(clients, -1, dtype=np.int64)  # the request each client awaits
     pending = np.full(clients, np.inf)  # when each client's next request reaches the engine (inf: none)
     n_sent = 0
@@ -443,8 +463,11 @@ def _drive(st, tables, cfg, cap, host, kv_bytes, swap_bw, seed, series_every, fa
         if guard > 100 * n_total + 10_000_000:
             status[0] = _STALLED
             return
-        t = engine.clock(rep)
-        if engine.outstanding(rep) == 0:
+        t = engine.clock(lead)
+        outstanding = 0
+        for j in range(ranks):
+            outstanding += engine.outstanding(reps[j])
+        if outstanding == 0:
             t_next = np.inf
             for k in range(clients):
                 t_next = min(t_next, pending[k])
@@ -462,7 +485,7 @@ def _drive(st, tables, cfg, cap, host, kv_bytes, swap_bw, seed, series_every, fa
             arrival[n_sent] = t_min
             sent[n_sent] = t_min - ingress_s  # the jitter delays the send itself
             client[n_sent] = k_min
-            engine.deliver(rep, n_sent, t_min)
+            engine.deliver(reps[k_min % ranks], n_sent, t_min)
             waiting_on[k_min] = n_sent
             pending[k_min] = np.inf
             n_sent += 1
@@ -471,6 +494,7 @@ def _drive(st, tables, cfg, cap, host, kv_bytes, swap_bw, seed, series_every, fa
         for k in range(clients):
             r = waiting_on[k]
             if r >= 0:
+                ri = reps[k % ranks].ri
                 s = ri[STATUS, r]
                 if s == RUNNING or s == WAITING:
                     fewest = min(fewest, ri[TARGET, r] - ri[GENERATED, r])
@@ -480,17 +504,21 @@ def _drive(st, tables, cfg, cap, host, kv_bytes, swap_bw, seed, series_every, fa
         limit = t + (steps - 1) * dt_floor if fewest < np.iinfo(np.int64).max else np.inf
         for k in range(clients):
             limit = min(limit, pending[k])
-        if limit > t:
-            engine.advance(rep, st, tables, cfg, limit)
+        if ranks > 1:
+            engine.advance_group(nodes, 0, ranks, cfg, max(limit, t), limit <= t)
+        elif limit > t:
+            engine.advance(lead, st, tables, cfg, limit)
         else:
-            engine.advance_through(rep, st, tables, cfg, t)
-        if rep.g[ERROR] != 0:
-            status[0] = _STALLED
-            status[2] = rep.g[ERROR]
-            return
-        now = engine.clock(rep)
+            engine.advance_through(lead, st, tables, cfg, t)
+        for j in range(ranks):
+            if reps[j].g[ERROR] != 0:
+                status[0] = _STALLED
+                status[2] = reps[j].g[ERROR]
+                return
+        now = engine.clock(lead)
         for k in range(clients):
             r = waiting_on[k]
+            ri, rf = reps[k % ranks].ri, reps[k % ranks].rf
             if r < 0 or ri[STATUS, r] != DONE:
                 continue
             waiting_on[k] = -1
@@ -505,11 +533,34 @@ def _drive(st, tables, cfg, cap, host, kv_bytes, swap_bw, seed, series_every, fa
                 issued += 1
         if done == phase_end and phase_end < n_total:  # warm-up over: the profiling phase bursts
             phase_end = n_total
-            now = engine.clock(rep)
+            now = engine.clock(lead)
             for k in range(min(clients, n_total - issued)):
                 pending[k] = now + gap_s + k * ramp_s / clients + ingress_s + jitter[issued]
                 issued += 1
-    engine.write_outputs(rep, out_i, out_f, out_counts, out_fcounts, series, out_cached, out_service, out_prefix)
+    engine.write_outputs(lead, out_i, out_f, out_counts, out_fcounts, series, out_cached, out_service, out_prefix)
+    if ranks > 1:
+        _add_ranks(reps, out_i, out_f, out_counts, out_fcounts, series, out_cached, out_service, out_prefix)
+
+
+@njit(cache=True, nogil=True)
+def _add_ranks(reps, out_i, out_f, out_counts, out_fcounts, series, out_cached, out_service, out_prefix):
+    """Ranks 1.. of a group into outputs rank 0 wrote: their requests' rows, and their
+    counters added (the instance's steps, tokens and KV pools are the ranks' sums; its
+    error and largest step the worst rank's); the series stays rank 0's."""
+    counts, fcounts = np.zeros_like(out_counts), np.zeros_like(out_fcounts)
+    service, prefix = np.zeros_like(out_service), np.zeros_like(out_prefix)
+    scratch = np.zeros_like(series)
+    for j in range(1, len(reps)):
+        engine.write_outputs(reps[j], out_i, out_f, counts, fcounts, scratch, out_cached, service, prefix)
+        for c in range(counts.shape[0]):
+            if c == C_ERROR or c == C_PEAK_STEP:
+                out_counts[c] = max(out_counts[c], counts[c])
+            elif c != C_N_SAMPLES:
+                out_counts[c] += counts[c]
+        out_fcounts[F_BUSY] += fcounts[F_BUSY]
+        out_fcounts[F_END] = max(out_fcounts[F_END], fcounts[F_END])
+        out_service += service
+        out_prefix += prefix
 
 
 def warmup() -> None:

@@ -164,6 +164,14 @@ def run_server(framework: str, ctx: EngineContext, fitted: dict | None,
     return for_clients(server_config(framework, ctx, fitted), fitted, row["batch_size"]), None
 
 
+def run_clients(row: dict) -> tuple[int, int]:
+    """(clients, ranks) a measured run is replayed with: an attention-DP run's
+    ``batch_size`` clients per rank on each of its ``attention_dp_size`` ranks, which step
+    together (``closedloop.run_benchmark``'s ``ranks``)."""
+    ranks = int(row.get("attention_dp_size") or 1)
+    return int(row["batch_size"]) * ranks, ranks
+
+
 def _mape(pred: np.ndarray, measured: np.ndarray) -> float:
     ok = np.isfinite(pred)
     return float(np.mean(np.abs(pred[ok] / measured[ok] - 1.0)) * 100.0) if ok.any() else math.nan
@@ -210,8 +218,9 @@ class ReplayRows:
                     prefill_step_s=prefill_step_s))
             try:
                 config, acceptance = run_server(r["framework"], ctx, server, r)
-                out[i] = benchmark_means(swapped[id(cost)], config, r["batch_size"], r["isl"], r["osl"], bench,
-                                         max_seq_len=seq, acceptance=acceptance)
+                clients, ranks = run_clients(r)
+                out[i] = benchmark_means(swapped[id(cost)], config, clients, r["isl"], r["osl"], bench,
+                                         max_seq_len=seq, acceptance=acceptance, ranks=ranks)
             except ClosedLoopError:
                 pass
         return out

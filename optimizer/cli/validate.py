@@ -40,7 +40,7 @@ from optimizer.closedloop import (
     server_max_seq_len,
 )
 from optimizer.inferencex import known_server
-from optimizer.replayfit import UNMEASURED_SERVER, run_server
+from optimizer.replayfit import UNMEASURED_SERVER, run_clients, run_server
 from optimizer.targets import context_of
 from policies.config import ConfigError
 from policies.engines import EngineContext
@@ -134,7 +134,7 @@ def _setup(row: dict, kv_dtype: str, model_config: Path | str | None, calibratio
     layout = {c: row[c] for c in SETUP[1:]}
     skew = {} if moe_distribution is None else {"moe_distribution": moe_distribution}
     label = f"{row['model']} on {row['gpu']} {layout_label(row)} {row['framework']}/{row['gemm_dtype']} (KV {kv_dtype})"
-    try:  # one attention-DP group of the run's layout: its scheduler sees the row's batch_size clients
+    try:  # one attention-DP group of the run's layout, each group's scheduler its row's batch_size clients
         cost = build(row["model"], row["gpu"], tp=row["tp"], framework=row["framework"], gemm_dtype=row["gemm_dtype"],
                      kv_dtype=kv_dtype, model_config=model_config, calibration=calibration, **layout, **skew)
         server = measured_server(cost, row["framework"])
@@ -148,8 +148,9 @@ def simulate_row(setup: Setup, row: dict, bench: BenchClient) -> ClosedLoopResul
     """Row ``row``'s benchmark replayed on ``setup`` as ``bench`` drives it, varied as the
     run's own client (its ``client``: ``client_for``) against the run's server (``run_server``)."""
     config, acceptance = run_server(row["framework"], setup.ctx, setup.server, row)
-    return run_benchmark(setup.cost, config, row["batch_size"], row["isl"], row["osl"],
-                         client_for(row.get("client"), bench), max_seq_len=setup.max_seq_len, acceptance=acceptance)
+    clients, ranks = run_clients(row)
+    return run_benchmark(setup.cost, config, clients, row["isl"], row["osl"], client_for(row.get("client"), bench),
+                         max_seq_len=setup.max_seq_len, acceptance=acceptance, ranks=ranks)
 
 
 def model_configs(models: list[str], model_config: str | Path | None) -> dict[str, Path | str | None]:

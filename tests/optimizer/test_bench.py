@@ -235,3 +235,22 @@ def test_calibrate_cli_writes_a_file_simulate_takes(run_folder, tmp_path):
     wrong = CliRunner().invoke(app, ["calibrate", "--from-bench", str(result), "--run-dir", str(run_folder),
                                      "--model", MODEL, "--gpu", "a100", "-o", str(output)])
     assert wrong.exit_code == 2 and "not the" in wrong.output
+
+
+def test_a_bench_replay_of_an_attention_dp_file_steps_its_groups_together(tmp_path):
+    from types import SimpleNamespace
+
+    from optimizer.bench.run import BenchRun
+    from policies.config import PolicyConfig
+    from policies.fleet import simulate_fleet
+    from tests.policies.conftest import cost_model, poisson_trace
+
+    trace, cost = poisson_trace(60, rate=200.0, seed=2), cost_model(4000)
+    config = PolicyConfig(gpu_memory_utilization=1.0, router="round_robin")
+    run = BenchRun(tmp_path, {"deployment": {"tp": 8, "replicas": 1, "attention_dp": 2}},
+                   SimpleNamespace(seed=4, speculative=None), config, trace)
+    replayed = run.simulate(trace, cost)
+    together = simulate_fleet(trace, cost, config, seed=4, replicas=2, lockstep=2)
+    apart = simulate_fleet(trace, cost, config, seed=4, replicas=2)
+    np.testing.assert_array_equal(replayed.finish_s, together.finish_s)
+    assert not np.array_equal(replayed.finish_s, apart.finish_s)

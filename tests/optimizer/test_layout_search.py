@@ -118,6 +118,19 @@ def test_an_attention_dp_layout_runs_one_scheduler_per_group_on_its_own_cost_mod
     assert "parallel_hook.py:287-292" in evaluator.infeasibility(config, Fleet(4, 2, 1, 2))
 
 
+def test_an_attention_dp_instance_fails_with_all_of_its_groups(tmp_path):
+    spec = load_spec(trace=write_csv_trace(tmp_path / "t.csv"), model=MOE, gpu="h100", slo="ttft:500", tp=8,
+                     engine="sglang", seed=3, fail="0@1:3")
+    fleet = RecordingFleet()
+    evaluator = Evaluator(spec, trace=make_trace(50), cost_model_for=lambda layout: burst_cost_model(),
+                          engine=fleet, fleet_engine=fleet, scorer=fake_score)
+    evaluator.reports([PolicyConfig(max_num_seqs=16)], fleets=[Fleet(8, 1, 8, 4)])
+    # the plan names instances; the window stops every scheduler of instance 0, and they step together
+    assert fleet.fleet_calls[0][:2] == (4, [(k, 1.0, 3.0) for k in range(4)]) and fleet.lockstep == [4]
+    assert "prefill/decode split of DP ranks is not modelled" in evaluator.infeasibility(
+        PolicyConfig(prefill_replicas=1), Fleet(8, 1, 8, 4))
+
+
 def test_a_layout_study_exports_the_recommended_layout_in_the_engines_flags(tmp_path):
     """Qwen3-30B-A3B on SGLang, TP 2 or 4 per instance: the real cost models of each layout."""
     trace = make_trace(60, gap_s=0.05, prompt=400, output=40)
@@ -168,7 +181,7 @@ def test_simulate_refuses_a_layout_file_it_would_run_as_plain_tp(tmp_path):
 
 
 @pytest.mark.parametrize("dp", [1, 4])
-def test_the_review_and_tune_state_the_unsimulated_lockstep_exactly_when_a_dp_layout_ran(dp):
+def test_the_review_and_tune_state_the_dp_caveat_exactly_when_a_dp_layout_ran(dp):
     import io
     from types import SimpleNamespace
 
@@ -190,4 +203,4 @@ def test_the_review_and_tune_state_the_unsimulated_lockstep_exactly_when_a_dp_la
                "best": {"report": {"weighted_goodput": 2.0}, "fleet": fleet.to_dict()},
                "verdict": {"kind": "gain"}, "baselines": {"sglang-default": {"report": {"weighted_goodput": 1.0}}}}
     _print_file_gains(Console(file=out, width=400), summary)
-    assert ("Attention DP is simulated as independent groups" in out.getvalue()) == (dp > 1)
+    assert ("Attention DP is simulated as groups stepping together" in out.getvalue()) == (dp > 1)

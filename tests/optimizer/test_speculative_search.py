@@ -176,7 +176,8 @@ class RecordingEngine:
         self.options = options
         raise Recorded
 
-    def simulate_fleet_many(self, trace, cost_model, configs, seed=0, *, replicas, failures=None, **options):
+    def simulate_fleet_many(self, trace, cost_model, configs, seed=0, *, replicas, failures=None, lockstep=1,
+                            **options):
         return self.simulate_many(trace, cost_model, configs, seed, **options)
 
 
