@@ -14,7 +14,9 @@ Scripts (SemiAnalysisAI/InferenceX, ``benchmarks/``), all TensorRT-LLM without c
   TRT-LLM config whose search space has expert parallelism or attention DP, so the R1 EP8
   and attention-DP rows, measured after it, are MTP runs): 3 MTP layers without attention
   DP, 1 with it; ``max_batch_size`` C per attention-DP group;
-  ``max_num_tokens = ceil(((MTP + 1) x max_batch_size + ISL + 64) / 64) * 64``;
+  ``max_num_tokens = ceil(((MTP + 1) x max_batch_size + ISL + 64) / 64) * 64``; with
+  attention DP ``attention_dp_config`` ``enable_balance``, ``timeout_iters`` 60,
+  ``batching_wait_iters`` 0 (the engine's ``dp_balance_*`` knobs);
 * ``70b_fp8_b200_trt_slurm.sh`` (Llama-3.1-70B FP8 on B200): ``max_num_tokens`` 16384; its
   1k/1k runs below TP 8 also hold new prompts beside running requests while the batch
   fills (``batch_wait_max_tokens_ratio`` 0.9, ``batch_wait_timeout_iters`` 20: the
@@ -76,8 +78,10 @@ def known_server(row: dict) -> KnownServer | None:
         if row.get("moe_ep_size", 1) == 1 and row.get("attention_dp_size", 1) == 1:
             return KnownServer("dsr1_fp8_h200_trt_slurm.sh",
                                no_chunking | {"max_num_batched_tokens": _round_up(clients + isl + 64)})
-        mtp = 1 if row.get("attention_dp_size", 1) > 1 else 3
-        return KnownServer("dsr1_fp8_h200_trt_mtp.sh", no_chunking | {
+        dp = row.get("attention_dp_size", 1) > 1
+        mtp = 1 if dp else 3
+        balance = {"dp_balance_timeout_iters": 60, "dp_balance_batching_iters": 0} if dp else {}
+        return KnownServer("dsr1_fp8_h200_trt_mtp.sh", no_chunking | balance | {
             "max_num_seqs": clients, "max_num_batched_tokens": _round_up((mtp + 1) * clients + isl + 64),
             "speculative_mode": "fixed", "num_speculative_tokens": mtp,
             "speculative_draft_cost_mode": "fraction", "speculative_draft_cost": MTP_DRAFT_FRACTION},

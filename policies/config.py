@@ -118,6 +118,14 @@ KNOBS: tuple[Knob, ...] = (
     Knob("batch_wait_token_ratio", float, 0.0, 1.0,
          help="waiting prompts start once the step's tokens reach this share of the token budget "
               "(0 = off; TRT-LLM batch_wait_max_tokens_ratio)"),
+    # TensorRT-LLM's attention-DP balancing (PyExecutor._balance_adp_requests, attention_dp_config
+    # enable_balance): new prompts on ranks stepping together start when every rank has one.
+    Knob("dp_balance_timeout_iters", int, 0, 1 << 20,
+         help="attention DP: steps new prompts wait for every rank to have one (0 = off; TRT-LLM "
+              "attention_dp_config timeout_iters with enable_balance)"),
+    Knob("dp_balance_batching_iters", int, 0, 1 << 20,
+         help="attention DP: steps prompts on every rank wait beside every rank's decodes (TRT-LLM "
+              "attention_dp_config batching_wait_iters)"),
     Knob("kv_headroom", float, 0.0, 0.9, help="fraction of KV blocks kept free when admitting (vLLM watermark)"),
     Knob("admission_mode", str, choices=ADMISSION_MODES,
          help="none: admit while blocks allocate; reservation: reserve prompt + max_tokens; "
@@ -216,6 +224,8 @@ class PolicyConfig:
     step_time_cap_ms: float = 0.0
     batch_wait_iters: int = 0
     batch_wait_token_ratio: float = 0.0
+    dp_balance_timeout_iters: int = 0
+    dp_balance_batching_iters: int = 0
     kv_headroom: float = 0.0
     admission_mode: str = "none"
     admission_quantile: float = 0.9
@@ -363,6 +373,7 @@ _ACTS_WHEN: tuple[tuple[str, Any], ...] = (
     ("long_prefill_token_threshold", lambda c: c.enable_chunked_prefill),
     ("batch_wait_iters", lambda c: c.batch_wait_token_ratio > 0),
     ("batch_wait_token_ratio", lambda c: c.batch_wait_iters > 0),
+    ("dp_balance_batching_iters", lambda c: c.dp_balance_timeout_iters > 0),
     ("max_prefill_tokens", lambda c: c.schedule_mode == "prefill_first"),
     ("admission_quantile", lambda c: c.admission_mode == "predicted"),
     ("schedule_conservativeness", lambda c: c.admission_mode == "new_token_ratio"),

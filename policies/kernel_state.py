@@ -156,7 +156,10 @@ AD_COLUMNS = 81  # adapter pool columns: the trace's adapters, and the base mode
 AD_POOL_ROW = 82  # first row of lists holding the pool (policies.adapters N_ROWS rows; LoRA only)
 AD_SKIP_ROW = 83  # first row of fl holding (request, key1, key2) of requests skipped this round (LoRA only)
 BATCH_WAITED = 84  # steps the waiting prompts have been held for the batch to fill (batch_wait_iters)
-N_G = 85
+DP_HOLD = 85  # attention DP: this rank's waiting prompts are held this step (policies.engine.lockstep): 1/0
+DP_WAITED = 86  # attention DP, on a group's first rank: steps prompts waited for every rank to have one
+DP_BATCHED = 87  # ... and steps they waited beside every rank's decodes
+N_G = 88
 #: predicted mode: output/max_tokens ratio histogram bins (in g's tail, below).
 CALIBRATION_BINS = 64
 # g's tail: the predicted-mode histogram, the step-time histogram (policies.result

@@ -27,6 +27,10 @@ one by one, and the kernel must match it exactly):
   plus the waiting ones' left to compute (at most the budget left) reach the ratio of the
   budget, or they have been held ``batch_wait_iters`` steps; each hold counts one, a start
   restarts the count.
+* Attention-DP balancing (TensorRT-LLM, ``dp_balance_timeout_iters`` > 0; ranks stepping
+  together only, ``policies.engine.lockstep``): no rank starts waiting requests while
+  some rank has none, for at most that many steps, nor, while every rank runs requests,
+  before ``dp_balance_batching_iters`` steps with a prompt on every rank.
 * ``prefill_first`` (SGLang): continuing prefill chunks and new prompts (bounded by the
   chunk budget and ``max_prefill_tokens``) form a prefill-only step; when there is none,
   every running request decodes.

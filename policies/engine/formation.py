@@ -32,6 +32,7 @@ from policies.kernel_state import (
     BATCH_WAITED,
     BUDGET,
     COMPUTED,
+    DP_HOLD,
     ENTRY_BLOCKS,
     FREE,
     GENERATED,
@@ -101,7 +102,7 @@ def _form_batch(rep, st, tables, cfg):
             _schedule_shared(rep, st, cfg, r, n)
         else:
             _schedule_running(rep, st, tables, cfg, r, n)
-    if g[PREEMPTED_NOW] == 0 and g[N_WAIT] > 0 and _batch_wait_over(rep, st, cfg):
+    if g[PREEMPTED_NOW] == 0 and g[N_WAIT] > 0 and g[DP_HOLD] == 0 and _batch_wait_over(rep, st, cfg):
         _admit_waiting(rep, st, tables, cfg, prefill_first, threshold)
     if prefill_first and g[B_TOKENS] == 0:
         k = g[N_RUN]

@@ -19,6 +19,9 @@ GEMMs outside the MoE run per rank, so taking them at the mean understates an un
 step's slowest rank. A rank with no batch sits the step out; with none to form on any rank,
 the group jumps to the next delivery. Fast-forward stretches are off: a rank's stretch
 would need the others'.
+
+With ``dp_balance_timeout_iters`` set, the group balances new prompts as TensorRT-LLM's
+attention DP does (``_balance``), before the ranks form their batches.
 """
 
 from __future__ import annotations
@@ -28,7 +31,15 @@ from numba import njit
 
 from costmodels.steptable import linear_step_seconds
 from policies import speculative as spm
-from policies.engine.codes import ERROR_NO_PROGRESS, ERROR_STALLED, I_MAX_WAIT, I_SPEC_MODE
+from policies.engine.codes import (
+    ERROR_NO_PROGRESS,
+    ERROR_STALLED,
+    I_DP_BALANCE_BATCHING,
+    I_DP_BALANCE_TIMEOUT,
+    I_MAX_SEQS,
+    I_MAX_WAIT,
+    I_SPEC_MODE,
+)
 from policies.engine.events import _arrive, _expire, _next_delivery
 from policies.engine.replica import _commit_step, _form_step, _idle_until, _progress
 from policies.engine.state import borrowed
@@ -37,6 +48,9 @@ from policies.kernel_state import (
     ADVANCES,
     B_DECODES,
     B_TOKENS,
+    DP_BATCHED,
+    DP_HOLD,
+    DP_WAITED,
     ERROR,
     ITERATIONS,
     L_DHEAP,
@@ -91,6 +105,8 @@ def advance_group(nodes, first, count, cfg, t_limit, through):
                 break
             _idle_group(nodes, first, count, cfg, t_next)
             continue
+        if cfg[I_DP_BALANCE_TIMEOUT] > 0:
+            _balance(nodes, first, count, cfg)
         rest, tokens, decodes, formed = 0.0, 0.0, 0.0, False
         for k in range(first, first + count):
             rep, st, tables = nodes[k]
@@ -118,6 +134,42 @@ def advance_group(nodes, first, count, cfg, t_limit, through):
                 _sit_out(rep, cfg, t + step)
     if lead.gf[CLOCK] < t_limit < np.inf and not _outstanding(nodes, first, count):
         _idle_group(nodes, first, count, cfg, t_limit)
+
+
+@njit(cache=True, nogil=True)
+def _balance(nodes, first, count, cfg):
+    """TensorRT-LLM's attention-DP balancing (PyExecutor._balance_adp_requests, on the
+    ranks' allgathered counts), setting every rank's DP_HOLD: when every rank has a prompt
+    to start and room for it, they start, unless every rank also decodes and they have
+    waited fewer than ``dp_balance_batching_iters`` steps for that; otherwise they wait,
+    the count of such steps releasing them every ``dp_balance_timeout_iters`` (it runs
+    whether or not a prompt waits, as there) and at once when some rank has nothing to
+    decode. A rank holding waiting requests stands for one with prompts to schedule, and
+    one holding running requests for one with generation requests."""
+    every_prompt, every_decode, every_room = True, True, True
+    for k in range(first, first + count):
+        g = nodes[k][0].g
+        every_prompt = every_prompt and g[N_WAIT] > 0
+        every_decode = every_decode and g[N_RUN] > 0
+        every_room = every_room and g[N_RUN] < cfg[I_MAX_SEQS]
+    lead = nodes[first][0].g
+    hold = False
+    if every_room and every_prompt:
+        lead[DP_WAITED] = 0
+        if every_decode:
+            if lead[DP_BATCHED] < cfg[I_DP_BALANCE_BATCHING]:
+                lead[DP_BATCHED] += 1
+                hold = True
+            else:
+                lead[DP_BATCHED] = 0
+    else:
+        lead[DP_WAITED] += 1
+        hold = True
+        if lead[DP_WAITED] >= cfg[I_DP_BALANCE_TIMEOUT] or not every_decode:
+            lead[DP_WAITED] = 0
+            hold = False
+    for k in range(first, first + count):
+        nodes[k][0].g[DP_HOLD] = 1 if hold else 0
 
 
 @njit(cache=True, nogil=True)

@@ -314,3 +314,40 @@ def test_a_server_that_caps_each_prompt_per_step_shares_the_step_among_waiting_p
     assert spread(shared) < 0.5 * spread(serial)  # the burst's prompts finish together
     assert shared.mean_ttft_ms > serial.mean_ttft_ms
     assert run(capped, 1000, 4).mean_ttft_ms == pytest.approx(run(free, 1000, 4).mean_ttft_ms)
+
+
+# -- an attention-DP instance: ranks stepping together ---------------------------------------------------
+def test_ranks_with_like_loads_run_as_one_rank_of_their_share():
+    # fixed lengths and clients spread evenly: every rank holds a like batch at every step,
+    # so the group's step (the slowest rank's, its token-linear ops at the ranks' mean) is
+    # one rank's, and 4 ranks of 8 clients replay as one rank of 2
+    bench = BenchClient(requests_per_client=3)
+    one = run_benchmark(LINEAR, CONFIG, 2, 300, 40, bench)
+    four = run_benchmark(LINEAR, CONFIG, 8, 300, 40, bench, ranks=4)
+    assert four.mean_ttft_ms == pytest.approx(one.mean_ttft_ms, rel=1e-9)
+    assert four.mean_tpot_ms == pytest.approx(one.mean_tpot_ms, rel=1e-9)
+    assert four.result.steps == 4 * one.result.steps  # every rank steps each time
+    assert set(four.client % 4) == {0, 1, 2, 3}
+
+
+def test_uneven_ranks_wait_for_the_slowest():
+    # drawn lengths put unlike batches on the ranks: a rank's step lasts its slowest peer's,
+    # so the same clients over 2 ranks see a longer TPOT than 2 ranks' worth alone would
+    bench = BenchClient(requests_per_client=4, isl_stddev=200, osl_stddev=15)
+    together = run_benchmark(LINEAR, CONFIG, 8, 600, 40, bench, ranks=2)
+    alone = run_benchmark(LINEAR, CONFIG, 4, 600, 40, bench)
+    assert together.mean_tpot_ms > alone.mean_tpot_ms
+
+
+@pytest.mark.parametrize("framework", ["trtllm", "vllm"])
+def test_the_finish_horizon_changes_nothing_for_ranks_stepping_together(framework):
+    cost = build("Qwen/Qwen3-30B-A3B", "h100", tp=4, framework=framework, moe_ep_size=4, attention_dp_size=4)
+    from optimizer.targets import context_of
+
+    config = framework_config(framework, context_of(cost, "h100", context_len=0))
+    bench = BenchClient(requests_per_client=2, osl_stddev=8, isl_stddev=100)
+    fast = run_benchmark(cost, config, 16, 1500, 60, bench, ranks=4)
+    exact = run_benchmark(cost, config, 16, 1500, 60, bench, ranks=4, exact_steps=True)
+    np.testing.assert_array_equal(fast.finish_s, exact.finish_s)
+    assert benchmark_means(cost, config, 16, 1500, 60, bench, ranks=4) == pytest.approx(
+        (fast.mean_ttft_ms, fast.mean_tpot_ms), rel=1e-12)

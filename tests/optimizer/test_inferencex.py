@@ -43,6 +43,9 @@ def test_the_deepseek_mtp_script_runs_three_drafts_without_attention_dp_and_one_
     dp = known_server(_row(model=R1, clients=8, isl=1024, ep=8, dp=8))  # 2 x 8 + 1088 = 1104 -> 1152
     assert dp.overrides["num_speculative_tokens"] == 1 and dp.overrides["max_num_seqs"] == 8
     assert dp.overrides["max_num_batched_tokens"] == 1152 and list(dp.acceptance.default) == [MTP_ACCEPTANCE]
+    # attention_dp_config: enable_balance, timeout_iters 60, batching_wait_iters 0
+    assert (dp.overrides["dp_balance_timeout_iters"], dp.overrides["dp_balance_batching_iters"]) == (60, 0)
+    assert "dp_balance_timeout_iters" not in ep.overrides
     # a run that measured its acceptance replays with it
     assert list(known_server(_row(model=R1, ep=8, mtp_acceptance=0.5)).acceptance.default) == [0.5] * 3
 

@@ -202,3 +202,12 @@ def test_a_trtllm_fit_recovers_how_far_its_collectives_run_from_their_tables():
     assert fit["comm_scale"] == pytest.approx(0.5, abs=0.08)
     assert fit["decode_scale"] == pytest.approx(TRUTH["decode_scale"], rel=0.05)
     assert fit["tpot_mape_after"] < 1.5 and fit["pinned_terms"] == []
+
+
+def test_an_attention_dp_run_is_replayed_on_all_of_its_ranks():
+    from optimizer.replayfit import run_clients
+
+    # aiconfigurator's batch_size is per attention-DP group: the run's clients are 8 x 16
+    assert run_clients({"batch_size": 16, "attention_dp_size": 8}) == (128, 8)
+    assert run_clients({"batch_size": 16, "attention_dp_size": 1}) == (16, 1)
+    assert run_clients({"batch_size": 5}) == (5, 1)

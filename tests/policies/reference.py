@@ -142,6 +142,7 @@ class Reference:
         self.t = self.reqs[0].arrival
         self.steps = 0
         self.batch_waited = 0  # steps the waiting prompts were held for the batch to fill
+        self.dp_hold = False  # attention DP: the group holds this rank's new prompts this step
         self.busy = 0.0
         self.prefill_tokens = 0
         self.out_of_range = 0
@@ -588,7 +589,7 @@ class Reference:
             n = self.fit_step_cap(r, n, True)
             if n > 0:
                 self.schedule_running(r, n)
-        if not self.preempted_now and (not self.waiting or self.batch_wait_over()):
+        if not self.preempted_now and not self.dp_hold and (not self.waiting or self.batch_wait_over()):
             self.admit_waiting(prefill_first)
         if prefill_first and self.batch_parts()[0] == 0:
             for r in list(self.running):

@@ -149,6 +149,8 @@ def advance_group(reps: list[Reference], t_limit: float, inclusive: bool = False
                 rep.ratio = rep.init_ratio
                 rep.t = t_next
             continue
+        if lead.c.dp_balance_timeout_iters > 0:
+            balance(reps)
         steps = [rep.form_step() if rep.running or rep.waiting else None for rep in reps]
         for rep, dt in zip(reps, steps, strict=True):
             assert dt is not None or not (rep.running or rep.waiting) or rep.preempted_now, "the reference stalled"
@@ -165,6 +167,33 @@ def advance_group(reps: list[Reference], t_limit: float, inclusive: bool = False
             if not rep.running and not rep.waiting:
                 rep.ratio = rep.init_ratio
             rep.t = t + step
+
+
+def balance(reps: list[Reference]) -> None:
+    """TensorRT-LLM's attention-DP balancing (``policies.engine.lockstep._balance``; its
+    counters on the first rank): prompts start when every rank has one and room, after at
+    most ``dp_balance_batching_iters`` more steps while every rank decodes; else they wait,
+    released every ``dp_balance_timeout_iters`` steps of waiting and at once when some
+    rank has nothing running."""
+    c, lead = reps[0].c, reps[0]
+    every_prompt = all(rep.waiting for rep in reps)
+    every_decode = all(rep.running for rep in reps)
+    every_room = all(len(rep.running) < c.max_num_seqs for rep in reps)
+    waited, batched = getattr(lead, "dp_waited", 0), getattr(lead, "dp_batched", 0)
+    hold = False
+    if every_room and every_prompt:
+        waited = 0
+        if every_decode and batched < c.dp_balance_batching_iters:
+            batched, hold = batched + 1, True
+        elif every_decode:
+            batched = 0
+    else:
+        waited, hold = waited + 1, True
+        if waited >= c.dp_balance_timeout_iters or not every_decode:
+            waited, hold = 0, False
+    lead.dp_waited, lead.dp_batched = waited, batched
+    for rep in reps:
+        rep.dp_hold = hold
 
 
 class Fleet:

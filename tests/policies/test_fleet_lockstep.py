@@ -39,7 +39,9 @@ def lockstep_fleets(draw):
         cost = cost_model(draw(st.sampled_from([300, 800, 3000])), draw(st.sampled_from([0, 64])),
                           per_token_s=draw(st.sampled_from([2e-6, 8e-6])))
         costs += [cost] * ranks
-    config = draw(fleet_configs(ranks * instances)).replace(prefill_replicas=0)
+    config = draw(fleet_configs(ranks * instances)).replace(
+        prefill_replicas=0, dp_balance_timeout_iters=draw(st.sampled_from([0, 0, 1, 4])),
+        dp_balance_batching_iters=draw(st.sampled_from([0, 2])))
     failures = None
     if draw(st.booleans()):
         down = draw(st.floats(0.0, float(trace.arrival_s[-1]) + 0.1))
@@ -111,6 +113,27 @@ def test_ranks_of_different_instances_do_not_wait_for_each_other():
     runs = [simulate_fleet(trace, cost, PLAIN, replicas=4, lockstep=2) for trace in (with_b, without_b)]
     assert list(runs[0].replica) == [0, 1, 2]
     assert runs[0].finish_s[0] == runs[1].finish_s[0]
+
+
+def test_balancing_holds_a_prompt_until_every_rank_has_one_or_the_count_runs_out():
+    # TensorRT-LLM's attention_dp_config enable_balance (PyExecutor._balance_adp_requests):
+    # A and C decode 200 tokens on ranks 0 and 1 (round robin); B's prompt reaches rank 0 at 30 ms
+    cost, plain = CostModel.synthetic(kv_capacity_tokens=100_000, tables=TABLES), PLAIN
+    one = make_trace([0.0, 0.0, 0.03], [10, 10, 500], [200, 200, 5])
+    free = simulate_fleet(one, cost, plain, replicas=2, lockstep=2)
+    step = _group_step((step_seconds(TABLES, 1, 1, 1, 0, 0)[0], 1, 1), (step_seconds(TABLES, 1, 1, 1, 0, 0)[0], 1, 1))
+    for timeout in (5, 40):
+        held = simulate_fleet(one, cost, plain.replace(dp_balance_timeout_iters=timeout), replicas=2, lockstep=2)
+        delay = held.first_token_s[2] - free.first_token_s[2]
+        assert 0 < delay <= timeout * step * (1 + 1e-9)  # released by the count, within one round of it
+    # a prompt on every rank starts at once; asked to, they first wait beside the decodes
+    both = make_trace([0.0, 0.0, 0.03, 0.03], [10, 10, 500, 500], [200, 200, 5, 5])
+    free = simulate_fleet(both, cost, plain, replicas=2, lockstep=2)
+    balanced = simulate_fleet(both, cost, plain.replace(dp_balance_timeout_iters=40), replicas=2, lockstep=2)
+    np.testing.assert_array_equal(balanced.first_token_s, free.first_token_s)
+    batched = simulate_fleet(both, cost, plain.replace(dp_balance_timeout_iters=40, dp_balance_batching_iters=3),
+                             replicas=2, lockstep=2)
+    assert batched.first_token_s[2] == pytest.approx(free.first_token_s[2] + 3 * step, rel=1e-9)
 
 
 def test_lockstep_refuses_pd_and_a_group_that_does_not_divide_the_fleet():
