@@ -70,7 +70,7 @@ def run_folder(directory: Path, trace: Trace) -> Path:
                      run_dir=directory / "run", trials=1)
     create_or_resume(spec)
     evaluator = Evaluator(spec)
-    replay = file_replay(spec, evaluator, evaluator.baselines()["vllm-default"], spec.fleet)
+    replay = file_replay(spec, evaluator.target, evaluator.baselines()["vllm-default"], spec.fleet)
     (spec.run_dir / replay.name).write_text(replay.text)
     write_bench_replay(spec.run_dir, spec, evaluator, replay, spec.fleet, {})
     return spec.run_dir

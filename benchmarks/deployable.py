@@ -104,7 +104,7 @@ def tune_target(name: str, engine: str, trace, slos, trials: int, seed: int) -> 
     run(study, spec, evaluator)
     best = recommend(study.get_trials(deepcopy=False), spec, [d.name.lower() for d in study.directions])
     fleet = trial_fleet(best, spec)
-    replay = file_replay(spec, evaluator, trial_config(best, spec, evaluator.baselines()), fleet)
+    replay = file_replay(spec, evaluator.target, trial_config(best, spec, evaluator.baselines()), fleet)
     baselines = evaluator.baselines()
     reports = evaluator.reports([replay.config, *baselines.values()])
     mine = reports[0].weighted_goodput

@@ -407,10 +407,10 @@ class FileReplay:
     config: PolicyConfig
 
 
-def file_replay(spec, evaluator, config: PolicyConfig, fleet: Fleet, note: str = "",
+def file_replay(spec, target, config: PolicyConfig, fleet: Fleet, note: str = "",
                 expected: Mapping[str, float] | None = None) -> FileReplay:
-    """Write ``config`` as the study's target writes it and read it back (``optimizer.exports``)."""
-    target, ctx = evaluator.target, spec.context
+    """Write ``config`` as the study's ``target`` writes it and read it back (``optimizer.exports``)."""
+    ctx = spec.context
     if target.what_if:
         text = policy_toml(config, note, what_if=True)
         return FileReplay("policy.toml", text, PolicyConfig.from_toml(text))
@@ -443,7 +443,7 @@ def _write_outputs(out: Path, study, spec, evaluator) -> RunOutputs:
     found = baseline_trials(trials)
     note = f"servetune study {spec.study_name}, trial {best.number}"
     best_fleet = trial_fleet(best, spec)
-    replay = file_replay(spec, evaluator, trial_config(best, spec, presets), best_fleet, note)
+    replay = file_replay(spec, evaluator.target, trial_config(best, spec, presets), best_fleet, note)
     label = f"{replay.name} (trial {best.number}" + (f", {baseline_name(best)})" if baseline_name(best) else ")")
     configs = {label: replay.config, **presets}
     fleets = [best_fleet, *[spec.fleet] * len(presets)]  # baselines: the deployment's fleet

@@ -52,6 +52,7 @@ def _export(run_dir: Path, backend: str | None, number: int | None, storage: str
     from optimizer.outputs import (
         deployment_of,
         directions,
+        file_replay,
         find_trial,
         open_run,
         recommend,
@@ -71,4 +72,8 @@ def _export(run_dir: Path, backend: str | None, number: int | None, storage: str
     note = f"servetune study {spec.study_name}, trial {chosen.number}"
     if engine.what_if:
         return policy_toml(config, note, what_if=True)
-    return engine_yaml(engine, config, deployment_of(spec, trial_fleet(chosen, spec)), spec.context, note=note)
+    fleet = trial_fleet(chosen, spec)
+    # the file as tune writes it: the config read back from its first writing (a knob the
+    # file scales per attention-DP group settles there)
+    deployed = file_replay(spec, engine, config, fleet, note).config
+    return engine_yaml(engine, deployed, deployment_of(spec, fleet), spec.context, note=note)

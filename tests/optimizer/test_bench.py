@@ -51,7 +51,7 @@ def make_run(tmp_path: Path, trace: Trace, slo_file: str | None = None) -> Path:
     _write_manifest(spec, spec.fingerprint())
     evaluator = Evaluator(spec)
     config = evaluator.baselines()["vllm-default"]
-    replay = file_replay(spec, evaluator, config, spec.fleet)
+    replay = file_replay(spec, evaluator.target, config, spec.fleet)
     (spec.run_dir / replay.name).write_text(replay.text)
     write_bench_replay(spec.run_dir, spec, evaluator, replay, spec.fleet, {})
     return spec.run_dir

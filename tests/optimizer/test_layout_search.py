@@ -2,6 +2,8 @@
 dimensions: only for MoE models, per engine, simulated as one scheduler per attention
 group on that layout's cost model, and exported in the engine's own flags."""
 
+from types import SimpleNamespace
+
 import optuna
 import pytest
 import yaml
@@ -165,6 +167,25 @@ def test_a_layout_study_exports_the_recommended_layout_in_the_engines_flags(tmp_
     assert [s in review for s in stated] == [recommended.moe_ep > 1, recommended.attention_dp > 1]
     # what the simulator leaves out of a DP layout's figures is said wherever one was simulated
     assert (ATTENTION_DP_CAVEAT in review) == any(f.attention_dp > 1 for f in (recommended, spec.fleet))
+    # `servetune export` of the recommended trial writes tune's file, key for key
+    from optimizer.cli.export import _export
+
+    assert yaml.safe_load(_export(spec.run_dir, None, None, None)) == args
+
+
+def test_a_per_group_knob_settles_after_one_reading_of_the_file():
+    # SGLang scales schedule-conservativeness by 0.3 per attention-DP group
+    # (parallel_hook.py:316-321): the file holds value / 0.3 to 6 places, so a searched value
+    # reads back rounded; written again from what was read, the file reads back the same
+    from optimizer.exports import engine_yaml, read_engine_file
+
+    engine, ctx = target("sglang"), engine_context(MOE, "h100", 8, "sglang")
+    deployment = deployment_of(SimpleNamespace(model=MOE, gpu="h100", speculative=None), Fleet(8, 1, 8, 4))
+    searched = engine.defaults(ctx).replace(schedule_conservativeness=1.7927387901108942)
+    first = read_engine_file(engine, engine_yaml(engine, searched, deployment, ctx), ctx)
+    second = read_engine_file(engine, engine_yaml(engine, first, deployment, ctx), ctx)
+    assert first.schedule_conservativeness != searched.schedule_conservativeness
+    assert second == first
 
 
 def test_simulate_refuses_a_layout_file_it_would_run_as_plain_tp(tmp_path):
@@ -183,7 +204,6 @@ def test_simulate_refuses_a_layout_file_it_would_run_as_plain_tp(tmp_path):
 @pytest.mark.parametrize("dp", [1, 4])
 def test_the_review_and_tune_state_the_dp_caveat_exactly_when_a_dp_layout_ran(dp):
     import io
-    from types import SimpleNamespace
 
     from rich.console import Console
 

@@ -104,7 +104,7 @@ def test_a_study_carries_its_dtypes_to_the_file_it_writes(trace_file, tmp_path):
                      dtype="fp8", kv_dtype="fp8", run_dir=tmp_path / "run")
     evaluator = Evaluator(spec)
     assert evaluator.cost_model.name.endswith("/fp8") and spec.context.kv_dtype == "fp8"
-    replay = file_replay(spec, evaluator, evaluator.baselines()["vllm-default"], spec.fleet)
+    replay = file_replay(spec, evaluator.target, evaluator.baselines()["vllm-default"], spec.fleet)
     assert yaml.safe_load(replay.text)["kv-cache-dtype"] == "fp8"
     assert spec.to_dict()["deployment"]["dtype"] == "fp8"
     with pytest.raises(SpecError, match="kv_dtype must be one of"):
