@@ -701,10 +701,10 @@ def _pareto_points(trials, dirs, names) -> tuple[list[plots.TrialPoint], tuple[s
 #: What stands behind a gain on an attention-DP layout: the groups' lockstep is simulated
 #: (``policies.engine.lockstep``), but no measured run of the engines' DP checks it.
 ATTENTION_DP_CAVEAT = ("Attention DP is simulated as groups stepping together, each step as long as the slowest "
-                       "group's, with the MoE layers timed at every group holding the fullest group's tokens (vLLM "
-                       "pads its DP ranks so); no measured vLLM or SGLang DP run has checked this, and the one "
-                       "measured DP setup (TensorRT-LLM) is fitted only at its calibration's limits: measure a DP "
-                       "layout with the bench script before relying on its gain.")
+                       "group's, its MoE layers over every group's tokens; no measured vLLM or SGLang DP run has "
+                       "checked this (the only measured DP runs are six of TensorRT-LLM's, whose calibration ends "
+                       "a term on its limit): measure a DP layout with the bench script before relying on its "
+                       "gain.")
 
 
 def _notes(best: FrozenTrial, recommended: Evaluated, evaluated: Sequence[Evaluated], spec, target,
