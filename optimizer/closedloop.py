@@ -411,8 +411,7 @@ def _simulate(cost_model, config, clients, isl, osl, bench, seed, exact_steps=Fa
            status, *bufs)
     if status[0] == _STALLED:
         raise ClosedLoopError(f"{clients} clients x ({isl} + {osl}) tokens on {ranks} rank(s): the engine made no "
-                              "progress "
-                              f"(engine error {status[2]}) under {cost_model.name}")
+                              f"progress (engine error {status[2]}) under {cost_model.name}")
     if status[0] != 0:
         raise RuntimeError(f"closed loop: internal error {status[0]} at request {status[1]}; please report this run")
     _check_finished(bufs[0], prompt, output, cost_model, config, cap)

@@ -36,6 +36,11 @@ it request by request:
   its request may have been turned away on arrival by an idle prefill replica, which
   has no step end to come.
 
+* Attention DP (``lockstep`` > 1): each run of ``lockstep`` consecutive replicas is one
+  instance's ranks, advanced together (``engine.advance_group``: one clock, every step as
+  long as the slowest rank's); the router places requests on ranks as on replicas, an
+  instance's failure window stops all of its ranks, and P/D is refused.
+
 The rules the contract leaves open are decided as the reference's docstring lists them.
 Every replica runs with the run's seed: the only random draws (speculative verifies) are
 keyed by (seed, request, token index), so a request draws the same outcomes wherever it
