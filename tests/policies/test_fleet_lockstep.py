@@ -180,3 +180,59 @@ def test_lockstep_with_jit_disabled_agrees():
                               text=True, timeout=600, check=True, env={**os.environ, "NUMBA_DISABLE_JIT": flag})
         runs.append(json.loads(done.stdout))
     assert runs[0] == runs[1]
+
+
+def _group(trace, cost, config, ranks):
+    """``ranks`` replicas of ``trace`` as one attention-DP instance: request r delivered to
+    rank r mod ranks at its arrival; (replicas, their statics, nodes for
+    ``engine.advance_group``). The nodes are borrowed views: keep the replicas and statics."""
+    from numba import typed
+
+    from policies import engine
+
+    from .conftest import new_replica
+
+    reps, statics, nodes = [], [], typed.List()
+    for _ in range(ranks):
+        rep, st, _ = new_replica(trace, cost, config)
+        reps.append(rep)
+        statics.append(st)
+        nodes.append((engine.borrow_replica(rep), engine.borrow_statics(st), engine.borrow_tables(cost.tables)))
+    for r in range(trace.n):
+        engine.deliver(reps[r % ranks], r, float(trace.arrival_s[r]))
+    return reps, statics, nodes
+
+
+def test_a_group_advanced_in_pieces_ends_where_one_advance_does():
+    # the fleet advances a group event by event: resumable as a lone replica's advance
+    from policies import engine
+    from policies.kernel_state import FINISH, FIRST_TOKEN
+
+    trace = make_trace(np.cumsum(np.full(30, 0.01)), np.full(30, 300), np.full(30, 20))
+    cost, cfg = CostModel.synthetic(kv_capacity_tokens=100_000, tables=TABLES), PLAIN.to_vector()
+    whole, _whole_statics, whole_nodes = _group(trace, cost, PLAIN, 3)
+    engine.advance_group(whole_nodes, 0, 3, cfg, np.inf, False)
+    pieces, _piece_statics, piece_nodes = _group(trace, cost, PLAIN, 3)
+    for t in np.arange(0.0, 1.0, 0.013):
+        engine.advance_group(piece_nodes, 0, 3, cfg, t, False)
+        assert len({engine.clock(rep) for rep in pieces}) == 1  # one clock
+    engine.advance_group(piece_nodes, 0, 3, cfg, np.inf, False)
+    assert all(engine.outstanding(rep) == 0 for rep in pieces)
+    for piece, one in zip(pieces, whole, strict=True):  # every request ends at the same time
+        np.testing.assert_array_equal(piece.rf[FINISH], one.rf[FINISH])
+        np.testing.assert_array_equal(piece.rf[FIRST_TOKEN], one.rf[FIRST_TOKEN])
+
+
+def test_the_groups_progress_guard_stops_a_run_past_its_bound():
+    from policies import engine
+    from policies.engine import ERROR_NO_PROGRESS
+    from policies.engine.replica import bound_progress
+    from policies.kernel_state import ERROR
+
+    trace = make_trace(np.zeros(6), np.full(6, 300), np.full(6, 50))
+    cost = CostModel.synthetic(kv_capacity_tokens=100_000, tables=TABLES)
+    reps, _statics, nodes = _group(trace, cost, PLAIN, 2)
+    for rep in reps:
+        bound_progress(rep, np.array([1, 0]))
+    engine.advance_group(nodes, 0, 2, PLAIN.to_vector(), np.inf, False)
+    assert reps[0].g[ERROR] == ERROR_NO_PROGRESS and engine.outstanding(reps[0]) > 0
