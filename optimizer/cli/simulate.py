@@ -4,7 +4,9 @@
 replays it through the fleet kernel (``policies.fleet``) behind the config's router
 (``--router``, ``--prefill-replicas`` set those knobs); the report then has a per-replica
 table and, with failures, what they cost. Failure times are on the clock of the replayed
-trace (after ``--rate-scale``).
+trace (after ``--rate-scale``). An engine file that lays a MoE model out with expert or
+attention data parallelism runs on that layout's cost model, one scheduler per attention
+group, the groups of an instance stepping together and failing together.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import json
 import math
 import tomllib
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NamedTuple
 
 import numpy as np
 import typer
@@ -136,11 +138,17 @@ def _simulate(trace_path: Path, trace_format: str | None, model: str, gpu: str, 
     kv = "bf16" if kv_dtype == "auto" else kv_dtype
     config_file = None if model_config is None else str(_existing(model_config, "--model-config", ConfigError))
     ctx = engine_context(model, gpu, tp, framework, replicas, config_file, dtype, kv)
-    policy, config_source = _policy(config_path, preset_name, ctx, overrides, fleet_knobs or {})
+    policy, config_source, layout = _policy(config_path, preset_name, ctx, overrides, fleet_knobs or {})
+    if layout.tp != tp:
+        raise ConfigError(f"{config_source}: lays out {layout.tp} GPUs per instance, but --tp is {tp}; pass --tp "
+                          f"{layout.tp}")
+    # an attention-DP instance runs one scheduler per group, the groups stepping together
+    ranks = layout.attention_dp
+    schedulers = replicas * ranks
     refused = block_size_refusals(policy.block_size, policy.max_num_batched_tokens, ctx)
     if refused:
         raise ConfigError(f"{config_source}: {refused}")
-    check_fleet(policy, replicas)
+    check_fleet(policy, schedulers, ranks)
     if failures is not None and failures.windows is not None:
         failures.windows.check_replicas(replicas)
 
@@ -154,14 +162,16 @@ def _simulate(trace_path: Path, trace_format: str | None, model: str, gpu: str, 
     if rate_scale != 1.0:
         requests = scale_rate(requests, rate_scale)
     cost_model = build(model, gpu, tp=tp, framework=framework, calibration=calibration, model_config=config_file,
-                       gemm_dtype=dtype, kv_dtype=kv)  # first: names an unknown model
+                       gemm_dtype=dtype, kv_dtype=kv, moe_ep_size=layout.moe_ep,
+                       attention_dp_size=ranks)  # first: names an unknown model
     requests = with_client_caps(requests, max_tokens=max_tokens, context_len=ctx.context_len)
     requests = Predictor.parse(predictor).apply(requests, seed=seed)
-    schedule = None if failures is None else failures.schedule(replicas, requests.arrival_s, seed)
-    if replicas > 1 or schedule is not None:
+    schedule = None if failures is None else failures.schedule(replicas, requests.arrival_s, seed).per_rank(ranks)
+    if schedulers > 1 or schedule is not None:
         from policies.fleet import simulate_fleet
 
-        result = simulate_fleet(requests, cost_model, policy, seed=seed, replicas=replicas, failures=schedule)
+        result = simulate_fleet(requests, cost_model, policy, seed=seed, replicas=schedulers, failures=schedule,
+                                lockstep=ranks)
     else:
         result = simulate(requests, cost_model, policy, seed=seed)
     return {
@@ -172,6 +182,7 @@ def _simulate(trace_path: Path, trace_format: str | None, model: str, gpu: str, 
         "gpu": gpu,
         "tp": tp,
         "replicas": replicas,
+        "layout": {"moe_ep": layout.moe_ep, "attention_dp": ranks},
         "failures": None if schedule is None else schedule.describe(),
         "framework": framework,
         "cost_model": cost_model.name,
@@ -197,18 +208,20 @@ def _slos(slo: str | None, slo_file: Path | None) -> SLOSet:
 
 
 def _policy(config_path: Path | None, preset_name: str | None, ctx: EngineContext, overrides: list[str],
-            knobs: dict | None = None) -> tuple[PolicyConfig, str]:
+            knobs: dict | None = None) -> tuple[PolicyConfig, str, Layout]:
     """The base config (a file, else a preset, vllm-default by default) with ``--set`` and
-    the flags' ``knobs`` (``--router``, ``--prefill-replicas``) applied.
+    the flags' ``knobs`` (``--router``, ``--prefill-replicas``) applied, and the instance
+    layout it runs on (an engine file's own; else plain TP of ``ctx.tp`` GPUs).
 
     An engine file (``.yaml``) is read as its engine runs it (``optimizer.exports.read_engine_file``);
     which engine is told by its model key (vLLM ``model``, SGLang ``model-path``)."""
+    layout = Layout(ctx.tp)
     if config_path is not None and preset_name is not None:
         raise ConfigError("give --config or --preset, not both")
     if config_path is not None:
         path = _existing(config_path, "--config", ConfigError)
         if path.suffix in (".yaml", ".yml"):
-            policy, source = _engine_file(path, ctx), str(path)
+            (policy, layout), source = _engine_file(path, ctx), str(path)
         else:
             policy, source = _policy_file(path), str(path)
     else:
@@ -218,7 +231,7 @@ def _policy(config_path: Path | None, preset_name: str | None, ctx: EngineContex
     if changes:
         policy = policy.replace(**changes)
         source += " + " + ", ".join(f"{k}={v}" for k, v in changes.items())
-    return policy, source
+    return policy, source, layout
 
 
 def _policy_file(path: Path) -> PolicyConfig:
@@ -240,7 +253,15 @@ def _policy_file(path: Path) -> PolicyConfig:
         raise ConfigError(f"{path}: {exc}") from None
 
 
-def _engine_file(path: Path, ctx: EngineContext) -> PolicyConfig:
+class Layout(NamedTuple):
+    """One instance's GPUs and their expert / attention data parallelism."""
+
+    tp: int
+    moe_ep: int = 1
+    attention_dp: int = 1
+
+
+def _engine_file(path: Path, ctx: EngineContext) -> tuple[PolicyConfig, Layout]:
     import yaml
 
     from optimizer.exports import ExportError, read_engine_file
@@ -259,11 +280,7 @@ def _engine_file(path: Path, ctx: EngineContext) -> PolicyConfig:
         config = read_engine_file(target(engine), path.read_text(), ctx)
     except (ExportError, EngineError) as exc:
         raise ConfigError(f"{path}: {exc}") from None
-    if not deployment.plain:  # run as plain TP x replicas it would be another deployment
-        raise ConfigError(f"{path}: deploys expert parallel {deployment.moe_ep} / attention data parallel "
-                          f"{deployment.attention_dp} on {deployment.tp} GPUs, which `servetune simulate` does not "
-                          "lay out (it runs --tp x --replicas); a study's bench replay simulates such a file")
-    return config
+    return config, Layout(deployment.tp, deployment.moe_ep, deployment.attention_dp)
 
 
 def _parse_override(item: str) -> tuple[str, object]:

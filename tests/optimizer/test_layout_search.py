@@ -4,6 +4,7 @@ group on that layout's cost model, and exported in the engine's own flags."""
 
 from types import SimpleNamespace
 
+import numpy as np
 import optuna
 import pytest
 import yaml
@@ -188,17 +189,28 @@ def test_a_per_group_knob_settles_after_one_reading_of_the_file():
     assert second == first
 
 
-def test_simulate_refuses_a_layout_file_it_would_run_as_plain_tp(tmp_path):
-    from optimizer.cli.simulate import ConfigError, _engine_file
+def test_simulate_runs_a_layout_file_on_its_layout_with_its_groups_in_lockstep(tmp_path):
+    from costmodels import build
+    from optimizer.cli.simulate import ConfigError, Layout, _engine_file, _simulate
+    from policies.fleet import simulate_fleet
+    from studies.traces import load_trace
 
     ctx = engine_context(MOE, "h100", 8, "sglang")
     path = tmp_path / "sglang.yaml"
-    path.write_text(f"model-path: {MOE}\ntp-size: 8\nattn-dp-size: 4\n")
-    with pytest.raises(ConfigError, match="attention data parallel 4 on 8 GPUs, which `servetune simulate` does not"):
-        _engine_file(path, ctx)
+    path.write_text(f"model-path: {MOE}\ntp-size: 8\nattn-dp-size: 4\nep-size: 8\n")
+    config, layout = _engine_file(path, ctx)
+    assert layout == Layout(8, 8, 4)
+    trace_file = write_csv_trace(tmp_path / "t.csv", make_trace(40, gap_s=0.02, prompt=600, output=30))
+    run = _simulate(trace_file, None, MOE, "h100", 8, "sglang", path, None, [], None, None, 1.0, 0, "json")
+    assert run["layout"] == {"moe_ep": 8, "attention_dp": 4}
+    cost = build(MOE, "h100", tp=8, framework="sglang", moe_ep_size=8, attention_dp_size=4)
+    expected = simulate_fleet(load_trace(trace_file), cost, config, replicas=4, lockstep=4)
+    np.testing.assert_array_equal(run["result"].finish_s, expected.finish_s)
+    with pytest.raises(ConfigError, match="lays out 8 GPUs per instance, but --tp is 4; pass --tp 8"):
+        _simulate(trace_file, None, MOE, "h100", 4, "sglang", path, None, [], None, None, 1.0, 0, "json")
     path.write_text(f"model-path: {MOE}\ntp-size: 8\n")
-    plain = _engine_file(path, ctx)  # the same file without attention DP: read as it runs
-    assert plain.max_num_batched_tokens == target("sglang").defaults(ctx).max_num_batched_tokens
+    plain, layout = _engine_file(path, ctx)  # the same file without attention DP: read as it runs
+    assert layout == Layout(8) and plain.max_num_batched_tokens == target("sglang").defaults(ctx).max_num_batched_tokens
 
 
 @pytest.mark.parametrize("dp", [1, 4])
