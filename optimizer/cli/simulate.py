@@ -15,7 +15,7 @@ import json
 import math
 import tomllib
 from pathlib import Path
-from typing import Annotated, NamedTuple
+from typing import Annotated
 
 import numpy as np
 import typer
@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from costmodels.costmodel import CostModelError
+from costmodels.layout import ParallelLayout
 from optimizer.cli.failure_options import FailOption, MtbfOption, RepairOption
 from optimizer.cli.trace import trace_warnings_as_lines
 from optimizer.failplan import FailurePlan
@@ -143,7 +144,7 @@ def _simulate(trace_path: Path, trace_format: str | None, model: str, gpu: str, 
         raise ConfigError(f"{config_source}: lays out {layout.tp} GPUs per instance, but --tp is {tp}; pass --tp "
                           f"{layout.tp}")
     # an attention-DP instance runs one scheduler per group, the groups stepping together
-    ranks = layout.attention_dp
+    ranks = layout.attention_dp_size
     schedulers = replicas * ranks
     refused = block_size_refusals(policy.block_size, policy.max_num_batched_tokens, ctx)
     if refused:
@@ -162,7 +163,7 @@ def _simulate(trace_path: Path, trace_format: str | None, model: str, gpu: str, 
     if rate_scale != 1.0:
         requests = scale_rate(requests, rate_scale)
     cost_model = build(model, gpu, tp=tp, framework=framework, calibration=calibration, model_config=config_file,
-                       gemm_dtype=dtype, kv_dtype=kv, moe_ep_size=layout.moe_ep,
+                       gemm_dtype=dtype, kv_dtype=kv, moe_ep_size=layout.moe_ep_size,
                        attention_dp_size=ranks)  # first: names an unknown model
     requests = with_client_caps(requests, max_tokens=max_tokens, context_len=ctx.context_len)
     requests = Predictor.parse(predictor).apply(requests, seed=seed)
@@ -182,7 +183,7 @@ def _simulate(trace_path: Path, trace_format: str | None, model: str, gpu: str, 
         "gpu": gpu,
         "tp": tp,
         "replicas": replicas,
-        "layout": {"moe_ep": layout.moe_ep, "attention_dp": ranks},
+        "layout": {"moe_ep": layout.moe_ep_size, "attention_dp": ranks},
         "failures": None if schedule is None else schedule.describe(),
         "framework": framework,
         "cost_model": cost_model.name,
@@ -208,14 +209,14 @@ def _slos(slo: str | None, slo_file: Path | None) -> SLOSet:
 
 
 def _policy(config_path: Path | None, preset_name: str | None, ctx: EngineContext, overrides: list[str],
-            knobs: dict | None = None) -> tuple[PolicyConfig, str, Layout]:
+            knobs: dict | None = None) -> tuple[PolicyConfig, str, ParallelLayout]:
     """The base config (a file, else a preset, vllm-default by default) with ``--set`` and
     the flags' ``knobs`` (``--router``, ``--prefill-replicas``) applied, and the instance
     layout it runs on (an engine file's own; else plain TP of ``ctx.tp`` GPUs).
 
     An engine file (``.yaml``) is read as its engine runs it (``optimizer.exports.read_engine_file``);
     which engine is told by its model key (vLLM ``model``, SGLang ``model-path``)."""
-    layout = Layout(ctx.tp)
+    layout = ParallelLayout(ctx.tp)
     if config_path is not None and preset_name is not None:
         raise ConfigError("give --config or --preset, not both")
     if config_path is not None:
@@ -253,15 +254,7 @@ def _policy_file(path: Path) -> PolicyConfig:
         raise ConfigError(f"{path}: {exc}") from None
 
 
-class Layout(NamedTuple):
-    """One instance's GPUs and their expert / attention data parallelism."""
-
-    tp: int
-    moe_ep: int = 1
-    attention_dp: int = 1
-
-
-def _engine_file(path: Path, ctx: EngineContext) -> tuple[PolicyConfig, Layout]:
+def _engine_file(path: Path, ctx: EngineContext) -> tuple[PolicyConfig, ParallelLayout]:
     import yaml
 
     from optimizer.exports import ExportError, read_engine_file
@@ -280,7 +273,7 @@ def _engine_file(path: Path, ctx: EngineContext) -> tuple[PolicyConfig, Layout]:
         config = read_engine_file(target(engine), path.read_text(), ctx)
     except (ExportError, EngineError) as exc:
         raise ConfigError(f"{path}: {exc}") from None
-    return config, Layout(deployment.tp, deployment.moe_ep, deployment.attention_dp)
+    return config, ParallelLayout(deployment.tp, deployment.moe_ep, deployment.attention_dp)
 
 
 def _parse_override(item: str) -> tuple[str, object]:

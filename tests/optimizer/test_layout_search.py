@@ -191,7 +191,7 @@ def test_a_per_group_knob_settles_after_one_reading_of_the_file():
 
 def test_simulate_runs_a_layout_file_on_its_layout_with_its_groups_in_lockstep(tmp_path):
     from costmodels import build
-    from optimizer.cli.simulate import ConfigError, Layout, _engine_file, _simulate
+    from optimizer.cli.simulate import ConfigError, _engine_file, _simulate
     from policies.fleet import simulate_fleet
     from studies.traces import load_trace
 
@@ -199,7 +199,7 @@ def test_simulate_runs_a_layout_file_on_its_layout_with_its_groups_in_lockstep(t
     path = tmp_path / "sglang.yaml"
     path.write_text(f"model-path: {MOE}\ntp-size: 8\nattn-dp-size: 4\nep-size: 8\n")
     config, layout = _engine_file(path, ctx)
-    assert layout == Layout(8, 8, 4)
+    assert layout == ParallelLayout(8, 8, 4)
     trace_file = write_csv_trace(tmp_path / "t.csv", make_trace(40, gap_s=0.02, prompt=600, output=30))
     run = _simulate(trace_file, None, MOE, "h100", 8, "sglang", path, None, [], None, None, 1.0, 0, "json")
     assert run["layout"] == {"moe_ep": 8, "attention_dp": 4}
@@ -210,7 +210,7 @@ def test_simulate_runs_a_layout_file_on_its_layout_with_its_groups_in_lockstep(t
         _simulate(trace_file, None, MOE, "h100", 4, "sglang", path, None, [], None, None, 1.0, 0, "json")
     path.write_text(f"model-path: {MOE}\ntp-size: 8\n")
     plain, layout = _engine_file(path, ctx)  # the same file without attention DP: read as it runs
-    assert layout == Layout(8) and plain.max_num_batched_tokens == target("sglang").defaults(ctx).max_num_batched_tokens
+    assert layout == ParallelLayout(8) and plain.max_num_batched_tokens == target("sglang").defaults(ctx).max_num_batched_tokens
 
 
 @pytest.mark.parametrize("dp", [1, 4])
