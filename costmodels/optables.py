@@ -12,6 +12,9 @@ batch with as many (sequence, head) units (``borrow_layout``), else its launch f
 kept and the work above it scaled by the KV-head (decode) or query-head (prefill) ratio
 (``scale_work``).
 
+TensorRT-LLM's per-tensor FP8 GEMM table is read with its activation quantization as the
+engine serves it (``one_pass_quantization``), not as the collector timed it.
+
 Profiled GEMMs are interpolated log-linearly in m (latency is flat at small m, then
 linear) and linearly in n and k, which the grid lacks for e.g. Llama's 14336/28672; a GEMM
 wider than the grid is costed as side-by-side GEMMs of the widest measured n.
@@ -26,12 +29,24 @@ from pathlib import Path
 import numpy as np
 
 from costmodels.costmodel import CostModelError
-from costmodels.gpus import GPUSpec
+from costmodels.gpus import GPUSpec, load_gpu
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 FRAMEWORKS = ("vllm", "sglang", "trtllm")
 KV_DTYPE_CODE = {"bf16": 0, "fp8": 1}
 MS = 1e-3
+#: Frameworks whose per-tensor FP8 GEMM table times more activation quantization than the
+#: engine serves with: aiconfigurator's TensorRT-LLM collector (collector/trtllm/
+#: collect_gemm.py) loads each Linear without an input scale, and the table's FP8-over-bf16
+#: excess at the narrowest GEMMs (9-12 us at decode sizes, about two passes over the
+#: activations at large m x k) is that per-call quantization. A served FP8 checkpoint
+#: carries static input scales (a block-scaled one finds each group's scale inside its
+#: cast): one pass.
+DYNAMIC_QUANT_TABLES = frozenset({"trtllm"})
+#: Bytes one quantization pass moves per activation element: read bf16, write fp8.
+QUANT_PASS_BYTES = 3.0
+#: The GEMM grid's narrowest n columns (32, 64, 128): little GEMM work at any m.
+NARROW = 3
 
 # Default axes where no table dictates one (roofline): dense at small sizes, then x1.5 steps.
 TOKEN_AXIS = np.unique(np.concatenate([np.arange(1, 17), np.round(2 ** np.arange(4, 15.01, 0.5))])).astype(np.float64)
@@ -68,6 +83,8 @@ class ProfiledOps:
         self.gemm_dtype = gemm_dtype
         self._m = self._grid(gemm_dtype)[0]
         self.notes: list[str] = []
+        if gemm_dtype == "fp8" and framework in DYNAMIC_QUANT_TABLES:
+            self.notes.append("fp8 GEMMs with one activation-quantization pass (the table's dynamic one taken out)")
 
     @property
     def label(self) -> str:
@@ -86,7 +103,12 @@ class ProfiledOps:
                 raise CostModelError(f"{self.meta['gpu']}/{self.meta['framework']}: no {dtype} GEMM table; "
                                      f"measured: {', '.join(have)}")
             axes = [z.get(f"gemm_{dtype}_{a}", z[f"gemm_{a}"]).astype(np.float64) for a in "mnk"]
-            self._grids[dtype] = (*axes, z[f"gemm_{dtype}"].astype(np.float64) * MS)
+            grid = z[f"gemm_{dtype}"].astype(np.float64) * MS
+            if dtype == "fp8" and self.meta["framework"] in DYNAMIC_QUANT_TABLES:
+                gpu = load_gpu(self.meta["gpu"])
+                grid = one_pass_quantization(grid, z["gemm_bf16"].astype(np.float64) * MS, axes[0], axes[2],
+                                             gpu.hbm_bytes_per_s * gpu.hbm_efficiency)
+            self._grids[dtype] = (*axes, grid)
         return self._grids[dtype]
 
     def gemm(self, m: np.ndarray, n: int, k: int, dtype: str | None = None) -> np.ndarray:
@@ -244,6 +266,24 @@ class RooflineOps:
         """All-gather, reduce-scatter or all-to-all: each moves (gpus-1)/gpus of the buffer once."""
         nbytes = 2.0 * np.asarray(elements, dtype=np.float64)
         return (gpus - 1) / gpus * nbytes / self.gpu.nvlink_bytes_per_s + self.allreduce_latency_s
+
+
+def one_pass_quantization(fp8: np.ndarray, bf16: np.ndarray, m: np.ndarray, k: np.ndarray,
+                          hbm_bytes_per_s: float) -> np.ndarray:
+    """An FP8 GEMM grid [m, n, k] timed with a per-call activation quantization, as
+    served with one quantization pass (``DYNAMIC_QUANT_TABLES``).
+
+    The timed quantization is the FP8 time less the bf16 time at the narrowest n: both GEMMs
+    sit at their launch floor there, so what differs is the quantization, a cost of m and k
+    alone. It is the least difference over the ``NARROW`` columns, since a lone cell can
+    spike (H200's m=16, n=32, k=1024 reads 42 us, its neighbours 13). The served pass moves
+    ``QUANT_PASS_BYTES`` per element at HBM speed. No GEMM is taken below the narrowest bf16
+    GEMM of its m and k, a launch floor the table's noise could cross. On Llama-3.1-70B FP8
+    on 8 B200s the timed version's four GEMMs per layer (80 x 4 x 19 us = 6.1 ms at batch 4)
+    alone outlast the measured 5.4 ms decode step."""
+    timed = np.maximum((fp8[:, :NARROW, :] - bf16[:, :NARROW, :]).min(axis=1), 0.0)
+    served = QUANT_PASS_BYTES * m[:, None] * k[None, :] / hbm_bytes_per_s
+    return np.maximum(fp8 - timed[:, None, :], bf16[:, :1, :]) + served[:, None, :]
 
 
 def borrow_layout(batch: np.ndarray, length: np.ndarray, sec: np.ndarray, heads: int,
