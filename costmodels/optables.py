@@ -38,7 +38,7 @@ MS = 1e-3
 #: Frameworks whose per-tensor FP8 GEMM table times more activation quantization than the
 #: engine serves with: aiconfigurator's TensorRT-LLM collector (collector/trtllm/
 #: collect_gemm.py) loads each Linear without an input scale, and the table's FP8-over-bf16
-#: excess at the narrowest GEMMs (9-12 us at decode sizes, about two passes over the
+#: excess at the narrowest GEMMs (6-13 us at decode sizes, about two passes over the
 #: activations at large m x k) is that per-call quantization. A served FP8 checkpoint
 #: carries static input scales (a block-scaled one finds each group's scale inside its
 #: cast): one pass.
@@ -279,8 +279,9 @@ def one_pass_quantization(fp8: np.ndarray, bf16: np.ndarray, m: np.ndarray, k: n
     spike (H200's m=16, n=32, k=1024 reads 42 us, its neighbours 13). The served pass moves
     ``QUANT_PASS_BYTES`` per element at HBM speed. No GEMM is taken below the narrowest bf16
     GEMM of its m and k, a launch floor the table's noise could cross. On Llama-3.1-70B FP8
-    on 8 B200s the timed version's four GEMMs per layer (80 x 4 x 19 us = 6.1 ms at batch 4)
-    alone outlast the measured 5.4 ms decode step."""
+    on 8 B200s at batch 4 the token-linear part of a step read as timed (7.1 ms) outlasts
+    the whole measured step (5.4 ms); as served it is 4.1 ms
+    (``benchmarks/fp8_quantization.py``)."""
     timed = np.maximum((fp8[:, :NARROW, :] - bf16[:, :NARROW, :]).min(axis=1), 0.0)
     served = QUANT_PASS_BYTES * m[:, None] * k[None, :] / hbm_bytes_per_s
     return np.maximum(fp8 - timed[:, None, :], bf16[:, :1, :]) + served[:, None, :]
