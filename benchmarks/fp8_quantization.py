@@ -21,8 +21,7 @@ import polars as pl
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from costmodels import build  # noqa: E402
-from costmodels import optables  # noqa: E402
+from costmodels import build, optables  # noqa: E402
 from costmodels.distil import aic_root, shared_dir  # noqa: E402
 
 GPUS = ("h100_sxm", "h200_sxm", "b200_sxm")
