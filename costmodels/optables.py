@@ -268,6 +268,12 @@ class RooflineOps:
         return (gpus - 1) / gpus * nbytes / self.gpu.nvlink_bytes_per_s + self.allreduce_latency_s
 
 
+def timed_quantization(fp8: np.ndarray, bf16: np.ndarray) -> np.ndarray:
+    """Seconds [m, k] of the activation quantization an FP8 GEMM grid timed: its least
+    excess over the bf16 grid across the ``NARROW`` columns (``one_pass_quantization``)."""
+    return np.maximum((fp8[:, :NARROW, :] - bf16[:, :NARROW, :]).min(axis=1), 0.0)
+
+
 def one_pass_quantization(fp8: np.ndarray, bf16: np.ndarray, m: np.ndarray, k: np.ndarray,
                           hbm_bytes_per_s: float) -> np.ndarray:
     """An FP8 GEMM grid [m, n, k] timed with a per-call activation quantization, as
@@ -282,7 +288,7 @@ def one_pass_quantization(fp8: np.ndarray, bf16: np.ndarray, m: np.ndarray, k: n
     on 8 B200s at batch 4 the token-linear part of a step read as timed (7.1 ms) outlasts
     the whole measured step (5.4 ms); as served it is 4.1 ms
     (``benchmarks/fp8_quantization.py``)."""
-    timed = np.maximum((fp8[:, :NARROW, :] - bf16[:, :NARROW, :]).min(axis=1), 0.0)
+    timed = timed_quantization(fp8, bf16)
     served = QUANT_PASS_BYTES * m[:, None] * k[None, :] / hbm_bytes_per_s
     return np.maximum(fp8 - timed[:, None, :], bf16[:, :1, :]) + served[:, None, :]
 
