@@ -83,6 +83,13 @@ class Evaluator:
         self._request_tokens = np.asarray(self.trace.prompt_tokens) + np.minimum(
             np.asarray(self.trace.max_tokens), np.maximum(np.asarray(self.trace.output_tokens), 1))
 
+    def on(self, trace, *, cost_model_for: Callable[[Any], Any] | None = None) -> Evaluator:
+        """An evaluator of the same study on another ``trace`` (all of it scored: no holdout),
+        sharing this one's cost models unless ``cost_model_for`` builds others."""
+        return Evaluator(self.spec.replace(holdout=0.0, context=self.spec.context), trace=trace,
+                         cost_model_for=cost_model_for or self.cost_model_at, engine=self.engine,
+                         fleet_engine=self._fleet_engine, scorer=self.scorer, keep_results=self.keep_results)
+
     # -- configs -------------------------------------------------------------------------
     def baselines(self) -> dict[str, PolicyConfig]:
         """The target's baselines (an engine's own defaults for the spec's GPU and model;

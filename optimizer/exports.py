@@ -122,6 +122,11 @@ def _leaves(mapping: Mapping[str, Any], prefix: str = ""):
             yield f"{prefix}{key}", value
 
 
+def comment_lines(note: str) -> list[str]:
+    """``note`` as a file header: each of its lines behind ``# ``."""
+    return [f"# {line}" for line in note.splitlines() if line.strip()]
+
+
 def engine_yaml(target: Target, config: PolicyConfig, deployment: Deployment, ctx: EngineContext, note: str = "",
                 expected: Mapping[str, float] | None = None) -> str:
     """The file for ``<engine> serve --config``, with a header stating what it is and what it
@@ -130,8 +135,7 @@ def engine_yaml(target: Target, config: PolicyConfig, deployment: Deployment, ct
     name = target.name
     header = [f"# {name} serve --config {name}.yaml   ({target.display} {target.version} flag names; "
               "command line > file > defaults)"]
-    if note:
-        header.append(f"# {note}")
+    header += comment_lines(note)
     for key, value in (expected or {}).items():
         header.append(f"# simulated {key} of this file: {value:.6g}")
     if mapped.fill_in:
@@ -198,8 +202,7 @@ def router_yaml(config: PolicyConfig, deployment: Deployment, note: str = "") ->
     if "policy" not in mapped.args:
         header.append("# No sglang-router policy matches: launched so, it routes by its default (cache_aware), "
                       "which is not what was simulated.")
-    if note:
-        header.append(f"# {note}")
+    header += comment_lines(note)
     if mapped.not_carried:
         header.append("# Simulated fleet knobs sglang-router cannot carry:")
         header += [f"#   {name} = {getattr(config, name)!r}: {why}" for name, why in mapped.not_carried.items()]
@@ -232,8 +235,7 @@ def policy_toml(config: PolicyConfig, note: str = "", *, what_if: bool = False) 
     if what_if:
         lines += ["# WHAT-IF: knobs marked NOT IN ANY ENGINE are servetune's own policies; no engine runs this file.",
                   "# Its gain is what this traffic would gain if your engine had them."]
-    if note:
-        lines.append(f"# {note}")
+    lines += comment_lines(note)
     lines.append("[policy]")
     for knob in KNOBS:
         flags = carried[knob.name] + ([f"sglang-router --{knob.router}"] if knob.router else [])

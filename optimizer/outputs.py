@@ -68,6 +68,10 @@ from optimizer.review import (
     routing_label,
     write_review,
 )
+from optimizer.robust.answer import CANDIDATES, Candidate, robust_answer
+from optimizer.robust.choice import ratio
+from optimizer.robust.deploy import answer_lines, deployed_fleet, flag_name
+from optimizer.robust.fleetsize import MAX_SIZED_REPLICAS, fleet_curve
 from optimizer.space import Fleet, fleet_of
 from optimizer.study import BOUNDS_ATTR
 from policies.config import FLEET_KNOBS, PolicyConfig
@@ -156,6 +160,35 @@ def recommend(trials: Sequence[FrozenTrial], spec, dirs: Sequence[str]) -> Froze
     """The study's recommended trial: ``select_best``, fewest GPUs at the target for goodput-gpus."""
     target = spec.capacity_target if spec.objective == "goodput-gpus" else None
     return select_best(trials, dirs, fewest_gpus_at=target)
+
+
+def candidates(trials: Sequence[FrozenTrial], spec, dirs: Sequence[str], target,
+               presets: Mapping[str, PolicyConfig], limit: int = CANDIDATES) -> list[Candidate]:
+    """The search's best ``limit`` feasible trials (``recommend``'s pick first, then by the
+    first objective), each as its exported file runs it; baselines and trials whose file
+    runs as an earlier one's are left out."""
+    complete = [t for t in trials if t.state == TrialState.COMPLETE and t.values is not None and is_feasible(t)
+                and baseline_name(t) is None]
+    if not complete:
+        return []
+    sign = 1.0 if dirs[0] == "maximize" else -1.0
+    first = recommend(trials, spec, dirs)
+    ranked = sorted(complete, key=lambda t: (t.number != first.number, -sign * t.values[0], t.number))
+    out: list[Candidate] = []
+    seen: set[bytes] = set()
+    for t in ranked:
+        if len(out) == limit:
+            break
+        fleet = trial_fleet(t, spec)
+        try:
+            config = file_replay(spec, target, trial_config(t, spec, presets), fleet).config
+        except ValueError:  # a file the target refuses is no candidate (ExportError, ConfigError)
+            continue
+        key = config.to_vector().tobytes() + str(fleet).encode()
+        if key not in seen:
+            seen.add(key)
+            out.append(Candidate(f"trial {t.number}", config, fleet, t))
+    return out
 
 
 def baseline_trials(trials: Sequence[FrozenTrial]) -> dict[str, FrozenTrial]:
@@ -438,16 +471,20 @@ def _write_outputs(out: Path, study, spec, evaluator) -> RunOutputs:
     """``write_run_outputs`` into the folder ``out``."""
     trials = study.get_trials(deepcopy=False)
     dirs, names = directions(study), metric_names(study)
-    best = recommend(trials, spec, dirs)
     presets = evaluator.baselines()
     found = baseline_trials(trials)
-    note = f"servetune study {spec.study_name}, trial {best.number}"
-    best_fleet = trial_fleet(best, spec)
-    replay = file_replay(spec, evaluator.target, trial_config(best, spec, presets), best_fleet, note)
-    label = f"{replay.name} (trial {best.number}" + (f", {baseline_name(best)})" if baseline_name(best) else ")")
+    answer = robust_answer(spec, evaluator, candidates(trials, spec, dirs, evaluator.target, presets), presets,
+                           as_file=lambda config, fleet: file_replay(spec, evaluator.target, config, fleet).config,
+                           flag_of=lambda knob: flag_name(evaluator.target, knob), knobs=evaluator.target.knobs)
+    best = answer.trial or found.get(answer.reference) or recommend(trials, spec, dirs)
+    note = f"servetune study {spec.study_name}, " + (f"trial {best.number}" if answer.trial is not None else
+                                                     f"{answer.reference} kept")
+    replay = file_replay(spec, evaluator.target, answer.config, answer.fleet)
+    label = replay.name + (f" (trial {best.number})" if answer.trial is not None else " (defaults kept)")
     configs = {label: replay.config, **presets}
-    fleets = [best_fleet, *[spec.fleet] * len(presets)]  # baselines: the deployment's fleet
-    trial_of = {label: best, **{name: found.get(name) for name in presets}}
+    fleets = [answer.fleet, *[spec.fleet] * len(presets)]  # baselines: the deployment's fleet
+    trial_of = {label: answer.trial, **{name: found.get(name) for name in presets}}
+    sizing = {label: answer.sizing["recommended"], **{name: answer.sizing[name] for name in presets}}
 
     traffic = TrafficShape.of(evaluator.trace)
     found_capacity = capacity_many(evaluator, list(configs.values()), spec.capacity_target, fleets=fleets)
@@ -457,7 +494,8 @@ def _write_outputs(out: Path, study, spec, evaluator) -> RunOutputs:
     runs = evaluator.simulate_batch(list(configs.values()), fleets=fleets)
     for (name, config), fleet, (result, report), cap in zip(configs.items(), fleets, runs, found_capacity,
                                                             strict=True):
-        capacity = Capacity(cap.rate_scale, traffic.rate_rps, fleet.replicas, fleet.tp, capped=not cap.bracketed)
+        capacity = Capacity(cap.rate_scale, traffic.rate_rps, fleet.replicas, fleet.tp, capped=not cap.bracketed,
+                            sized=sizing[name])
         # What limits a config shows where it saturates: at its capacity, not at a light trace rate.
         limit_scale = cap.rate_scale if cap.rate_scale > 0 else 1.0
         at_limit, limit_report = evaluator.simulate(config, rate_scale=limit_scale, fleet=fleet)
@@ -466,18 +504,23 @@ def _write_outputs(out: Path, study, spec, evaluator) -> RunOutputs:
                                    capacity, diagnosis, limit_scale * traffic.rate_rps))
     recommended, baselines = evaluated[0], evaluated[1:]
 
-    deployment = deployment_of(spec, recommended.fleet)
+    # the file deploys the sized fleet where the engine carries it; its header states that fleet's figures
+    deploy_fleet, carried = deployed_fleet(spec, evaluator, answer)
+    deployment = deployment_of(spec, recommended.fleet)  # what the review's figures ran on
     files: dict[str, Path] = {}
-    expected = {k: recommended.report[k] for k in ("request_goodput", "slo_attainment", "p99_ttft_ms", "p99_tpot_ms")
-                if recommended.report.get(k) is not None}
-    files.update(write_exports(out, evaluator.target, replay.config, deployment, spec.context, note=note,
-                               expected=expected))
+    deployed = (recommended.report if deploy_fleet == recommended.fleet else
+                evaluator.reports([replay.config], fleets=[deploy_fleet])[0].to_dict())
+    expected = {k: deployed[k] for k in ("request_goodput", "slo_attainment", "p99_ttft_ms", "p99_tpot_ms")
+                if deployed.get(k) is not None}
+    header = "\n".join([note, *answer_lines(answer, evaluator.target, spec, carried)])
+    files.update(write_exports(out, evaluator.target, replay.config, deployment_of(spec, deploy_fleet), spec.context,
+                               note=header, expected=expected))
     if not evaluator.target.what_if:
-        files.update(write_bench_replay(out, spec, evaluator, replay, recommended.fleet, expected))
+        files.update(write_bench_replay(out, spec, evaluator, replay, deploy_fleet, expected))
     generalisation = generalisation_check(spec, evaluator, {e.name: e.config for e in evaluated},
                                           [e.fleet for e in evaluated])
     plot_files = _write_plots(out / "plots", study, trials, dirs, names, evaluated, evaluator.trace, spec,
-                              traffic.rate_rps)
+                              traffic.rate_rps, gpu_curves(evaluator, evaluated))
     files.update(plot_files)
     review = ReviewInputs(
         title=f"Capacity review: {spec.study_name}",
@@ -493,6 +536,7 @@ def _write_outputs(out: Path, study, spec, evaluator) -> RunOutputs:
                      residual(evaluator.cost_model)),
         fleet_front=fleet_front(trials),
         failures=None if spec.failures is None else spec.failures.describe(),
+        answer=answer_lines(answer, evaluator.target, spec, carried),
     )
     files["capacity-review.md"], files["capacity-review.html"] = write_review(out, review)
 
@@ -501,6 +545,9 @@ def _write_outputs(out: Path, study, spec, evaluator) -> RunOutputs:
                                  "what_if": evaluator.target.what_if, "file": replay.name,
                                  "figures_are": "the exported file, read back and simulated"}
     summary["generalisation"] = generalisation
+    summary["answer"] = {**answer.to_dict(), "lines": answer_lines(answer, evaluator.target, spec, carried),
+                         "deploy": {**deploy_fleet.to_dict(), "gpus": deploy_fleet.gpus,
+                                    "replicas_in_file": carried}}
     summary["verdict"] = verdict(recommended, baselines, spec.capacity_target)
     if evaluator.target.what_if:
         summary["oracle_upper_bound"] = oracle_bound(spec, evaluator, {e.name: e.config for e in evaluated},
@@ -587,10 +634,7 @@ def generalisation_check(spec, evaluator, configs: Mapping[str, PolicyConfig],
     trace = evaluator.holdout_trace
     if trace is None:
         return None
-    from optimizer.evaluate import Evaluator
-
-    held = Evaluator(spec.replace(holdout=0.0, context=spec.context), trace=trace,
-                     cost_model_for=evaluator.cost_model_at, engine=evaluator.engine, scorer=evaluator.scorer)
+    held = evaluator.on(trace)
     names = list(configs)
     out: dict[str, Any] = {"requests": trace.n, "share": spec.holdout, "scales": {}}
     for scale in HOLDOUT_SCALES:
@@ -608,12 +652,9 @@ def oracle_bound(spec, evaluator, configs: Mapping[str, PolicyConfig], fleets: S
     """The same configs with every request's true output length known to SJF (the
     ``oracle`` predictor): an upper bound on what any length predictor could add, never a
     recommendation's figure."""
-    from optimizer.evaluate import Evaluator
     from studies.lengths import Predictor
 
-    trace = Predictor.parse("oracle").apply(evaluator.trace, seed=spec.seed)
-    oracle = Evaluator(spec.replace(holdout=0.0, context=spec.context), trace=trace,
-                       cost_model_for=evaluator.cost_model_at, engine=evaluator.engine, scorer=evaluator.scorer)
+    oracle = evaluator.on(Predictor.parse("oracle").apply(evaluator.trace, seed=spec.seed))
     reports = oracle.reports(list(configs.values()), fleets=list(fleets))
     goodput = {n: _num(r.weighted_goodput) for n, r in zip(configs, reports, strict=True)}
     names = list(configs)
@@ -621,15 +662,6 @@ def oracle_bound(spec, evaluator, configs: Mapping[str, PolicyConfig], fleets: S
             "weighted_goodput": goodput,
             "gain": {n: ratio(goodput[names[0]], _num(evaluator.reports([configs[n]], fleets=[f])[0].weighted_goodput))
                      for n, f in zip(names[1:], list(fleets)[1:], strict=True)}}
-
-
-def ratio(value: float, baseline: float) -> float:
-    """value / baseline: inf when the baseline has none (and the value some), nan when unknown."""
-    if not (math.isfinite(value) and math.isfinite(baseline)):
-        return math.nan
-    if baseline > 0:
-        return value / baseline
-    return math.inf if value > 0 else 1.0
 
 
 def verdict(recommended: Evaluated, baselines: Sequence[Evaluated], target: float) -> dict[str, Any]:
@@ -657,8 +689,16 @@ def _figures(e: Evaluated) -> ConfigFigures:
                          trial=e.trial.number if e.trial else None, diagnosed_at_rps=e.diagnosed_at_rps)
 
 
+def gpu_curves(evaluator, evaluated: Sequence[Evaluated]) -> dict[str, list[tuple[int, float, float]]]:
+    """Attainment and goodput of each config's fleet at every replica count up to one past the
+    largest count sized (the GPUs plot; the sizing's own runs, cached, and those between)."""
+    counts = [e.capacity.replicas_needed for e in evaluated if e.capacity.replicas_needed is not None]
+    highest = min(max(counts, default=1) + 1, MAX_SIZED_REPLICAS)
+    return {e.name: fleet_curve(evaluator, e.config, e.fleet, highest) for e in evaluated}
+
+
 def _write_plots(plot_dir: Path, study, trials, dirs, names, evaluated: Sequence[Evaluated], trace, spec,
-                 trace_rps: float) -> dict[str, Path]:
+                 trace_rps: float, gpus: Mapping[str, Sequence[tuple[int, float, float]]]) -> dict[str, Path]:
     """Every plot as PNG and SVG; returns caption -> path (PNG under the caption itself)."""
     files: dict[str, Path] = {}
 
@@ -670,6 +710,8 @@ def _write_plots(plot_dir: Path, study, trials, dirs, names, evaluated: Sequence
     save("Pareto front", plots.pareto_figure(points, axis_names, axis_dirs), "pareto")
     save("SLO attainment and goodput vs arrival rate",
          plots.rate_sweep_figure({e.name: e.curve for e in evaluated}, spec.capacity_target, trace_rps), "rate-sweep")
+    save("SLO attainment and goodput vs GPUs", plots.gpus_figure(gpus, spec.capacity_target,
+                                                                 evaluated[0].fleet.tp), "gpus")
     bounds = goodput_bounds(spec.slos)
     save("TTFT and TPOT CDFs", plots.latency_cdf_figure(
         {e.name: latency_samples(e.result, trace) for e in evaluated}, bounds), "latency-cdf")
@@ -766,7 +808,8 @@ def _fleet_dict(fleet: Fleet, config: PolicyConfig, report: Mapping[str, Any]) -
 
 def _capacity_dict(c: Capacity) -> dict[str, Any]:
     return {"rate_scale": c.max_rate_scale, "max_rps": c.max_rps, "capped": c.capped, "headroom": c.headroom,
-            "replicas_simulated": c.replicas, "replicas_needed": c.replicas_needed, "gpus_needed": c.gpus_needed}
+            "replicas_simulated": c.replicas, "replicas_needed": c.replicas_needed, "gpus_needed": c.gpus_needed,
+            "sizing": None if c.sized is None else c.sized.to_dict()}
 
 
 def _summary(study, spec, evaluator, best: FrozenTrial, names, dirs, recommended: Evaluated,

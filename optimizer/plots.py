@@ -144,6 +144,31 @@ def rate_sweep_figure(curves: Mapping[str, RateCurve], target: float, current_rp
     return fig
 
 
+def gpus_figure(curves: Mapping[str, Sequence[tuple[int, float, float]]], target: float,
+                gpus_per_replica: int = 1) -> Figure:
+    """SLO attainment (with the target) and goodput against GPUs, from fleet simulations at
+    the trace's rate: (replicas, attainment, goodput) points per config."""
+    fig = Figure(figsize=(10, 4.2))
+    ax_att, ax_good = fig.subplots(1, 2)
+    for i, (name, points) in enumerate(curves.items()):
+        pts = sorted(points)
+        gpus = [n * gpus_per_replica for n, _, _ in pts]
+        style = _CURVE_STYLES[i % len(_CURVE_STYLES)]
+        ax_att.plot(gpus, [a for _, a, _ in pts], style, marker="o", ms=4, label=name)
+        ax_good.plot(gpus, [g for _, _, g in pts], style, marker="o", ms=4, label=name)
+    ax_att.axhline(target, color="black", lw=0.8, label=f"target {target:.0%}")
+    for ax in (ax_att, ax_good):
+        ax.set_xlabel("GPUs (simulated fleet, engine's router)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    ax_att.set_ylabel("SLO attainment")
+    ax_att.set_ylim(-0.02, 1.02)
+    ax_good.set_ylabel("weighted goodput (/s)")
+    ax_att.set_title("SLO attainment vs GPUs at the trace rate", fontsize=9)
+    ax_good.set_title("goodput vs GPUs at the trace rate", fontsize=9)
+    return fig
+
+
 # -- latency CDFs -------------------------------------------------------------------------------
 
 

@@ -116,12 +116,13 @@ def simulated_replicas(result: SimResult) -> int:
 
 @dataclass(frozen=True)
 class Capacity:
-    """The highest rate a config serves at the target SLO attainment.
+    """How much traffic a config serves at the target SLO attainment, and on how many GPUs.
 
     ``max_rate_scale`` multiplies the trace's arrival rate (1.0 = the trace as given), as
     measured on ``replicas`` replicas of TP ``tp``; ``capped`` says the search stopped at
-    its upper bound, so the true capacity is higher. GPUs needed assumes throughput grows
-    in proportion to replicas (requests spread evenly over them).
+    its upper bound, so the true capacity is higher. The GPUs needed are not that rate
+    scaled: they are the fewest replicas whose simulated fleet meets the target
+    (``sized``, ``optimizer.robust.fleetsize``); None where no sizing ran.
     """
 
     max_rate_scale: float
@@ -129,6 +130,7 @@ class Capacity:
     replicas: int = 1
     tp: int = 1
     capped: bool = False
+    sized: Any = None  # optimizer.robust.answer.Sizing
 
     @property
     def max_rps(self) -> float:
@@ -141,10 +143,8 @@ class Capacity:
 
     @property
     def replicas_needed(self) -> int | None:
-        """Replicas for the trace's rate at the target; None if the target is out of reach."""
-        if not self.max_rate_scale > 0:
-            return None
-        return max(1, math.ceil(self.replicas / self.max_rate_scale - 1e-9))
+        """Replicas the simulated fleet needs for the target; None if out of reach or not sized."""
+        return None if self.sized is None else self.sized.deploy.replicas
 
     @property
     def gpus_needed(self) -> int | None:
@@ -201,6 +201,7 @@ class ReviewInputs:
     notes: Sequence[str] = ()
     fleet_front: Sequence[FleetPoint] = ()  # best trial per GPU count, when the study searched the fleet
     failures: str | None = None  # the study's failure plan, described
+    answer: Sequence[str] = ()  # what to deploy, with its ranges (optimizer.robust.deploy.answer_lines)
 
 
 Block = tuple[str, Any]  # ("h1" | "h2" | "p" | "ul" | "table" | "img", payload)
@@ -227,7 +228,14 @@ def build_review(r: ReviewInputs) -> list[Block]:
               + (f", {routing_label(best.config, d.replicas)}" if d.replicas > 1 else "")
               + (f", failures: {r.failures}" if r.failures else "")
               + f". SLOs: {r.slos.describe()}. Target: SLO attainment >= {r.target_attainment:.0%}."),
+    ]
+    if r.answer:
+        blocks += [("h2", "What to deploy"), ("ul", list(r.answer))]
+    blocks += [
         ("h2", "How many GPUs"),
+        ("p", "GPUs needed: the fewest replicas whose fleet, simulated behind the engine's own router on the whole "
+              "trace at its rate, keeps SLO attainment at the target; the larger of the tuning and held-out parts' "
+              "counts sizes the deployment. Max rate and headroom are of the simulated deployment."),
         ("table", _capacity_table([best, *r.baselines])),
     ]
     if best.capacity is not None:
@@ -261,11 +269,12 @@ def build_review(r: ReviewInputs) -> list[Block]:
 
 
 def _capacity_table(rows: Sequence[ConfigFigures]) -> list[list[str]]:
-    table = [["config", "max rate (req/s)", "headroom at trace rate", "GPUs needed", "limit"]]
+    table = [["config", "max rate (req/s)", "headroom at trace rate", "GPUs needed", "tuning / held-out part",
+              "limit"]]
     for f in rows:
         c = f.capacity
         if c is None:
-            table.append([f.name, "n/a", "n/a", "n/a", f.diagnosis.limit if f.diagnosis else "n/a"])
+            table.append([f.name, "n/a", "n/a", "n/a", "n/a", f.diagnosis.limit if f.diagnosis else "n/a"])
             continue
         more = "+" if c.capped else ""
         gpus = c.gpus_needed
@@ -273,10 +282,26 @@ def _capacity_table(rows: Sequence[ConfigFigures]) -> list[list[str]]:
             f.name,
             f"{_fmt(c.max_rps, 3)}{more}",
             f"{c.headroom:+.0%}{more}",
-            "target out of reach" if gpus is None else f"{gpus} ({c.replicas_needed} x TP {c.tp})",
+            ("not sized" if c.sized is None else "target out of reach" if gpus is None
+             else f"{gpus} ({c.replicas_needed} x TP {c.tp})" + _spread(c.sized)),
+            "n/a" if c.sized is None else " / ".join(
+                _sized_at(s) for s in (c.sized.tuning, c.sized.holdout) if s is not None),
             f.diagnosis.limit if f.diagnosis else "n/a",
         ])
     return table
+
+
+def _spread(sizing) -> str:
+    low, high = sizing.replicas.low, sizing.replicas.high
+    if low == high:
+        return ""
+    return f", range {low:.0f}-{'out of reach' if math.isinf(high) else f'{high:.0f}'} replicas"
+
+
+def _sized_at(size) -> str:
+    if size.replicas is None:
+        return f"> {size.max_replicas}"
+    return f"{size.replicas} ({_pct(size.attainment)})"
 
 
 def _front_table(points: Sequence[FleetPoint]) -> list[list[str]]:
@@ -323,17 +348,20 @@ def _fleet_blocks(best: ConfigFigures, baselines: Sequence[ConfigFigures]) -> li
 
 def _capacity_sentence(name: str, c: Capacity, target: float) -> str:
     gpus = c.gpus_needed
-    if gpus is None:
-        return (f"{name} does not reach {target:.0%} SLO attainment at any tested rate on this deployment: "
-                "the SLOs are tighter than one request's latency on this hardware.")
+    if c.sized is not None and gpus is None:
+        return (f"{name} does not reach {target:.0%} SLO attainment with up to {c.sized.deploy.max_replicas} "
+                "simulated replicas: the SLOs are tighter than one request's latency on this hardware.")
     bound = "at least " if c.capped else ""
     if c.headroom >= 0:
         state = f"it has {bound}{c.headroom:.0%} headroom: traffic can grow to {bound}{_fmt(c.max_rps, 3)} req/s"
     else:
         state = (f"it is over capacity: attainment holds only up to {_fmt(c.max_rps, 3)} req/s, "
                  f"{-c.headroom:.0%} below the trace rate")
+    if gpus is None:
+        return f"On the simulated {c.gpus} GPU(s) {state}."
     return (f"With {name}, this traffic needs {gpus} GPU(s) ({c.replicas_needed} replica(s) x TP "
-            f"{c.tp}) to keep SLO attainment >= {target:.0%}; on the simulated {c.gpus} GPU(s) {state}.")
+            f"{c.tp}) to keep SLO attainment >= {target:.0%} in a simulated fleet (sized on the "
+            f"{c.sized.sized_on}); on the simulated {c.gpus} GPU(s) {state}.")
 
 
 def _comparison_table(best: ConfigFigures, baselines: Sequence[ConfigFigures]) -> list[list[str]]:

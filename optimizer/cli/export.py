@@ -1,7 +1,10 @@
-"""`servetune export RUN_DIR`: one trial's config as its engine's config file.
+"""`servetune export RUN_DIR`: the recommended file, or one trial's config as its engine's file.
 
 A trial was searched in one engine's space (the study's ``engine``), so it is written for
 that engine only; a what-if study's trials are servetune policies (``policy.toml``).
+Without ``--trial`` it is the file ``tune`` recommended (chosen on traffic variants, its
+knobs reduced to those that carry the gain, its replica count sized: ``optimizer.robust``),
+as the run folder holds it.
 """
 
 from __future__ import annotations
@@ -22,11 +25,12 @@ def register(app: typer.Typer) -> None:
 def export_command(
     run_dir: Annotated[Path, typer.Argument(help="run folder written by `servetune tune`")],
     backend: Annotated[str | None, typer.Option("--backend", help="vllm or sglang (default: the study's engine)")] = None,
-    trial: Annotated[int | None, typer.Option("--trial", help="trial number (default: the best trial)")] = None,
+    trial: Annotated[int | None, typer.Option("--trial", help="trial number (default: the file tune "
+                                                               "recommended)")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="file to write (default: stdout)")] = None,
     storage: Annotated[str | None, typer.Option("--storage", help="study storage URL, when it is a database")] = None,
 ) -> None:
-    """Write trial N of RUN_DIR (default: the best) as a `<backend> serve --config` YAML file."""
+    """Write trial N of RUN_DIR (default: the recommended file) as a `<backend> serve --config` YAML file."""
     from optimizer.exports import BACKENDS, ExportError
 
     try:
@@ -51,11 +55,9 @@ def _export(run_dir: Path, backend: str | None, number: int | None, storage: str
     from optimizer.exports import ExportError, engine_yaml, policy_toml
     from optimizer.outputs import (
         deployment_of,
-        directions,
         file_replay,
         find_trial,
         open_run,
-        recommend,
         trial_config,
         trial_fleet,
     )
@@ -66,8 +68,9 @@ def _export(run_dir: Path, backend: str | None, number: int | None, storage: str
     if backend is not None and backend != spec.engine:
         raise ExportError(f"this study searched {engine.display}'s knobs ({spec.engine}); its trials are not "
                           f"{backend} configs. Export the {backend} study's run folder instead")
-    trials = study.get_trials(deepcopy=False)
-    chosen = recommend(trials, spec, directions(study)) if number is None else find_trial(trials, number)
+    if number is None:
+        return _recommended(run_dir, engine)
+    chosen = find_trial(study.get_trials(deepcopy=False), number)
     config = trial_config(chosen, spec, engine.baselines(spec.context))
     note = f"servetune study {spec.study_name}, trial {chosen.number}"
     if engine.what_if:
@@ -77,3 +80,16 @@ def _export(run_dir: Path, backend: str | None, number: int | None, storage: str
     # file scales per attention-DP group settles there)
     deployed = file_replay(spec, engine, config, fleet, note).config
     return engine_yaml(engine, deployed, deployment_of(spec, fleet), spec.context, note=note)
+
+
+def _recommended(run_dir: Path, engine) -> str:
+    """The file ``tune`` recommended, as written to the run folder (the choice among trials
+    needs the traffic variants, so it is read, not redone)."""
+    from optimizer.exports import ExportError
+
+    name = "policy.toml" if engine.what_if else f"{engine.name}.yaml"
+    path = Path(run_dir) / name
+    if not path.is_file():
+        raise ExportError(f"{run_dir} has no {name} yet (a study run with --no-outputs): run `servetune report "
+                          f"{run_dir}` to choose and write it, or pass --trial N")
+    return path.read_text()

@@ -223,7 +223,8 @@ def _tune(spec, console: Console, *, resume: bool, outputs: bool, quiet: bool) -
                   + f"), cost model {evaluator.cost_model.source}; "
                   f"{spec.trials} trials{f', {done} done' if done else ''}; run folder {spec.run_dir}")
     enqueue_baselines(study, spec, evaluator.baselines())
-    _compile_if_cold(console, fleet=_may_use_fleet(spec), speculative=spec.speculative is not None)
+    # the fleet kernel too when outputs are written: GPUs needed are sized by fleet simulation
+    _compile_if_cold(console, fleet=outputs or _may_use_fleet(spec), speculative=spec.speculative is not None)
     stats = _run(study, spec, evaluator, quiet, done)
     _print_summary(console, study, spec, stats)
     if not outputs:
@@ -397,6 +398,10 @@ def _print_file_gains(console: Console, summary: dict) -> None:
     best = summary["best"]["report"]
     lead = summary["verdict"]
     what = "what-if " if rec["what_if"] else ""
+    first, *rest = summary["answer"]["lines"]
+    console.print(f"[bold]{first}[/]")
+    for line in rest:
+        console.print(line)
     if lead["kind"] == "capacity":
         gpus = lead["gpus_needed"]
         console.print(f"[bold red]no default meets the SLOs for {lead['target_attainment']:.0%} of requests on this "
@@ -446,8 +451,11 @@ def _write_overview(run_dir: Path, study: str, summaries: dict) -> None:
         if summary is None:
             continue
         best = summary["best"]["report"].get("weighted_goodput") or 0.0
+        answer = summary["answer"]
         overview["targets"][name] = {
-            "folder": name, "file": summary["recommendation"]["file"],
+            "folder": name, "file": summary["recommendation"]["file"], "keep_defaults": answer["keep_defaults"],
+            "knobs_changed": answer["knobs_changed"], "gain_range": answer["gain"],
+            "gpus": answer["sizing"]["recommended"]["gpus"], "deploy": answer["deploy"],
             "what_if": summary["recommendation"]["what_if"],
             "weighted_goodput": best,
             "gain": {b: (best / (e["report"].get("weighted_goodput") or 0.0)
@@ -466,20 +474,38 @@ def _write_overview(run_dir: Path, study: str, summaries: dict) -> None:
 
 
 def _print_overview(console: Console, summaries: dict) -> None:
+    """What to deploy per target: the file, the knobs it changes, the GPUs and the gain, each
+    with its range (traffic variants and the cost model's error)."""
     rows = [(n, s) for n, s in summaries.items() if s is not None]
     if len(rows) < 2:
         return
-    table = Table(title="recommendations (each figure: the exported file, read back and simulated)")
-    for column in ("target", "file", "weighted goodput (/s)", "gain over its default(s)", "held-out gain"):
-        table.add_column(column, justify="left" if column in ("target", "file") else "right")
+    table = Table(title="what to deploy (each figure: the exported file, read back and simulated; ranges over "
+                        "traffic variants and the cost model's error)")
+    for column in ("target", "file", "knobs changed", "GPUs (range)", "SLO attainment", "gain (range)",
+                   "held-out gain"):
+        table.add_column(column, justify="left" if column in ("target", "file", "knobs changed") else "right")
     for name, s in rows:
-        mine = s["best"]["report"].get("weighted_goodput") or 0.0
-        gains = []
-        for b, e in s["baselines"].items():
-            theirs = e["report"].get("weighted_goodput") or 0.0
-            gains.append(f"{mine / theirs:.2f}x {b}" if theirs > 0 else f"unbounded {b}")
+        answer = s["answer"]
+        knobs = ("defaults kept" if answer["keep_defaults"] else
+                 ", ".join(f"{k['flag']} {k['value']}" for k in answer["knobs_changed"]) or "none")
+        gpus = answer["sizing"]["recommended"]["gpus"]
+        deploy = answer["sizing"]["recommended"]["deploy"]
+        gain = answer["gain"]
         held = (s.get("generalisation") or {}).get("scales", {}).get("x1", {}).get("gain", {})
         held_text = ", ".join(f"{g:.2f}x" if math.isfinite(g) else "unbounded" for g in held.values()) or "-"
         label = name + (" (what-if)" if s["recommendation"]["what_if"] else "")
-        table.add_row(label, s["recommendation"]["file"], f"{mine:.3f}", "; ".join(gains), held_text)
+        table.add_row(label, s["recommendation"]["file"], knobs, _range(gpus, "{:.0f}"),
+                      _pct(deploy.get("attainment")), _range(gain, "{:.2f}x"), held_text)
     console.print(table)
+
+
+def _range(figure: dict, fmt: str) -> str:
+    """``point (low-high)`` of a range dict; out of reach / unbounded for infinities or None."""
+    def show(v):
+        if v is None:
+            return "out of reach"
+        return "unbounded" if math.isinf(v) else fmt.format(v)
+    point, low, high = (figure.get(k) for k in ("point", "low", "high"))
+    if show(low) == show(high):
+        return show(point)
+    return f"{show(point)} ({show(low)}-{show(high)})"

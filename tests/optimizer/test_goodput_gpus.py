@@ -145,9 +145,12 @@ def test_run_outputs_export_the_recommended_fleet(tmp_path, engine, parallel):
     router = {"vllm": "vllm_dp", "sglang": "round_robin"}[engine]
     assert summary["best"]["config"]["router"] == router and fleet["routing"] == f"{router} router"
     assert set(fleet["per_replica"]) == {str(j) for j in range(fleet["replicas"])}
-    # the study's own engine file carries the recommended fleet; no other engine's file is written
+    # the study's own engine file carries the fleet the sizing deploys (the fewest replicas of the
+    # recommended TP meeting the target in a fleet simulation); no other engine's file is written
     text = (spec.run_dir / f"{engine}.yaml").read_text()
-    assert parallel.format(fleet["replicas"]) in text
+    deploy = summary["answer"]["deploy"]
+    assert deploy["tp"] == 2 and deploy["replicas"] == summary["answer"]["sizing"]["recommended"]["deploy"]["replicas"]
+    assert parallel.format(deploy["replicas"]) in text if deploy["replicas"] > 1 else parallel.split("\n")[0] in text
     assert not (spec.run_dir / {"vllm": "sglang.yaml", "sglang": "vllm.yaml"}[engine]).exists()
     review = (spec.run_dir / "capacity-review.md").read_text()
     assert f"x TP 2 = {fleet['gpus']} GPU(s), {router} router." in review and "## Fleet" in review

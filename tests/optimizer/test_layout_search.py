@@ -233,6 +233,8 @@ def test_the_review_and_tune_state_the_dp_caveat_exactly_when_a_dp_layout_ran(dp
     out = io.StringIO()
     summary = {"recommendation": {"what_if": False, "file": "sglang.yaml", "engine": "sglang"},
                "best": {"report": {"weighted_goodput": 2.0}, "fleet": fleet.to_dict()},
-               "verdict": {"kind": "gain"}, "baselines": {"sglang-default": {"report": {"weighted_goodput": 1.0}}}}
+               "verdict": {"kind": "gain"}, "baselines": {"sglang-default": {"report": {"weighted_goodput": 1.0}}},
+               "answer": {"lines": ["Deploy sglang.yaml: 1 knob changed: chunked-prefill-size 2048"]}}
     _print_file_gains(Console(file=out, width=400), summary)
     assert ("Attention DP is simulated as groups stepping together" in out.getvalue()) == (dp > 1)
+    assert out.getvalue().startswith("Deploy sglang.yaml: 1 knob changed")  # what to deploy leads

@@ -71,8 +71,13 @@ def test_export_writes_the_requested_trial_for_the_studys_engine(run_dir, sglang
     text = out.read_text()
     assert f"trial {number}" in text.splitlines()[1]
     assert set(yaml.safe_load(text)) <= VLLM_033_KEYS
+    # without --trial: the file tune recommended, which a study run without outputs has not chosen yet
+    result = runner.invoke(app, ["export", str(sglang_run_dir)])
+    assert result.exit_code == 2 and "has no sglang.yaml yet" in result.output
+    assert runner.invoke(app, ["report", str(sglang_run_dir)]).exit_code == 0
     result = runner.invoke(app, ["export", str(sglang_run_dir)])  # the backend defaults to the study's engine
     assert result.exit_code == 0, result.output
+    assert result.stdout == (sglang_run_dir / "sglang.yaml").read_text()
     data = yaml.safe_load(result.stdout)
     assert set(data) <= SGLANG_0523_KEYS and data["model-path"] == "meta-llama/Llama-3.1-8B"
     assert 0 < data["mem-fraction-static"] < 0.92  # activation reserve taken out

@@ -21,6 +21,8 @@ from optimizer.review import (
     to_markdown,
     write_review,
 )
+from optimizer.robust.answer import Sizing
+from optimizer.robust.fleetsize import FleetSize
 from policies.engines import EngineContext
 from policies.engines import preset as engine_preset
 from policies.result import SimResult
@@ -78,17 +80,24 @@ def test_load_signals_from_a_run_and_its_report():
     assert math.isnan(empty.busy_fraction) and math.isnan(empty.queue_share)
 
 
-def test_capacity_turns_rate_headroom_into_gpus():
+def _sized(tuning: int | None, held: int | None = None, tp: int = 1):
+    def size(n):
+        return FleetSize(n, tp, 0.9, 64, () if n is None else ((n, 0.93, 5.0),))
+
+    return Sizing(size(tuning), None if held is None else size(held))
+
+
+def test_capacity_gpus_come_from_the_fleet_sizing_never_from_scaling_the_rate():
     deploy = dict(replicas=4, tp=2)
     over = Capacity(max_rate_scale=0.8, trace_rps=10.0, **deploy)
     assert over.max_rps == pytest.approx(8.0) and over.headroom == pytest.approx(-0.2)
-    assert over.replicas_needed == 5 and over.gpus_needed == 10  # ceil(4 / 0.8) replicas x TP 2
-    spare = Capacity(max_rate_scale=2.0, trace_rps=10.0, **deploy)
-    assert spare.replicas_needed == 2 and spare.gpus_needed == 4
-    exact = Capacity(max_rate_scale=1.0, trace_rps=10.0, **deploy)
-    assert exact.replicas_needed == 4
-    unreachable = Capacity(max_rate_scale=0.0, trace_rps=10.0, **deploy)
-    assert unreachable.gpus_needed is None
+    assert over.replicas_needed is None and over.gpus_needed is None  # not sized: no extrapolated count
+    pooled = Capacity(max_rate_scale=0.8, trace_rps=10.0, sized=_sized(3, 4, tp=2), **deploy)
+    assert pooled.replicas_needed == 4 and pooled.gpus_needed == 8  # the larger of tuning and held-out parts
+    assert pooled.sized.sized_on == "held-out part"
+    unreachable = Capacity(max_rate_scale=0.0, trace_rps=10.0, sized=_sized(2, None, tp=2), **deploy)
+    assert unreachable.gpus_needed == 4  # a rate search that fails at every scale does not overrule the fleet
+    assert Capacity(0.5, 10.0, sized=_sized(None, 2)).gpus_needed is None  # out of reach on one part wins
 
 
 def test_gain_ratio():
@@ -103,9 +112,9 @@ def _inputs(**changes) -> ReviewInputs:
               "p99_tpot_ms": 60.0, "rejected_fraction": 0.0, "kv_peak_fraction": 0.5, "preemption_rate": 0.0,
               "kv_mean_fraction": 0.25, "p99_step_ms": 41.5, "goodput_window_min": 4.5, "prefill_time_saved_s": None}
     best = ConfigFigures("best (trial 17)", best_cfg, report,
-                         Capacity(1.5, 6.3, replicas=2), diagnose(_signals(busy=0.95)), trial=17)
+                         Capacity(1.5, 6.3, replicas=2, sized=_sized(2)), diagnose(_signals(busy=0.95)), trial=17)
     vllm = ConfigFigures("vllm-default", preset("vllm-default"), {**report, "weighted_goodput": 4.0},
-                         Capacity(0.7, 6.3, replicas=2), diagnose(_signals(kv=0.99, preempt=0.3)))
+                         Capacity(0.7, 6.3, replicas=2, sized=_sized(3, 2)), diagnose(_signals(kv=0.99, preempt=0.3)))
     sglang = ConfigFigures("sglang-default", preset("sglang-default"), {**report, "weighted_goodput": 0.0})
     values = dict(title="Capacity review: chat", deployment=deploy, slos=parse_slo("ttft:2000,tpot:100"),
                   target_attainment=0.9, trace_description="azure conv, 19366 requests at 6.3 req/s",
@@ -120,7 +129,7 @@ def test_review_states_gpus_headroom_limit_and_gains():
     assert md.startswith("# Capacity review: chat\n")
     assert "this traffic needs 2 GPU(s) (2 replica(s) x TP 1)" in md
     assert "it has 50% headroom" in md
-    assert "| vllm-default | 4.410 | -30% | 3 (3 x TP 1) | kv |" in md
+    assert "| vllm-default | 4.410 | -30% | 3 (3 x TP 1), range 2-3 replicas | 3 (93.0%) / 2 (93.0%) | kv |" in md
     assert "Compute-bound" in md.split("## What limits the best config")[1].split("##")[0]
     assert "Weighted goodput +50.0% over vllm-default (6.000 vs 4.000/s)." in md
     assert "sglang-default has no goodput on this trace" in md
@@ -135,13 +144,15 @@ def test_review_states_gpus_headroom_limit_and_gains():
 
 def test_review_reports_over_capacity_and_unreachable_targets():
     base = _inputs()
-    over = ConfigFigures(base.best.name, base.best.config, base.best.report, Capacity(0.5, 6.3, replicas=2),
-                         base.best.diagnosis)
+    over = ConfigFigures(base.best.name, base.best.config, base.best.report,
+                         Capacity(0.5, 6.3, replicas=2, sized=_sized(3, 4)), base.best.diagnosis)
     md = to_markdown(build_review(_inputs(best=over)))
-    assert "needs 4 GPU(s)" in md and "over capacity" in md and "50% below the trace rate" in md
-    never = ConfigFigures(base.best.name, base.best.config, base.best.report, Capacity(0.0, 6.3, replicas=2), None)
+    assert "needs 4 GPU(s)" in md and "sized on the held-out part" in md
+    assert "over capacity" in md and "50% below the trace rate" in md
+    never = ConfigFigures(base.best.name, base.best.config, base.best.report,
+                          Capacity(0.0, 6.3, replicas=2, sized=_sized(None)), None)
     md = to_markdown(build_review(_inputs(best=never)))
-    assert "does not reach 90% SLO attainment" in md and "No load signals" in md
+    assert "does not reach 90% SLO attainment with up to 64 simulated replicas" in md and "No load signals" in md
 
 
 class _Collect(HTMLParser):
@@ -172,3 +183,12 @@ def test_html_carries_the_same_content_escaped(tmp_path):
     md, html_path = write_review(tmp_path, inputs)
     assert md.name == "capacity-review.md" and html_path.name == "capacity-review.html"
     assert "Compute-bound" in md.read_text() and "Compute-bound" in html_path.read_text()
+
+
+def test_review_leads_with_what_to_deploy():
+    lines = ("Deploy vllm.yaml: 1 knob changed: max-num-batched-tokens 2048", "GPUs: 2 = 2 replica(s) x 1 GPU(s)")
+    md = to_markdown(build_review(_inputs(answer=lines)))
+    section = md.split("## What to deploy")[1].split("##")[0]
+    assert "- Deploy vllm.yaml: 1 knob changed: max-num-batched-tokens 2048" in section
+    assert md.index("## What to deploy") < md.index("## How many GPUs")
+    assert "## What to deploy" not in to_markdown(build_review(_inputs()))
