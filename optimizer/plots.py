@@ -122,50 +122,48 @@ class RateCurve:
 
 def rate_sweep_figure(curves: Mapping[str, RateCurve], target: float, current_rps: float | None = None) -> Figure:
     """SLO attainment (with the target) and goodput against the offered arrival rate."""
-    fig = Figure(figsize=(10, 4.2))
-    ax_att, ax_good = fig.subplots(1, 2)
-    for i, (name, curve) in enumerate(curves.items()):
+    series = {}
+    for name, curve in curves.items():
         order = np.argsort(curve.offered_rps)
-        style = _CURVE_STYLES[i % len(_CURVE_STYLES)]
-        ax_att.plot(curve.offered_rps[order], curve.slo_attainment[order], style, marker="o", ms=3, label=name)
-        ax_good.plot(curve.offered_rps[order], curve.goodput[order], style, marker="o", ms=3, label=name)
-    ax_att.axhline(target, color="black", lw=0.8, label=f"target {target:.0%}")
-    for ax in (ax_att, ax_good):
-        if current_rps is not None:
-            ax.axvline(current_rps, color="0.5", lw=0.8, ls=":", label="trace rate")
-        ax.set_xlabel("arrival rate (req/s)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    ax_att.set_ylabel("SLO attainment")
-    ax_att.set_ylim(-0.02, 1.02)
-    ax_good.set_ylabel("weighted goodput (/s)")
-    ax_att.set_title("SLO attainment vs arrival rate", fontsize=9)
-    ax_good.set_title("goodput vs arrival rate", fontsize=9)
-    return fig
+        series[name] = (curve.offered_rps[order], curve.slo_attainment[order], curve.goodput[order])
+    return _attainment_and_goodput(series, target, "arrival rate (req/s)", "arrival rate", marker_size=3,
+                                   mark=None if current_rps is None else (current_rps, "trace rate"))
 
 
 def gpus_figure(curves: Mapping[str, Sequence[tuple[int, float, float]]], target: float,
                 gpus_per_replica: int = 1) -> Figure:
     """SLO attainment (with the target) and goodput against GPUs, from fleet simulations at
     the trace's rate: (replicas, attainment, goodput) points per config."""
+    series = {}
+    for name, points in curves.items():
+        pts = sorted(points)
+        series[name] = ([n * gpus_per_replica for n, _, _ in pts], [a for _, a, _ in pts], [g for _, _, g in pts])
+    return _attainment_and_goodput(series, target, "GPUs (simulated fleet, engine's router)", "GPUs at the trace rate",
+                                   marker_size=4)
+
+
+def _attainment_and_goodput(series: Mapping[str, tuple], target: float, xlabel: str, against: str, *,
+                            marker_size: int, mark: tuple[float, str] | None = None) -> Figure:
+    """Two panels, SLO attainment (with the target line) and goodput, over one x axis;
+    ``series``: name -> (x, attainment, goodput); ``mark``: (x, label) of a dotted line."""
     fig = Figure(figsize=(10, 4.2))
     ax_att, ax_good = fig.subplots(1, 2)
-    for i, (name, points) in enumerate(curves.items()):
-        pts = sorted(points)
-        gpus = [n * gpus_per_replica for n, _, _ in pts]
+    for i, (name, (x, attainment, goodput)) in enumerate(series.items()):
         style = _CURVE_STYLES[i % len(_CURVE_STYLES)]
-        ax_att.plot(gpus, [a for _, a, _ in pts], style, marker="o", ms=4, label=name)
-        ax_good.plot(gpus, [g for _, _, g in pts], style, marker="o", ms=4, label=name)
+        ax_att.plot(x, attainment, style, marker="o", ms=marker_size, label=name)
+        ax_good.plot(x, goodput, style, marker="o", ms=marker_size, label=name)
     ax_att.axhline(target, color="black", lw=0.8, label=f"target {target:.0%}")
     for ax in (ax_att, ax_good):
-        ax.set_xlabel("GPUs (simulated fleet, engine's router)")
+        if mark is not None:
+            ax.axvline(mark[0], color="0.5", lw=0.8, ls=":", label=mark[1])
+        ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     ax_att.set_ylabel("SLO attainment")
     ax_att.set_ylim(-0.02, 1.02)
     ax_good.set_ylabel("weighted goodput (/s)")
-    ax_att.set_title("SLO attainment vs GPUs at the trace rate", fontsize=9)
-    ax_good.set_title("goodput vs GPUs at the trace rate", fontsize=9)
+    ax_att.set_title(f"SLO attainment vs {against}", fontsize=9)
+    ax_good.set_title(f"goodput vs {against}", fontsize=9)
     return fig
 
 

@@ -9,6 +9,7 @@ import pytest
 from optimizer.plots import (
     RateCurve,
     TrialPoint,
+    gpus_figure,
     importance_figure,
     latency_cdf_figure,
     param_importances,
@@ -59,6 +60,16 @@ def test_rate_sweep_figure_has_target_and_one_curve_per_config():
     assert list(ax_good.lines[0].get_ydata()) == [1.0, 2.0, 3.8, 4.0]
     with pytest.raises(ValueError, match="differ in length"):
         RateCurve(rates, rates[:2], rates)
+
+
+def test_gpus_figure_puts_each_fleet_run_at_its_gpu_count():
+    curves = {"vllm.yaml": [(2, 0.95, 4.0), (1, 0.6, 2.5)], "vllm-default": [(1, 0.4, 1.5), (2, 0.85, 3.0)]}
+    fig = gpus_figure(curves, target=0.9, gpus_per_replica=2)
+    ax_att, ax_good = fig.axes
+    assert ax_att.get_xlabel().startswith("GPUs") and ax_att.get_title() == "SLO attainment vs GPUs at the trace rate"
+    assert _legend(ax_att) == ["vllm.yaml", "vllm-default", "target 90%"]
+    assert list(ax_att.lines[0].get_xdata()) == [2, 4]  # replicas x TP 2, sorted
+    assert list(ax_good.lines[0].get_ydata()) == [2.5, 4.0]
 
 
 def test_latency_cdfs_end_at_one_and_show_slo_bounds():
