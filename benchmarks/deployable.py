@@ -6,7 +6,8 @@ what-if policies), a study searches that target's space; its recommendation is w
 the file the CLI writes, the file is written to disk, read back from disk as the engine
 runs it and simulated. Printed per target:
 
-- reported: the gain ``servetune tune`` states (``optimizer.outputs.file_replay``);
+- reported: the gain ``servetune tune`` states (its ``summary.json``: the robust answer's file,
+  ``optimizer.robust``, or the defaults kept when no gain holds);
 - file: the gain of the file read back from disk in this script, simulated again; it must
   equal the reported gain (the script fails otherwise);
 - held out: the same file's gain on the last quarter of the trace window, which the study
@@ -36,24 +37,18 @@ sys.path.insert(0, str(ROOT))
 
 import optuna  # noqa: E402
 
-from optimizer.evaluate import Evaluator, client_view, split_holdout  # noqa: E402
+from optimizer.evaluate import Evaluator, split_holdout  # noqa: E402
 from optimizer.exports import read_engine_file  # noqa: E402
 from optimizer.objective import objective_for  # noqa: E402
-from optimizer.outputs import (  # noqa: E402
-    file_replay,
-    generalisation_check,
-    ratio,
-    recommend,
-    trial_config,
-    trial_fleet,
-)
+from optimizer.outputs import ratio, write_run_outputs  # noqa: E402
+from optimizer.space import Fleet  # noqa: E402
 from optimizer.spec import StudySpec  # noqa: E402
 from optimizer.study import enqueue_baselines, make_sampler, run  # noqa: E402
 from policies.config import FLEET_KNOBS, PolicyConfig  # noqa: E402
 from policies.engines import target  # noqa: E402
 from studies.scenarios import SCENARIOS, build_trace, scenario_slos  # noqa: E402
 from studies.slo import parse_slo  # noqa: E402
-from studies.traces import load_trace  # noqa: E402
+from studies.traces import load_trace, write_trace  # noqa: E402
 from studies.transforms import scale_rate  # noqa: E402
 
 MODEL, GPU = "meta-llama/Llama-3.1-8B", "h100"
@@ -93,41 +88,47 @@ def studies() -> dict[str, dict[str, Any]]:
 
 
 def tune_target(name: str, engine: str, trace, slos, trials: int, seed: int) -> dict[str, Any]:
-    """One target's study on ``trace`` (its first 75% tuned), its file, and the checks."""
-    # as `servetune tune` does: each engine timed with its own profiled op tables
-    spec = StudySpec(trace=Path(f"{name}.trace"), model=MODEL, gpu=GPU, slos=slos, trials=trials, seed=seed,
-                     batch_size=2, engine=engine, holdout=HOLDOUT, framework=engine if engine != "servetune" else "vllm")
-    evaluator = Evaluator(spec, trace=client_view(trace, spec))
-    study = optuna.create_study(directions=list(objective_for(spec).directions), sampler=make_sampler(spec, seed))
-    enqueue_baselines(study, spec, evaluator.baselines())
-    start = time.perf_counter()
-    run(study, spec, evaluator)
-    best = recommend(study.get_trials(deepcopy=False), spec, [d.name.lower() for d in study.directions])
-    fleet = trial_fleet(best, spec)
-    replay = file_replay(spec, evaluator.target, trial_config(best, spec, evaluator.baselines()), fleet)
+    """One target's study on ``trace`` (its first 75% tuned), the file ``tune`` writes for it, and the checks."""
+    with tempfile.TemporaryDirectory() as tmp:
+        # as `servetune tune` does: each engine timed with its own profiled op tables
+        spec = StudySpec(trace=write_trace(trace, Path(tmp) / f"{name}.parquet"), model=MODEL, gpu=GPU, slos=slos,
+                         trials=trials, seed=seed, batch_size=2, engine=engine, holdout=HOLDOUT,
+                         framework=engine if engine != "servetune" else "vllm", study_name=name,
+                         run_dir=Path(tmp) / engine)
+        evaluator = Evaluator(spec)
+        study = optuna.create_study(directions=list(objective_for(spec).directions), sampler=make_sampler(spec, seed))
+        enqueue_baselines(study, spec, evaluator.baselines())
+        start = time.perf_counter()
+        run(study, spec, evaluator)
+        summary = write_run_outputs(spec.run_dir, study, spec, evaluator).summary
+        seconds = time.perf_counter() - start
+        file = summary["recommendation"]["file"]
+        text = (spec.run_dir / file).read_text()  # the file as a user gets it: on disk, read back
+    answer = summary["answer"]
+    config = PolicyConfig.from_mapping(summary["best"]["config"])
+    fleet = Fleet(**{k: v for k, v in summary["best"]["fleet"].items() if k in ("tp", "replicas", "moe_ep",
+                                                                              "attention_dp")})
     baselines = evaluator.baselines()
-    reports = evaluator.reports([replay.config, *baselines.values()])
+    reports = evaluator.reports([config, *baselines.values()], fleets=[fleet] + [spec.fleet] * len(baselines))
     mine = reports[0].weighted_goodput
-    reported = {b: ratio(mine, r.weighted_goodput) for b, r in zip(baselines, reports[1:], strict=True)}
-    with tempfile.TemporaryDirectory() as tmp:  # the file as a user gets it: on disk, read back
-        path = Path(tmp) / replay.name
-        path.write_text(replay.text)
-        text = path.read_text()
+    stated = summary["best"]["report"]["weighted_goodput"]
+    reported = {b: ratio(stated, e["report"]["weighted_goodput"]) for b, e in summary["baselines"].items()}
     if engine == "servetune":
         from_disk = PolicyConfig.from_toml(text)
     else:
         from_disk = read_engine_file(target(engine), text, spec.context,
-                                     fleet_knobs={k: getattr(replay.config, k) for k in FLEET_KNOBS})
-    disk_goodput = evaluator.reports([from_disk])[0].weighted_goodput
+                                     fleet_knobs={k: getattr(config, k) for k in FLEET_KNOBS})
+    disk_goodput = evaluator.reports([from_disk], fleets=[fleet])[0].weighted_goodput
     file_gain = {b: ratio(disk_goodput, r.weighted_goodput) for b, r in zip(baselines, reports[1:], strict=True)}
     for b in baselines:
         if not _same(reported[b], file_gain[b]):
             raise SystemExit(f"{name}/{engine}: reported gain {reported[b]} over {b} differs from the file's "
                              f"{file_gain[b]}")
-    held = generalisation_check(spec, evaluator, {replay.name: replay.config, **baselines},
-                                [fleet] + [spec.fleet] * len(baselines))
-    return {"engine": engine, "trials": trials, "seconds": round(time.perf_counter() - start, 1),
-            "file": replay.name, "weighted_goodput": mine,
+    held = summary["generalisation"]
+    return {"engine": engine, "trials": trials, "seconds": round(seconds, 1),
+            "file": file, "weighted_goodput": mine, "keep_defaults": answer["keep_defaults"],
+            "knobs": [k["text"] for k in answer["knobs_changed"]], "gain_range": answer["gain"],
+            "gpus": answer["sizing"]["recommended"]["gpus"],
             "baselines": {b: r.weighted_goodput for b, r in zip(baselines, reports[1:], strict=True)},
             "slo_attainment": reports[0].slo_attainment,
             "baseline_attainment": {b: r.slo_attainment for b, r in zip(baselines, reports[1:], strict=True)},
@@ -150,9 +151,10 @@ def markdown(results: dict[str, dict[str, Any]]) -> str:
     for study, per_target in results.items():
         for engine, r in per_target.items():
             label = "servetune (what-if)" if engine == "servetune" else engine
+            what = "defaults kept" if r.get("keep_defaults") else ", ".join(r.get("knobs", [])) or "no knob"
             for b in r["baselines"]:
                 held = " / ".join(_x(r["held_out_gain"][s][b]) for s in ("x0.8", "x1", "x1.2"))
-                lines.append(f"| {study} | {label} | {r['file']} | {r['weighted_goodput']:.2f} "
+                lines.append(f"| {study} | {label} | {r['file']}: {what} | {r['weighted_goodput']:.2f} "
                              f"({r['baselines'][b]:.2f} {b}) | {r['slo_attainment']:.1%} "
                              f"({r['baseline_attainment'][b]:.1%}) | {_x(r['reported_gain'][b])} | "
                              f"{_x(r['file_gain'][b])} | {held} |")

@@ -22,6 +22,7 @@ error) were fixed before this script was first run; the fresh windows are never 
 
     python benchmarks/fresh_traffic.py [--trials 40] [--splits 4] [--only azure-conv-x3,code-like-x4]
     python benchmarks/fresh_traffic.py --summarize benchmarks/results/fresh_traffic.json
+    python benchmarks/fresh_traffic.py --rewrite   # fresh_traffic.md again from fresh_traffic.json
 """
 
 from __future__ import annotations
@@ -135,7 +136,7 @@ def run_case(name: str, engine: str, tuned, fresh, slos, trials: int, seed: int,
     return {
         "engine": engine, "seconds": round(seconds, 1), "tuned_requests": tuned.n, "fresh_requests": fresh.n,
         "keep_defaults": answer["keep_defaults"], "reason": answer["reason"],
-        "knobs": [f"{k['flag']} {k['value']}" for k in answer["knobs_changed"]],
+        "knobs": [k["text"] for k in answer["knobs_changed"]],
         "gain": answer["gain"], "fresh_gain": fresh_gains(exported),
         "gpus": {"printed": printed["deploy"]["replicas"], "low": printed["replicas"]["low"],
                  "high": printed["replicas"]["high"], "fresh": fresh_size.replicas},
@@ -165,6 +166,8 @@ def figures(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     inside_exported = [r["gain"]["low"] <= r["fresh_gain"][load] <= r["gain"]["high"] for r, load in exported]
     gpus = [gpus_close(r["gpus"]["printed"], r["gpus"]["fresh"]) for _, _, r in cases]
     old_gpus = [gpus_close(r["before"]["gpus_printed"], r["before"]["gpus_fresh"]) for _, _, r in cases]
+    pairs = {"now": [(r["gpus"]["printed"], r["gpus"]["fresh"]) for _, _, r in cases],
+             "before": [(r["before"]["gpus_printed"], r["before"]["gpus_fresh"]) for _, _, r in cases]}
     code = [r["fresh_gain"][load] for w, _, r, load in conditions if w == "code-like-x4" and r["engine"] == "vllm"]
     return {
         "cases": len(cases), "conditions": len(conditions),
@@ -173,6 +176,10 @@ def figures(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "before_regressions": len(old_regressions), "before_worst": min((g for *_, g in old_regressions), default=None),
         "inside_band": sum(inside), "inside_band_exported": sum(inside_exported), "exported_conditions": len(exported),
         "gpus_close": sum(gpus), "before_gpus_close": sum(old_gpus),
+        "gpus_exact": {k: sum(p == f for p, f in v) for k, v in pairs.items()},
+        "gpus_short": {k: sum(p is not None and (f is None or p < f) for p, f in v) for k, v in pairs.items()},
+        "gpus_in_range": sum(r["gpus"]["fresh"] is not None and r["gpus"]["low"] <= r["gpus"]["fresh"] <= r["gpus"]["high"]
+                             for _, _, r in cases),
         "kept_defaults": sum(r["keep_defaults"] for _, _, r in cases),
         "code_like_vllm_fresh_min": min(code, default=None),
     }
@@ -214,6 +221,9 @@ def report(f: dict[str, Any]) -> str:
         + f"; before: {f['before_regressions']}" + (f" (worst {f['before_worst']:.2f}x)" if f["before_worst"] else ""),
         f"GPUs printed within +-1 replica / 15% of the fresh fleet: {f['gpus_close']} of {n} cases; "
         f"before (one replica's capacity scaled): {f['before_gpus_close']} of {n}",
+        f"GPUs printed equal to the fresh fleet's: {f['gpus_exact']['now']} of {n}, fewer than it needs: "
+        f"{f['gpus_short']['now']}, fresh count inside the printed range: {f['gpus_in_range']}; before: "
+        f"{f['gpus_exact']['before']} equal, {f['gpus_short']['before']} fewer",
         f"fresh gain inside the printed range: {f['inside_band']} of {c} conditions "
         f"({100 * f['inside_band'] / max(c, 1):.0f}%); of the {f['exported_conditions']} where a file changed knobs: "
         f"{f['inside_band_exported']}",
@@ -231,10 +241,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--summarize", type=Path, help="print the figures of an earlier run's fresh_traffic.json")
+    parser.add_argument("--rewrite", action="store_true", help="rewrite fresh_traffic.md from --out's json")
     args = parser.parse_args(argv)
     if args.summarize:
         results = json.loads(args.summarize.read_text())
         print(markdown(results) + "\n" + report(figures(results)))
+        return 0
+    if args.rewrite:
+        write_tables(json.loads((args.out / "fresh_traffic.json").read_text()), args)
         return 0
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     chosen = workloads()
@@ -259,14 +273,19 @@ def main(argv: list[str] | None = None) -> int:
                     print(markdown({name: {split: {engine: r}}}).splitlines()[-1], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "fresh_traffic.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    print("\n" + write_tables(results, args))
+    return 0
+
+
+def write_tables(results: dict[str, dict[str, Any]], args) -> str:
+    """``fresh_traffic.md`` from the results; returns the figures' text."""
     text = report(figures(results))
     (args.out / "fresh_traffic.md").write_text(
         f"# Fresh traffic ({args.trials} trials per target, {args.splits} splits, seed {args.seed})\n\n"
         "Command: `python benchmarks/fresh_traffic.py`. Tuned on one time window of each trace, scored on the next "
         "(never seen by the study); before = the search's in-sample best with GPUs scaled from one replica.\n\n"
         + markdown(results) + "\n```\n" + text + "```\n")
-    print("\n" + text)
-    return 0
+    return text
 
 
 if __name__ == "__main__":

@@ -487,14 +487,16 @@ def _print_overview(console: Console, summaries: dict) -> None:
     for name, s in rows:
         answer = s["answer"]
         knobs = ("defaults kept" if answer["keep_defaults"] else
-                 ", ".join(f"{k['flag']} {k['value']}" for k in answer["knobs_changed"]) or "none")
+                 ", ".join(k["text"] for k in answer["knobs_changed"]) or "none")
         gpus = answer["sizing"]["recommended"]["gpus"]
         deploy = answer["sizing"]["recommended"]["deploy"]
         gain = answer["gain"]
         held = (s.get("generalisation") or {}).get("scales", {}).get("x1", {}).get("gain", {})
         held_text = ", ".join(f"{g:.2f}x" if math.isfinite(g) else "unbounded" for g in held.values()) or "-"
         label = name + (" (what-if)" if s["recommendation"]["what_if"] else "")
-        table.add_row(label, s["recommendation"]["file"], knobs, _range(gpus, "{:.0f}"),
+        per = deploy["gpus_per_replica"]
+        gpus_text = _range(gpus, "{:.0f}") + (f" = {deploy['replicas']} x {per}" if deploy["replicas"] else "")
+        table.add_row(label, s["recommendation"]["file"], knobs, gpus_text,
                       _pct(deploy.get("attainment")), _range(gain, "{:.2f}x"), held_text)
     console.print(table)
 

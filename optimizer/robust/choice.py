@@ -12,9 +12,9 @@ typical gain is within ``NOISE`` of 1: a win that small is one window's luck as 
 not, and the file would change a production config for nothing.
 
 Minimal files: each changed knob is put back at the default in turn (the knob whose
-removal costs least first) and stays back when the typical gain stays within ``NOISE`` of
-the full file's and no variant falls below the default by more than ``NOISE``; the rest
-are the knobs that carry the gain.
+removal costs least first) and stays back when the file would still be chosen (no condition
+below the default by more than ``NOISE``, a typical gain above it) and its typical gain stays
+within ``NOISE`` of the full file's; the rest are the knobs that carry the gain.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ class KnobChange:
 
     def to_dict(self) -> dict[str, Any]:
         return {"knob": self.knob, "flag": self.flag, "value": self.value, "default": self.default,
-                "removal_cost": self.removal_cost}
+                "removal_cost": self.removal_cost, "text": self.describe()}
 
 
 def _show(value: Any) -> str:
@@ -160,7 +160,9 @@ def minimal(config, default, knobs: Sequence[str], score: Callable[[list], list[
         if candidate is None:
             continue
         g = score([candidate])[0]
-        if g.holds(noise) and _loss(full.typical, g.typical) <= noise:
+        # still a file the choice would export: it holds, it gains beyond the noise, and it
+        # keeps the full file's gain within the noise
+        if g.holds(noise) and g.typical >= 1.0 + noise and _loss(full.typical, g.typical) <= noise:
             current = candidate
     kept = [KnobChange(k, flag_of(k), getattr(current, k), getattr(default, k), cost[k])
             for k in changed if getattr(current, k) != getattr(default, k)]

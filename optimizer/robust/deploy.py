@@ -54,9 +54,11 @@ def answer_lines(answer: Answer, target, spec, carried: bool) -> list[str]:
                "take this layout as replicas of one server)")
         parts = [f"tuning part {_at(sizing.tuning)}"] + ([f"held-out part {_at(sizing.holdout)}"]
                                                         if sizing.holdout is not None else [])
+        spread_text = ("the same on every traffic fold and cost-model corner" if spread.low == spread.high else
+                       f"range {_replicas(spread.low)}-{_replicas(spread.high)} replicas over traffic folds and the "
+                       "cost model's error")
         lines.append(f"GPUs: {deploy.gpus} = {deploy.replicas} replica(s) x {deploy.gpus_per_replica} GPU(s)"
-                     f"{how}, range {_replicas(spread.low)}-{_replicas(spread.high)} replicas over traffic folds and "
-                     f"the cost model's error; the fewest replicas whose simulated fleet keeps SLO attainment >= "
+                     f"{how}, {spread_text}; the fewest replicas whose simulated fleet keeps SLO attainment >= "
                      f"{spec.capacity_target:.0%}, sized on the {sizing.sized_on} ({', '.join(parts)}).")
     corners = sum(c.startswith("step times") for c in answer.conditions)
     lines.append(f"Gain over {answer.reference}: {answer.gain.describe(_x)} weighted goodput; goodput "

@@ -124,3 +124,15 @@ def test_a_knob_refused_alone_goes_back_once_the_knob_it_is_tied_to_has():
     tuned = Knobs(budget=128, seqs=64, block=32)
     reduced, kept = minimal(tuned, DEFAULT, ("budget", "seqs", "block"), score, revert, str)
     assert reduced == Knobs(block=32) and [k.knob for k in kept] == ["block"]
+
+
+def test_minimal_never_reduces_a_file_to_one_within_the_noise_of_the_defaults():
+    """The full file gains 4%, 2% from each knob: dropping either loses less than the noise,
+    but leaves a file gaining 2%, which the choice would not export: both stay."""
+    def score(configs):
+        return [Gains(((1.02 if c.budget == 2048 else 1.0) * (1.0196 if c.seqs == 128 else 1.0),)) for c in configs]
+
+    tuned = Knobs(budget=2048, seqs=128)
+    assert score([tuned])[0].typical >= 1 + NOISE
+    reduced, kept = minimal(tuned, DEFAULT, ("budget", "seqs"), score, _revert, str)
+    assert reduced == tuned and {k.knob for k in kept} == {"budget", "seqs"}
