@@ -79,9 +79,19 @@ class Evaluator:
         self._scaled: dict[float, Any] = {1.0: self.trace}
         self._schedules: dict[tuple[float, int], FailureSchedule | None] = {}
         # the most KV each request will hold (prompt + the output it will generate, within
-        # its cap): pruning asks whether the trace's requests can fit, not a scheduling question
-        self._request_tokens = np.asarray(self.trace.prompt_tokens) + np.minimum(
+        # its cap): pruning asks whether the trace's requests can fit, not a scheduling question.
+        # A request longer than the model's context is refused by every config (the engine
+        # rejects it, counted, as `simulate` does), so it never makes a config infeasible.
+        tokens = np.asarray(self.trace.prompt_tokens) + np.minimum(
             np.asarray(self.trace.max_tokens), np.maximum(np.asarray(self.trace.output_tokens), 1))
+        context = spec.context.context_len if spec.context is not None else 0
+        servable = tokens <= context if context > 0 else np.ones(len(tokens), dtype=bool)
+        if self.trace.n and not servable.any():
+            raise SpecError(f"every request of the trace ({self.trace.n}) needs more than the model's {context:,}-token "
+                            "context (prompt + output): no config can serve any of them; cap the outputs "
+                            "(--max-tokens) or drop the longest requests")
+        self._request_tokens = tokens[servable]
+        self._prompt_tokens = np.asarray(self.trace.prompt_tokens)[servable]
 
     def on(self, trace, *, cost_model_for: Callable[[Any], Any] | None = None) -> Evaluator:
         """An evaluator of the same study on another ``trace`` (all of it scored: no holdout),
@@ -133,7 +143,7 @@ class Evaluator:
             if fleet.moe_ep == 1 and fleet.attention_dp == 1:
                 raise
             return str(exc)
-        reason = infeasibility(config, cost_model, self._request_tokens, self.trace.prompt_tokens)
+        reason = infeasibility(config, cost_model, self._request_tokens, self._prompt_tokens)
         if reason is not None:
             return reason
         try:
@@ -309,6 +319,8 @@ def split_holdout(trace, holdout: float):
     from studies.transforms import window
 
     t0, t1 = float(trace.arrival_s[0]), float(trace.arrival_s[-1])
+    if not t1 > t0:  # every request at one instant: no later part to hold out
+        return trace, None
     split = t0 + (1.0 - holdout) * (t1 - t0)
     return window(trace, t0, split, rebase=False), window(trace, split, None, rebase=True)
 

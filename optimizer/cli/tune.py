@@ -205,12 +205,13 @@ def _tune(spec, console: Console, *, resume: bool, outputs: bool, quiet: bool) -
     from optimizer.evaluate import Evaluator
     from optimizer.study import create_or_resume, enqueue_baselines
 
+    evaluator = Evaluator(spec)
+    _check_tunable(evaluator.full_trace, spec)
     study = create_or_resume(spec)
     done = _counted(study)
     if done and not resume:
         raise StudyError(f"study {spec.study_name!r} already has {done} trials; rerun without --no-resume to "
                          "continue it, or pass another --study-name")
-    evaluator = Evaluator(spec)
     from policies.engines import target
 
     engine = target(spec.engine)
@@ -231,12 +232,36 @@ def _tune(spec, console: Console, *, resume: bool, outputs: bool, quiet: bool) -
         console.print("[yellow]--no-outputs: no file written, so no gain is stated (a gain is that of the "
                       "exported file, read back and simulated)[/]")
         return None
-    from optimizer.outputs import write_run_outputs
+    from optimizer.outputs import OutputError, write_run_outputs
 
-    result = write_run_outputs(spec.run_dir, study, spec, evaluator)
+    try:
+        result = write_run_outputs(spec.run_dir, study, spec, evaluator)
+    except OutputError as exc:
+        raise StudyError(f"{exc}{_why_nothing_ran(study)}") from None
     _print_file_gains(console, result.summary)
     console.print(f"wrote {len(result.files)} files to {spec.run_dir}")
     return result.summary
+
+
+def _check_tunable(trace, spec) -> None:
+    """Stop before the search on a trace with no arrival rate: a study scales the rate, sizes
+    fleets for it and writes a timed replay, none of which a trace without a time span has."""
+    span = float(trace.arrival_s[-1] - trace.arrival_s[0]) if trace.n else 0.0
+    if trace.n < 2 or not span > 0:
+        raise StudyError(f"{spec.trace}: {trace.n} request(s) arriving over {span:g} s; tuning needs arrivals spread "
+                         "over time (at least 2 requests at different times) to have a rate to scale, size fleets "
+                         "for and replay (`servetune simulate` runs such a trace)")
+
+
+def _why_nothing_ran(study) -> str:
+    """Why no trial completed: the reasons trials were pruned for, most frequent first."""
+    from collections import Counter
+
+    reasons = Counter(t.user_attrs["pruned"] for t in study.get_trials(deepcopy=False) if "pruned" in t.user_attrs)
+    if not reasons:
+        return ""
+    return ("; no config could serve this trace, the defaults included. Pruned: "
+            + "; ".join(f"{n} trial(s): {reason}" for reason, n in reasons.most_common(3)))
 
 
 def worker_command(

@@ -49,9 +49,9 @@ class Variant:
 def folds(trace: Trace, count: int = FOLDS, min_requests: int = MIN_FOLD_REQUESTS) -> list[Fold]:
     """``trace``'s arrival window cut into ``count`` equal parts (fewer when a part would
     hold fewer than ``min_requests``; the whole trace as one fold at worst)."""
-    if trace.n < 2:
+    t0, t1 = (float(trace.arrival_s[0]), float(trace.arrival_s[-1])) if trace.n else (0.0, 0.0)
+    if trace.n < 2 or not t1 > t0:  # nothing to cut: one request, or all at one instant
         return [Fold(0, 1, trace)]
-    t0, t1 = float(trace.arrival_s[0]), float(trace.arrival_s[-1])
     for k in range(max(1, count), 1, -1):
         edges = [t0 + (t1 - t0) * i / k for i in range(k + 1)]
         edges[-1] = None  # the last fold keeps the last arrival

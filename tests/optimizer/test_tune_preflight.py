@@ -26,3 +26,65 @@ def test_an_unknown_model_or_gpu_is_named_before_any_run_folder(tmp_path):
                                           "--slo", "ttft:2000", "--trials", "2", "--run-dir", str(run_dir)])
         assert result.exit_code == 2 and message in result.output
         assert "Traceback" not in result.output and not run_dir.exists()
+
+
+def _tune(tmp_path, trace, *extra):
+    from tests.optimizer.tuning_helpers import write_csv_trace
+
+    path = write_csv_trace(tmp_path / "t.csv", trace)
+    run_dir = tmp_path / "run"
+    result = CliRunner().invoke(app, ["tune", "--trace", str(path), "--model", "meta-llama/Llama-3.1-8B", "--gpu",
+                                      "h100", "--slo", "ttft:2000,tpot:100", "--trials", "4", "--engine", "vllm",
+                                      "-q", "--run-dir", str(run_dir), *extra])
+    return result, run_dir
+
+
+def test_a_trace_with_no_arrival_rate_stops_before_the_search_with_the_reason(tmp_path):
+    """One request, or every request at t = 0: no rate to scale, no fleet to size, no timed
+    replay; `tune` says so before creating anything (it used to die in the output phase)."""
+    from tests.optimizer.tuning_helpers import make_trace
+
+    for n, gap in ((1, 0.1), (50, 0.0)):
+        result, run_dir = _tune(tmp_path / f"{n}", make_trace(n, gap_s=gap))
+        assert result.exit_code == 2 and "Traceback" not in result.output
+        assert f"{n} request(s) arriving over 0 s; tuning needs arrivals spread over time" in result.output
+        assert not run_dir.exists()
+
+
+def test_requests_over_the_context_are_left_to_the_engine_and_the_rest_is_tuned(tmp_path):
+    """Two requests of 140,000 tokens on Llama-3.1-8B's 131,072-token context: every config
+    refuses them, so they prune no config (they used to prune every one, the defaults too);
+    the engine rejects them as it would, counted; a trace of nothing else is refused by name."""
+    import json
+
+    from tests.optimizer.tuning_helpers import make_trace
+
+    trace = make_trace(100, gap_s=0.1, prompt=500, output=50)
+    prompts = trace.prompt_tokens.copy()
+    prompts[[3, 7]] = 140_000
+    result, run_dir = _tune(tmp_path / "some", trace.replace(prompt_tokens=prompts))
+    assert result.exit_code == 0, result.output
+    assert "2 request(s) need more than the model's context of 131,072 tokens" in result.output
+    summary = json.loads((run_dir / "vllm" / "summary.json").read_text())
+    assert summary["best"]["report"]["n_rejected"] == 2  # both arrive in the tuning part
+    result, run_dir = _tune(tmp_path / "all", make_trace(5, gap_s=0.1, prompt=140_000))
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "needs more than the model's 131,072-token context (prompt + output): no config can serve any" \
+        in result.output
+
+
+def test_a_study_where_every_config_was_pruned_says_why_in_one_line():
+    import optuna
+
+    from optimizer.cli.tune import _why_nothing_ran
+
+    study = optuna.create_study()
+    for reason in ("KV holds 100 tokens; the smallest request needs 500", "KV holds 100 tokens; the smallest "
+                   "request needs 500", "max_model_len=4096 rejects requests of up to 9000 tokens the KV holds"):
+        trial = study.ask()
+        trial.set_user_attr("pruned", reason)
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+    text = _why_nothing_ran(study)
+    assert text.startswith("; no config could serve this trace, the defaults included. Pruned: 2 trial(s): KV holds")
+    assert "1 trial(s): max_model_len=4096" in text and "\n" not in text
+    assert _why_nothing_ran(optuna.create_study()) == ""
