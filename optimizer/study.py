@@ -187,11 +187,17 @@ def load_for_worker(study_name: str, storage: str, *, trace: str | None = None, 
     if stored is None:
         raise StudyError(f"study {study_name!r} was not created by servetune tune; start it with tune first")
     spec = spec_from_dict(stored, storage=storage, trace=trace, batch_size=batch_size)
-    if spec.fingerprint() != study.user_attrs.get(FINGERPRINT_ATTR):
-        raise StudyError(f"the trace at {spec.trace} differs from the one study {study_name!r} was created with; "
-                         "pass --trace with the same file")
+    check_fingerprint(spec, study, "pass --trace with the same file")
     study.sampler = make_sampler(spec, seed)
     return spec, study
+
+
+def check_fingerprint(spec: StudySpec, study: optuna.Study, remedy: str) -> None:
+    """Refuse a study whose inputs (the trace's content first) changed since it was created:
+    its trials' figures belong to the old ones."""
+    if spec.fingerprint() != study.user_attrs.get(FINGERPRINT_ATTR):
+        raise StudyError(f"the trace at {spec.trace} (or another input) differs from the one study "
+                         f"{spec.study_name!r} was created with; {remedy}")
 
 
 @dataclass(frozen=True)

@@ -33,9 +33,12 @@ def report_command(
     """Regenerate the configs, plots, capacity review and summary of RUN_DIR from its study."""
     from optimizer.evaluate import Evaluator
     from optimizer.outputs import open_run, write_run_outputs
+    from optimizer.study import check_fingerprint
 
     try:
         spec, study = open_run(run_dir, storage)
+        # its figures are re-simulated: on the trace the study ran, never on a file changed since
+        check_fingerprint(spec, study, "restore that file, or tune the new one in another run folder")
         outputs = write_run_outputs(run_dir, study, spec, Evaluator(spec))
     except user_errors() as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -129,3 +129,16 @@ def test_sglang_bench_replay_uses_sglangs_own_client_and_compares(sglang_run_dir
     out = runner.invoke(app, ["compare", str(sglang_run_dir), str(path)], terminal_width=200)
     assert out.exit_code == 0, out.output
     assert "sglang:bench-result.json vs simulated sglang.yaml" in out.output
+
+
+def test_report_refuses_a_trace_changed_since_the_study_ran(tmp_path):
+    """`report` re-simulates: on a trace edited in place it would print figures of traffic the
+    study never saw beside the study's own (issue 50); it refuses, as `tune` does."""
+    run_dir = _study(tmp_path, "vllm")
+    trace = tmp_path / "trace.csv"
+    lines = trace.read_text().splitlines()
+    trace.write_text("\n".join(lines[:-5]) + "\n")  # the last requests gone
+    result = runner.invoke(app, ["report", str(run_dir)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "differs from the one study 'cli-test-vllm' was created with" in result.output
+    assert not (run_dir / "summary.json").exists()
