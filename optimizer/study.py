@@ -33,11 +33,12 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from optimizer import objective as objectives
 from optimizer.capacity import capacity_many
@@ -289,16 +290,30 @@ def reap(study: optuna.Study) -> int:
 
 
 def fail_dead_local_trials(study: optuna.Study) -> int:
-    """Fail RUNNING trials whose owner is a dead process on this host; return how many."""
+    """Fail RUNNING trials whose owner is a dead process on this host, and claimed trials
+    that never got an owner (``orphaned``); return how many."""
     host = socket.gethostname()
     failed = 0
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         owner = str(t.user_attrs.get(WORKER_ATTR, ""))
         owner_host, _, pid = owner.rpartition(":")
-        if owner_host == host and pid.isdigit() and not alive(int(pid)):
+        if (owner_host == host and pid.isdigit() and not alive(int(pid))) or orphaned(t):
             study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
             failed += 1
     return failed
+
+
+#: How long a claimed trial may stand without an owner: claiming an enqueued trial and
+#: stamping its owner are two consecutive writes (``optimizer.ownership``), so one left
+#: ownerless longer was claimed by a process killed between them.
+ORPHAN_GRACE_S = 30.0
+
+
+def orphaned(trial: FrozenTrial) -> bool:
+    """A RUNNING trial with no owner, claimed more than ``ORPHAN_GRACE_S`` ago."""
+    if trial.state != TrialState.RUNNING or WORKER_ATTR in trial.user_attrs or trial.datetime_start is None:
+        return False
+    return (datetime.now() - trial.datetime_start).total_seconds() > ORPHAN_GRACE_S
 
 
 def alive(pid: int) -> bool:
@@ -336,8 +351,8 @@ def run(study: optuna.Study, spec: StudySpec, evaluator, *, on_trial: Callable |
         counted = sum(t.state != TrialState.FAIL for t in trials)
         k = min(spec.batch_size, max(0, spec.trials - counted) + waiting)
         if k == 0:
-            elsewhere = any(t.state == TrialState.RUNNING and t.user_attrs.get(WORKER_ATTR) not in (None, me)
-                            for t in trials)
+            # another process's trials, or one claimed without an owner yet (failed once orphaned)
+            elsewhere = any(t.state == TrialState.RUNNING and t.user_attrs.get(WORKER_ATTR) != me for t in trials)
             stats.optuna_s += time.perf_counter() - t0
             if not elsewhere:
                 break

@@ -182,6 +182,58 @@ def test_baselines_left_running_by_a_killed_run_are_enqueued_again_and_run_once(
     assert len(finished(study)) == spec.trials
 
 
+# Claims the first enqueued trial of study ``argv[2]`` in journal ``argv[1]`` and dies before
+# stamping its owner: the kill between the two writes of a claim (issue 50).
+CLAIM_AND_DIE = """
+import os, sys, optuna
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
+from optuna.trial import TrialState
+storage = JournalStorage(JournalFileBackend(sys.argv[1]))  # not the owned storage: no stamp
+study = optuna.load_study(study_name=sys.argv[2], storage=storage)
+waiting = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.WAITING][0]
+storage.set_trial_state_values(waiting._trial_id, TrialState.RUNNING)
+os._exit(0)
+"""
+
+
+def test_a_baseline_claimed_by_a_run_killed_before_it_named_itself_is_run_again(trace_file, tmp_path, monkeypatch):
+    """The claim and the owner's stamp are two writes; a kill between them left the default's
+    trial RUNNING with no owner forever: the study ended a trial short with no baseline, and no
+    rerun repaired it. Now such an orphan is failed once its grace has passed (0 s here) and
+    its baseline enqueued again; the budget still counts exactly."""
+    monkeypatch.setattr("optimizer.study.ORPHAN_GRACE_S", 0.0)
+    spec = make_spec(trace_file, tmp_path)
+    study = create_or_resume(spec)
+    evaluator = Evaluator(spec, trace=make_trace(), cost_model=COST_MODEL, engine=FakeEngine(), scorer=fake_score)
+    enqueue_baselines(study, spec, evaluator.baselines())
+    subprocess.run([sys.executable, "-c", CLAIM_AND_DIE, str(spec.run_dir / JOURNAL), spec.study_name], check=True)
+    first = study.get_trials()[0]
+    assert first.state == TrialState.RUNNING and "worker" not in first.user_attrs
+    study, _, _ = tune(spec)
+    trials = study.get_trials()
+    assert trials[0].state == TrialState.FAIL
+    done = [t.user_attrs.get("baseline") for t in trials if t.state == TrialState.COMPLETE]
+    assert sorted(b for b in done if b) == ["sglang-default", "vllm-default"]
+    assert len(finished(study)) == spec.trials
+
+
+def test_an_ownerless_claim_within_its_grace_is_left_alone():
+    from datetime import datetime, timedelta
+
+    from optuna.trial import create_trial
+
+    from optimizer.study import ORPHAN_GRACE_S, orphaned
+
+    fresh = create_trial(state=TrialState.RUNNING)
+    assert not orphaned(fresh)  # just claimed: its owner's stamp may be the next write
+    old = create_trial(state=TrialState.RUNNING)
+    old.datetime_start = datetime.now() - timedelta(seconds=ORPHAN_GRACE_S + 1)
+    assert orphaned(old)
+    old.user_attrs["worker"] = "host:1"
+    assert not orphaned(old)  # owned: the pid check decides
+
+
 # -- 5. a worker killed while the others go on ---------------------------------------------------
 
 
