@@ -100,7 +100,8 @@ def redact(url: str) -> str:
 
 
 def open_storage(spec: StudySpec):
-    """The study's storage; raises StudyError naming the storage when it cannot be opened."""
+    """The study's storage; raises StudyError naming the storage when it cannot be opened.
+    A journal's half-written records are set aside first (``repair_journal``)."""
     url = storage_url(spec)
     if url is None or "://" not in url:
         path = Path(url) if url else Path(spec.run_dir) / JOURNAL
@@ -108,7 +109,9 @@ def open_storage(spec: StudySpec):
             path.parent.mkdir(parents=True, exist_ok=True)
             from optuna.storages.journal import JournalFileBackend
 
-            return OwnedJournalStorage(JournalFileBackend(str(path)))
+            backend = JournalFileBackend(str(path))
+            repair_journal(path)
+            return OwnedJournalStorage(backend)
         except OSError as exc:
             raise StudyError(f"cannot open journal storage {path}: {exc.strerror or exc}") from None
     kwargs: dict[str, Any] = {}
@@ -121,6 +124,68 @@ def open_storage(spec: StudySpec):
     except Exception as exc:  # sqlalchemy/driver errors vary by backend
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise StudyError(f"cannot reach storage {redact(url)}: {detail}") from None
+
+
+class StudyWarning(UserWarning):
+    """Something done to a study's storage that its user should know of (a repaired journal)."""
+
+
+#: How every record of Optuna's journal begins: where a record appended after a torn one starts.
+_RECORD_START = b'{"op_code"'
+
+
+def repair_journal(path: Path) -> str | None:
+    """Set aside what a torn write left in the journal at ``path`` and say so; None if whole.
+
+    A write cut short (a full disk, a kill mid-append) leaves a last record without its line
+    end; Optuna skips it when reading, but the next append would glue a whole record onto it,
+    and from then on the journal no longer reads. Under the journal's own lock (no writer is
+    mid-append), a torn tail is cut off, and a line that is a torn record with a whole one
+    glued on (a journal written before this repair existed) keeps the whole one. The file as
+    it was is kept beside it (``<journal>.torn-<time>``). Every complete record stays.
+    """
+    from optuna.storages.journal import JournalFileSymlinkLock
+
+    if not path.is_file() or path.stat().st_size == 0:
+        return None
+    lock = JournalFileSymlinkLock(str(path))
+    lock.acquire()
+    try:
+        data = path.read_bytes()
+        *lines, tail = data.split(b"\n")
+        kept, dropped = [], len(tail)
+        for line in lines:
+            record = _whole_record(line)
+            if record is None:
+                dropped += len(line) + 1  # with its line end
+            else:
+                dropped += len(line) - len(record)
+                kept.append(record)
+        if dropped == 0:
+            return None
+        aside = path.with_name(f"{path.name}.torn-{datetime.now():%Y%m%dT%H%M%S%f}-{os.getpid()}")
+        aside.write_bytes(data)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(b"".join(line + b"\n" for line in kept))
+        os.replace(tmp, path)
+    finally:
+        lock.release()
+    message = (f"{path}: {dropped} byte(s) of a half-written record (a full disk or a kill mid-write) set aside; "
+               f"every complete record is kept; the journal as it was is in {aside.name}")
+    warnings.warn(message, StudyWarning, stacklevel=2)
+    return message
+
+
+def _whole_record(line: bytes) -> bytes | None:
+    """``line`` if it is a whole record, else the whole record glued after a torn one, else None."""
+    glued = line.rfind(_RECORD_START)
+    for start in (0, glued) if glued > 0 else (0,):
+        try:
+            json.loads(line[start:])
+        except ValueError:
+            continue
+        return line[start:]
+    return None
 
 
 def make_sampler(spec: StudySpec, seed: int | None):

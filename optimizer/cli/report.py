@@ -31,12 +31,14 @@ def report_command(
                                                 "(default: the run folder's journal or SERVETUNE_STORAGE)")] = None,
 ) -> None:
     """Regenerate the configs, plots, capacity review and summary of RUN_DIR from its study."""
+    from optimizer.cli.trace import trace_warnings_as_lines
     from optimizer.evaluate import Evaluator
     from optimizer.outputs import open_run, write_run_outputs
     from optimizer.study import check_fingerprint
 
     try:
-        spec, study = open_run(run_dir, storage)
+        with trace_warnings_as_lines():
+            spec, study = open_run(run_dir, storage)
         # its figures are re-simulated: on the trace the study ran, never on a file changed since
         check_fingerprint(spec, study, "restore that file, or tune the new one in another run folder")
         outputs = write_run_outputs(run_dir, study, spec, Evaluator(spec))

@@ -69,15 +69,19 @@ ModelOpt = Annotated[list[str] | None, typer.Option("--model", help="BurstGPT: k
 
 @contextmanager
 def trace_warnings_as_lines() -> Iterator[None]:
-    """Inside, print every ``TraceWarning`` as it comes as one line, ``warning: ...``, on
-    stderr: its message already names the file, the rows and what was done, where Python's
-    own format would add the source line that raised it. Other warnings are left alone."""
+    """Inside, print every ``TraceWarning`` (and ``StudyWarning``: a repaired journal) as it
+    comes as one line, ``warning: ...``, on stderr: its message already names the file, the
+    rows and what was done, where Python's own format would add the source line that raised
+    it. Other warnings are left alone."""
+    from optimizer.study import StudyWarning
+
     with warnings.catch_warnings():
         warnings.simplefilter("always", TraceWarning)
+        warnings.simplefilter("always", StudyWarning)
         show_other = warnings.showwarning
 
         def show(message, category, filename, lineno, file=None, line=None):
-            if issubclass(category, TraceWarning):
+            if issubclass(category, TraceWarning | StudyWarning):
                 typer.echo(f"warning: {message}", err=True)
             else:
                 show_other(message, category, filename, lineno, file, line)

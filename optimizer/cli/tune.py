@@ -278,8 +278,9 @@ def worker_command(
         from optimizer.evaluate import Evaluator
         from optimizer.study import load_for_worker
 
-        spec, study = load_for_worker(study_name, storage, trace=str(trace) if trace else None,
-                                      batch_size=batch_size, seed=seed if seed is not None else os.getpid())
+        with trace_warnings_as_lines():
+            spec, study = load_for_worker(study_name, storage, trace=str(trace) if trace else None,
+                                          batch_size=batch_size, seed=seed if seed is not None else os.getpid())
         stats = _run(study, spec, Evaluator(spec), quiet, _counted(study))
         _print_summary(console, study, spec, stats)
     except USER_ERRORS as exc:

@@ -4,13 +4,17 @@ run left RUNNING, and a budget the survivors of a killed worker still reach."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from optuna.trial import TrialState
 from typer.testing import CliRunner
 
@@ -19,7 +23,14 @@ from optimizer.cli import app
 from optimizer.evaluate import Evaluator
 from optimizer.outputs import OUTPUTS, RunOutputs, open_run, staged_outputs, write_run_outputs
 from optimizer.spec import load_spec
-from optimizer.study import JOURNAL, MANIFEST, create_or_resume, enqueue_baselines, load_for_worker
+from optimizer.study import (
+    JOURNAL,
+    MANIFEST,
+    StudyWarning,
+    create_or_resume,
+    enqueue_baselines,
+    load_for_worker,
+)
 from tests.optimizer.test_study import COST_MODEL, finished, make_spec, tune
 from tests.optimizer.tuning_helpers import FakeEngine, fake_score, make_trace, write_csv_trace
 
@@ -232,6 +243,67 @@ def test_an_ownerless_claim_within_its_grace_is_left_alone():
     assert orphaned(old)
     old.user_attrs["worker"] = "host:1"
     assert not orphaned(old)  # owned: the pid check decides
+
+
+# -- a journal torn by a full disk or a kill mid-write (issue 50) ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def whole_journal(tmp_path_factory):
+    """A finished study's journal, written by a process that is gone."""
+    import socket
+
+    tmp = tmp_path_factory.mktemp("journal")
+    spec = make_spec(write_csv_trace(tmp / "tiny.csv"), tmp, trials=8)
+    tune(spec)
+    journal = spec.run_dir / JOURNAL
+    # the process that wrote it is gone (as after a kill): its trials name a dead owner
+    me = f"{socket.gethostname()}:{os.getpid()}".encode()
+    journal.write_bytes(journal.read_bytes().replace(me, f"{socket.gethostname()}:999999999".encode()))
+    return journal
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cut=st.floats(0.05, 0.999), glue=st.booleans())
+def test_a_journal_cut_mid_record_resumes_with_every_completed_trial(whole_journal, tmp_path_factory, cut, glue):
+    """Cut the journal at any byte (a torn last record), optionally with a whole record glued
+    on after it (what an append after a torn write left, before the repair); the rerun sets
+    the torn bytes aside, says so, keeps every trial completed before the cut and reaches
+    the budget."""
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    source = whole_journal
+    data = source.read_bytes()
+    at = int(len(data) * cut)
+    torn = data[:at]
+    if not torn.endswith(b"\n"):
+        lines = data.split(b"\n")
+        complete = b"\n".join(lines[: torn.count(b"\n")]) + (b"\n" if torn.count(b"\n") else b"")
+    else:
+        complete = torn
+    tmp = tmp_path_factory.mktemp("cut")
+    spec = make_spec(write_csv_trace(tmp / "tiny.csv"), tmp, trials=8)
+    spec.run_dir.mkdir(parents=True)
+    shutil.copy(source.parent / MANIFEST, spec.run_dir / MANIFEST)
+    journal = spec.run_dir / JOURNAL
+    journal.write_bytes(torn + (b'{"op_code":2,"worker_id":"x","study_id":0,"user_attr":{"glued":true}}\n'
+                                if glue and not torn.endswith(b"\n") else b""))
+    # what was complete before the cut, read by Optuna's own journal from the whole lines
+    (tmp / "complete.journal").write_bytes(complete)
+    before = optuna.load_study(study_name=spec.study_name,
+                               storage=JournalStorage(JournalFileBackend(str(tmp / "complete.journal"))))
+    done_before = {t.number: t.values for t in before.get_trials() if t.state == TrialState.COMPLETE}
+    torn_bytes = not torn.endswith(b"\n")
+    with pytest.warns(StudyWarning, match="half-written record") if torn_bytes else nullcontext():
+        study, _, _ = tune(spec)
+    after = {t.number: t.values for t in study.get_trials() if t.state == TrialState.COMPLETE}
+    if glue and torn_bytes:
+        assert study.user_attrs.get("glued") is True  # the whole record after the torn one is kept
+    assert all(after.get(n) == v for n, v in done_before.items())  # nothing completed is lost or changed
+    assert len(finished(study)) == spec.trials
+    assert any(p.name.startswith(f"{JOURNAL}.torn-") for p in spec.run_dir.iterdir()) == torn_bytes
 
 
 # -- 5. a worker killed while the others go on ---------------------------------------------------
