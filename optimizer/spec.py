@@ -32,6 +32,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from optimizer.drafter import DRAFTER_LABELS, Drafter, drafter_from_mapping, load_drafter
 from optimizer.failplan import FailurePlan
 from optimizer.space import Fleet, SearchSpace, build_space, tp_degrees
@@ -217,10 +219,11 @@ class StudySpec:
         set_(self, "failures", _failures(self.failures, self.search_space))
         if not self.study_name:
             name = default_study_name(self.trace, self.model, self.gpu)
+            # positional digits: a name takes no exponent's '+' (1e+06)
             if self.rate_scale is not None:
-                name += f"-x{self.rate_scale:g}"
+                name += f"-x{np.format_float_positional(self.rate_scale, trim='-')}"
             elif self.target_rps is not None:
-                name += f"-{self.target_rps:g}rps"
+                name += f"-{np.format_float_positional(self.target_rps, trim='-')}rps"
             set_(self, "study_name", name)
         if not isinstance(self.study_name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", self.study_name):
             raise SpecError(f"study name {self.study_name!r} may use letters, digits, '.', '_' and '-' only")

@@ -95,3 +95,17 @@ def test_spec_is_a_frozen_value(trace):
     assert isinstance(spec, StudySpec)
     with pytest.raises(AttributeError):
         spec.trials = 3
+
+
+def test_a_default_study_name_spells_large_and_small_rates_without_an_exponent():
+    """`--target-rps 1000000` built the name ...-1e+06rps, which the name rule refused (issue 50)."""
+    from optimizer.spec import load_spec
+    from studies.data import SAMPLE_TRACE
+
+    def name(**rate):
+        return load_spec(trace=SAMPLE_TRACE, model="meta-llama/Llama-3.1-8B", gpu="h100", slo="ttft:2000",
+                         **rate).study_name
+
+    assert name(target_rps=1_000_000.0).endswith("-1000000rps")
+    assert name(target_rps=1e-5).endswith("-0.00001rps")
+    assert name(rate_scale=0.3).endswith("-x0.3") and name(rate_scale=2.0).endswith("-x2")  # as before
