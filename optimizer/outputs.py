@@ -459,11 +459,18 @@ def write_run_outputs(run_dir, study, spec, evaluator) -> RunOutputs:
 
     The recommended figures are those of the exported file read back and simulated
     (``file_replay``); the run also scores that file and the baselines on the held-out end
-    of the trace and at +-20% of its rate (``generalisation``).
+    of the trace and at +-20% of its rate (``generalisation``). A folder that cannot be
+    written (read-only, a full disk) is an OutputError naming it; the previous outputs stay.
     """
     run_dir = Path(run_dir)
-    with staged_outputs(run_dir) as out:
-        outputs = _write_outputs(out, study, spec, evaluator)
+    try:
+        with staged_outputs(run_dir) as out:
+            outputs = _write_outputs(out, study, spec, evaluator)
+    except OSError as exc:
+        where = exc.filename or run_dir
+        raise OutputError(f"cannot write the outputs to {where}: {exc.strerror or exc}; the study's trials are "
+                          "kept and the previous outputs stay; free the disk or fix the folder's permissions, then "
+                          f"run `servetune report {run_dir}`") from None
     return RunOutputs({k: run_dir / path.relative_to(out) for k, path in outputs.files.items()}, outputs.summary)
 
 

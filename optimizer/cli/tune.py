@@ -136,6 +136,10 @@ def tune_command(
     except USER_ERRORS as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    except KeyboardInterrupt:  # outside the trial loop (which says what it kept): before or after it
+        typer.echo("interrupted: every finished trial is kept (outputs half written are discarded); rerun the "
+                   "same command to continue", err=True)
+        raise typer.Exit(130) from None
 
 
 #: Share of the trace window held out of tuning by default, scored after it.
@@ -257,8 +261,11 @@ def _why_nothing_ran(study) -> str:
     """Why no trial completed: the reasons trials were pruned for, most frequent first."""
     from collections import Counter
 
-    reasons = Counter(t.user_attrs["pruned"] for t in study.get_trials(deepcopy=False) if "pruned" in t.user_attrs)
-    if not reasons:
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    reasons = Counter(t.user_attrs["pruned"] for t in trials if "pruned" in t.user_attrs)
+    if not reasons or any(t.state == TrialState.COMPLETE for t in trials):
         return ""
     return ("; no config could serve this trace, the defaults included. Pruned: "
             + "; ".join(f"{n} trial(s): {reason}" for reason, n in reasons.most_common(3)))

@@ -169,7 +169,9 @@ def test_write_run_outputs_keeps_the_old_outputs_when_a_writer_fails(tmp_path, m
     written = write_run_outputs(run, None, None, None)
     assert written.files == {"vllm.yaml": run / "vllm.yaml", "summary.json": run / "summary.json"}
     monkeypatch.setattr(outputs, "_write_outputs", writer("new", fail=True))
-    with pytest.raises(OSError):
+    # one named error, never the OS error's traceback (a read-only folder, a full disk: issue 50)
+    with pytest.raises(outputs.OutputError, match=r"cannot write the outputs to .*run: disk full; the study's "
+                                                  r"trials are kept and the previous outputs stay"):
         write_run_outputs(run, None, None, None)
     assert _outputs(run) == {"vllm.yaml": "best: old\n", "summary.json": '{"best": "old"}'}
     assert len(list((run / OUTPUTS).glob("gen-*"))) == 1
@@ -320,3 +322,4 @@ def test_survivors_reach_the_budget_when_a_worker_dies_mid_study(trace_file, tmp
     assert len(finished(study)) == spec.trials == stats.told
     assert TrialState.RUNNING not in states and states.count(TrialState.FAIL) == 1
     assert time.perf_counter() - start < 30
+
