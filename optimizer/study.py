@@ -149,6 +149,11 @@ def repair_journal(path: Path) -> str | None:
     if not path.is_file() or path.stat().st_size == 0:
         return None
     lock = JournalFileSymlinkLock(str(path))
+    held = Path(f"{path}.lock")
+    if os.path.lexists(held):  # say why the next seconds may pass in silence
+        warnings.warn(f"{path} is locked ({held.name}): another process is writing it, or one was killed while "
+                      f"writing; a lock nobody renews is taken over after {lock.grace_period} s", StudyWarning,
+                      stacklevel=2)
     lock.acquire()
     try:
         data = path.read_bytes()

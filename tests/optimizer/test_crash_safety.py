@@ -323,3 +323,21 @@ def test_survivors_reach_the_budget_when_a_worker_dies_mid_study(trace_file, tmp
     assert TrialState.RUNNING not in states and states.count(TrialState.FAIL) == 1
     assert time.perf_counter() - start < 30
 
+
+
+def test_a_lock_left_by_a_kill_is_said_and_taken_over(tmp_path, monkeypatch):
+    """A journal lock a killed writer left made the next run sit about 30 s in silence (issue 50):
+    it is said at once, and taken over once stale (Optuna's grace, shortened here)."""
+    import optuna.storages.journal as journal
+
+    from optimizer.study import repair_journal
+
+    path = tmp_path / JOURNAL
+    path.write_bytes(b'{"op_code":2,"worker_id":"x","study_id":0,"user_attr":{"a":1}}\n')
+    os.symlink(path, f"{path}.lock")  # what a writer killed while appending leaves
+    real = journal.JournalFileSymlinkLock
+    monkeypatch.setattr(journal, "JournalFileSymlinkLock", lambda p: real(p, grace_period=1))
+    start = time.monotonic()
+    with pytest.warns(StudyWarning, match=r"study.journal is locked \(study.journal.lock\): .* taken over after 1 s"):
+        assert repair_journal(path) is None
+    assert time.monotonic() - start < 20 and not os.path.lexists(f"{path}.lock")
