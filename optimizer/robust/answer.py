@@ -27,7 +27,16 @@ from typing import Any
 
 import numpy as np
 
-from optimizer.robust.choice import NOISE, Gains, KnobChange, choose, gains_over, minimal, ratio
+from optimizer.robust.choice import (
+    NOISE,
+    Gains,
+    KnobChange,
+    choose,
+    gains_over,
+    geometric_mean,
+    minimal,
+    ratio,
+)
 from optimizer.robust.fleetsize import FleetSize, fleet_size
 from optimizer.robust.modelerror import ModelError, model_error, scaled_builder
 from optimizer.robust.variants import Variant, variants
@@ -154,7 +163,6 @@ class Condition:
     name: str
     evaluator: Any
     rate_scale: float = 1.0
-    fold: int | None = None  # the traffic fold (None: a cost-model corner)
 
 
 class Conditions:
@@ -170,7 +178,7 @@ class Conditions:
                                   evaluator.on(evaluator.trace, cost_model_for=scaled_builder(evaluator.cost_model_at,
                                                                                               p, d)))
                         for p, d in error.corners()]
-        self.all = [Condition(v.name, on[v.fold.index], v.rate_scale, v.fold.index) for v in chosen] + self.corners
+        self.all = [Condition(v.name, on[v.fold.index], v.rate_scale) for v in chosen] + self.corners
 
     def goodput(self, configs: Sequence, fleets: Sequence) -> np.ndarray:
         """configs x conditions."""
@@ -202,7 +210,7 @@ def robust_answer(spec, evaluator, candidates: Sequence[Candidate], defaults: Ma
     base = [spec.fleet] * len(names)
     base_rows = conditions.goodput(list(defaults.values()), base)
     reference_row = base_rows.max(axis=0)  # the better default under each condition
-    ref_name = names[int(np.argmax([_geomean(r) for r in base_rows]))]
+    ref_name = names[int(np.argmax([geometric_mean(r) for r in base_rows]))]
     ref_config = defaults[ref_name]
 
     rows = (conditions.goodput([c.config for c in candidates], [c.fleet for c in candidates]) if candidates
@@ -237,11 +245,6 @@ def robust_answer(spec, evaluator, candidates: Sequence[Candidate], defaults: Ma
     return Answer(keep, decision.reason, label, config, fleet, trial, ref_name, kept,
                   tuple((c.label, g) for c, g in zip(candidates, gains, strict=True)),
                   tuple(c.name for c in conditions.all), gain, goodput, error, sizing, noise)
-
-
-def _geomean(row: np.ndarray) -> float:
-    positive = row[row > 0]
-    return float(np.exp(np.mean(np.log(positive)))) if len(positive) == len(row) and len(row) else 0.0
 
 
 def _sizing(spec, evaluator, conditions: Conditions, error: ModelError, config, fleet,

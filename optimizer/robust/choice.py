@@ -41,6 +41,18 @@ def ratio(value: float, baseline: float) -> float:
     return math.inf if value > 0 else 1.0
 
 
+def geometric_mean(values) -> float:
+    """Of positive values; inf if one is, 0 if one is 0 (or less), nan if there are none."""
+    known = np.asarray(values, dtype=np.float64)
+    if len(known) == 0:
+        return math.nan
+    if np.isinf(known).any():
+        return math.inf
+    if (known <= 0).any():
+        return 0.0
+    return float(np.exp(np.mean(np.log(known))))
+
+
 @dataclass(frozen=True)
 class Gains:
     """One config's gain over the reference default on each variant (in ``variants`` order)."""
@@ -61,14 +73,7 @@ class Gains:
     def typical(self) -> float:
         """Geometric mean over the variants (inf if the default has no goodput somewhere the
         config has some; 0 if the config has none somewhere the default has some)."""
-        known = np.array([g for g in self.per_variant if not math.isnan(g)], dtype=np.float64)
-        if len(known) == 0:
-            return math.nan
-        if np.isinf(known).any():
-            return math.inf
-        if (known <= 0).any():
-            return 0.0
-        return float(np.exp(np.mean(np.log(known))))
+        return geometric_mean([g for g in self.per_variant if not math.isnan(g)])
 
     def holds(self, noise: float = NOISE) -> bool:
         """No variant below the default by more than ``noise``."""
