@@ -28,7 +28,6 @@ import json
 import math
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -36,14 +35,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import optuna  # noqa: E402
+from tuned import tune  # noqa: E402
 
-from optimizer.evaluate import Evaluator, split_holdout  # noqa: E402
+from optimizer.evaluate import split_holdout  # noqa: E402
 from optimizer.exports import read_engine_file  # noqa: E402
-from optimizer.objective import objective_for  # noqa: E402
-from optimizer.outputs import ratio, write_run_outputs  # noqa: E402
+from optimizer.outputs import ratio  # noqa: E402
 from optimizer.space import Fleet  # noqa: E402
-from optimizer.spec import StudySpec  # noqa: E402
-from optimizer.study import enqueue_baselines, make_sampler, run  # noqa: E402
 from policies.config import FLEET_KNOBS, PolicyConfig  # noqa: E402
 from policies.engines import target  # noqa: E402
 from studies.scenarios import SCENARIOS, build_trace, scenario_slos  # noqa: E402
@@ -51,7 +48,6 @@ from studies.slo import parse_slo  # noqa: E402
 from studies.traces import load_trace, write_trace  # noqa: E402
 from studies.transforms import scale_rate  # noqa: E402
 
-MODEL, GPU = "meta-llama/Llama-3.1-8B", "h100"
 SHARED = ROOT.parent / "shared" / "traces"
 TARGETS = ("vllm", "sglang", "servetune")
 HOLDOUT = 0.25
@@ -90,18 +86,9 @@ def studies() -> dict[str, dict[str, Any]]:
 def tune_target(name: str, engine: str, trace, slos, trials: int, seed: int) -> dict[str, Any]:
     """One target's study on ``trace`` (its first 75% tuned), the file ``tune`` writes for it, and the checks."""
     with tempfile.TemporaryDirectory() as tmp:
-        # as `servetune tune` does: each engine timed with its own profiled op tables
-        spec = StudySpec(trace=write_trace(trace, Path(tmp) / f"{name}.parquet"), model=MODEL, gpu=GPU, slos=slos,
-                         trials=trials, seed=seed, batch_size=2, engine=engine, holdout=HOLDOUT,
-                         framework=engine if engine != "servetune" else "vllm", study_name=name,
-                         run_dir=Path(tmp) / engine)
-        evaluator = Evaluator(spec)
-        study = optuna.create_study(directions=list(objective_for(spec).directions), sampler=make_sampler(spec, seed))
-        enqueue_baselines(study, spec, evaluator.baselines())
-        start = time.perf_counter()
-        run(study, spec, evaluator)
-        summary = write_run_outputs(spec.run_dir, study, spec, evaluator).summary
-        seconds = time.perf_counter() - start
+        tuned = tune(write_trace(trace, Path(tmp) / f"{name}.parquet"), name, engine, slos, trials=trials, seed=seed,
+                     holdout=HOLDOUT, run_dir=Path(tmp) / engine)
+        spec, evaluator, summary, seconds = tuned.spec, tuned.evaluator, tuned.summary, tuned.seconds
         file = summary["recommendation"]["file"]
         text = (spec.run_dir / file).read_text()  # the file as a user gets it: on disk, read back
     answer = summary["answer"]

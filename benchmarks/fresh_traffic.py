@@ -32,7 +32,6 @@ import json
 import math
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -40,22 +39,19 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import optuna  # noqa: E402
+from tuned import tune  # noqa: E402
 
 from optimizer.capacity import capacity  # noqa: E402
-from optimizer.evaluate import Evaluator, client_view  # noqa: E402
-from optimizer.objective import objective_for  # noqa: E402
-from optimizer.outputs import file_replay, recommend, trial_config, trial_fleet, write_run_outputs  # noqa: E402
+from optimizer.evaluate import client_view  # noqa: E402
+from optimizer.outputs import file_replay, recommend, trial_config, trial_fleet  # noqa: E402
 from optimizer.robust.choice import ratio  # noqa: E402
 from optimizer.robust.fleetsize import fleet_size  # noqa: E402
-from optimizer.spec import StudySpec  # noqa: E402
-from optimizer.study import enqueue_baselines, make_sampler, run  # noqa: E402
 from policies.config import PolicyConfig  # noqa: E402
 from studies.scenarios import build_trace, scenario_slos  # noqa: E402
 from studies.slo import parse_slo  # noqa: E402
 from studies.traces import load_trace, write_trace  # noqa: E402
 from studies.transforms import scale_rate, window  # noqa: E402
 
-MODEL, GPU = "meta-llama/Llama-3.1-8B", "h100"
 SHARED = ROOT.parent / "shared" / "traces"
 ENGINES = ("vllm", "sglang")
 LOADS = (0.8, 1.0, 1.2)
@@ -96,16 +92,9 @@ def windows(trace, count: int) -> list:
 
 def run_case(name: str, engine: str, tuned, fresh, slos, trials: int, seed: int, folder: Path) -> dict[str, Any]:
     """Tune ``engine`` on ``tuned`` as ``servetune tune`` does; score its outputs on ``fresh``."""
-    path = write_trace(tuned, folder / f"{name}.parquet")
-    spec = StudySpec(trace=path, model=MODEL, gpu=GPU, slos=slos, trials=trials, seed=seed, batch_size=2,
-                     engine=engine, holdout=0.25, framework=engine, study_name=name, run_dir=folder / name)
-    evaluator = Evaluator(spec)
-    study = optuna.create_study(directions=list(objective_for(spec).directions), sampler=make_sampler(spec, seed))
-    enqueue_baselines(study, spec, evaluator.baselines())
-    start = time.perf_counter()
-    run(study, spec, evaluator)
-    summary = write_run_outputs(spec.run_dir, study, spec, evaluator).summary
-    seconds = time.perf_counter() - start
+    run = tune(write_trace(tuned, folder / f"{name}.parquet"), name, engine, slos, trials=trials, seed=seed,
+               holdout=0.25, run_dir=folder / name)
+    spec, evaluator, study, summary, seconds = run.spec, run.evaluator, run.study, run.summary, run.seconds
     answer = summary["answer"]
     defaults = evaluator.baselines()
     reference = defaults[answer["reference_default"]]
