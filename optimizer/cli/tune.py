@@ -515,8 +515,9 @@ def _print_overview(console: Console, summaries: dict) -> None:
     table = Table(title="what to deploy (each figure: the exported file, read back and simulated; ranges over "
                         "traffic variants and the cost model's error)")
     for column in ("target", "file", "knobs changed", "GPUs (range)", "SLO attainment", "gain (range)",
-                   "held-out gain"):
-        table.add_column(column, justify="left" if column in ("target", "file", "knobs changed") else "right")
+                   "held-out gain", "cost model"):
+        table.add_column(column, justify="left" if column in ("target", "file", "knobs changed", "cost model")
+                         else "right")
     for name, s in rows:
         answer = s["answer"]
         knobs = ("defaults kept" if answer["keep_defaults"] else
@@ -529,8 +530,11 @@ def _print_overview(console: Console, summaries: dict) -> None:
         label = name + (" (what-if)" if s["recommendation"]["what_if"] else "")
         per = deploy["gpus_per_replica"]
         gpus_text = _range(gpus, "{:.0f}") + (f" = {deploy['replicas']} x {per}" if deploy["replicas"] else "")
+        error = answer["model_error"]
+        calibrated = (f"calibrated ({error['tier']}), +-{100 * error['ttft']:.0f}% TTFT" if error["calibrated"]
+                      else "uncalibrated")
         table.add_row(label, s["recommendation"]["file"], knobs, gpus_text,
-                      _pct(deploy.get("attainment")), _range(gain, "{:.2f}x"), held_text)
+                      _pct(deploy.get("attainment")), _range(gain, "{:.2f}x"), held_text, calibrated)
     console.print(table)
 
 
