@@ -52,14 +52,18 @@ def simulate_command(
     gpu: Annotated[str, typer.Option("--gpu", help="GPU type, e.g. h100")],
     trace_format: Annotated[str | None, typer.Option("--trace-format", help="trace format; guessed if unset")] = None,
     tp: Annotated[int, typer.Option("--tp", help="tensor-parallel degree")] = 1,
-    replicas: Annotated[int, typer.Option("--replicas", help="engine replicas behind the router")] = 1,
+    replicas: Annotated[int | None, typer.Option(
+        "--replicas", help="engine replicas behind the router (default: the engine file's data-parallel replicas, "
+                           "else 1)")] = None,
     router: Annotated[str | None, typer.Option("--router", help="the fleet's router (sets the config's router)")] = None,
     prefill_replicas: Annotated[int | None, typer.Option(
         "--prefill-replicas", help="replicas 0..P-1 prefill, the rest decode (0 = colocated)")] = None,
     fail: FailOption = None,
     mtbf: MtbfOption = None,
     repair: RepairOption = None,
-    framework: Annotated[str, typer.Option("--framework", help="vllm, sglang or trtllm profiles")] = "vllm",
+    framework: Annotated[str | None, typer.Option(
+        "--framework", help="vllm, sglang or trtllm profiles (default: the engine of --config / --preset, as tune "
+                            "times it; else vllm)")] = None,
     config: Annotated[Path | None, typer.Option(
         "--config", help="policy.toml, or an exported vllm.yaml / sglang.yaml (read as that engine runs it)")] = None,
     preset_name: Annotated[str | None, typer.Option("--preset", help=f"one of {', '.join(PRESETS)}")] = None,
@@ -116,9 +120,9 @@ def simulate_command(
         (Console(stderr=True) if output_format == "json" else Console()).print(f"timeline written to {timeline}")
 
 
-def _simulate(trace_path: Path, trace_format: str | None, model: str, gpu: str, tp: int, framework: str,
+def _simulate(trace_path: Path, trace_format: str | None, model: str, gpu: str, tp: int, framework: str | None,
               config_path: Path | None, preset_name: str | None, overrides: list[str], slo: str | None,
-              slo_file: Path | None, rate_scale: float, seed: int, output_format: str, replicas: int = 1,
+              slo_file: Path | None, rate_scale: float, seed: int, output_format: str, replicas: int | None = None,
               failures: FailurePlan | None = None, fleet_knobs: dict | None = None, max_tokens: int | None = None,
               predictor: str = "cap", calibration: Path | None = None, model_config: Path | None = None,
               dtype: str = "bf16", kv_dtype: str = "auto") -> dict:
@@ -138,8 +142,11 @@ def _simulate(trace_path: Path, trace_format: str | None, model: str, gpu: str, 
         raise ConfigError(f"--dtype takes {list(DTYPES)} and --kv-dtype {list(KV_DTYPES)}; got {dtype!r}, {kv_dtype!r}")
     kv = "bf16" if kv_dtype == "auto" else kv_dtype
     config_file = None if model_config is None else str(_existing(model_config, "--model-config", ConfigError))
-    ctx = engine_context(model, gpu, tp, framework, replicas, config_file, dtype, kv)
-    policy, config_source, layout = _policy(config_path, preset_name, ctx, overrides, fleet_knobs or {})
+    framework = _framework(framework, config_path, preset_name)
+    ctx = engine_context(model, gpu, tp, framework, replicas or 1, config_file, dtype, kv)
+    policy, config_source, layout, file_replicas = _policy(config_path, preset_name, ctx, overrides, fleet_knobs or {})
+    # the replicas an exported file deploys (tune writes the count its fleet sizing found)
+    replicas = replicas if replicas is not None else file_replicas or 1
     if layout.tp != tp:
         raise ConfigError(f"{config_source}: lays out {layout.tp} GPUs per instance, but --tp is {tp}; pass --tp "
                           f"{layout.tp}")
@@ -209,20 +216,21 @@ def _slos(slo: str | None, slo_file: Path | None) -> SLOSet:
 
 
 def _policy(config_path: Path | None, preset_name: str | None, ctx: EngineContext, overrides: list[str],
-            knobs: dict | None = None) -> tuple[PolicyConfig, str, ParallelLayout]:
+            knobs: dict | None = None) -> tuple[PolicyConfig, str, ParallelLayout, int | None]:
     """The base config (a file, else a preset, vllm-default by default) with ``--set`` and
-    the flags' ``knobs`` (``--router``, ``--prefill-replicas``) applied, and the instance
-    layout it runs on (an engine file's own; else plain TP of ``ctx.tp`` GPUs).
+    the flags' ``knobs`` (``--router``, ``--prefill-replicas``) applied, the instance layout
+    it runs on (an engine file's own; else plain TP of ``ctx.tp`` GPUs) and the replicas an
+    engine file deploys (None for a preset or a policy.toml).
 
     An engine file (``.yaml``) is read as its engine runs it (``optimizer.exports.read_engine_file``);
     which engine is told by its model key (vLLM ``model``, SGLang ``model-path``)."""
-    layout = ParallelLayout(ctx.tp)
+    layout, replicas = ParallelLayout(ctx.tp), None
     if config_path is not None and preset_name is not None:
         raise ConfigError("give --config or --preset, not both")
     if config_path is not None:
         path = _existing(config_path, "--config", ConfigError)
         if path.suffix in (".yaml", ".yml"):
-            (policy, layout), source = _engine_file(path, ctx), str(path)
+            (policy, layout, replicas), source = _engine_file(path, ctx), str(path)
         else:
             policy, source = _policy_file(path), str(path)
     else:
@@ -232,7 +240,7 @@ def _policy(config_path: Path | None, preset_name: str | None, ctx: EngineContex
     if changes:
         policy = policy.replace(**changes)
         source += " + " + ", ".join(f"{k}={v}" for k, v in changes.items())
-    return policy, source, layout
+    return policy, source, layout, replicas
 
 
 def _policy_file(path: Path) -> PolicyConfig:
@@ -254,26 +262,53 @@ def _policy_file(path: Path) -> PolicyConfig:
         raise ConfigError(f"{path}: {exc}") from None
 
 
-def _engine_file(path: Path, ctx: EngineContext) -> tuple[PolicyConfig, ParallelLayout]:
+def _framework(given: str | None, config_path: Path | None, preset_name: str | None) -> str:
+    """The op tables to time with: ``--framework`` if given, else the engine of the config
+    file or preset (an SGLang file is timed with SGLang's tables, as `tune` timed it), else
+    vLLM's. A ``--framework`` that contradicts the engine is taken, and said."""
+    engine = None
+    if config_path is not None and Path(config_path).suffix in (".yaml", ".yml") and Path(config_path).is_file():
+        engine = _yaml_engine(_yaml(Path(config_path)), Path(config_path))
+    elif preset_name is not None:
+        engine = next((e for e in ("vllm", "sglang") if preset_name.startswith(f"{e}-")), None)
+    if given is None:
+        return engine or "vllm"
+    if engine is not None and given != engine:
+        typer.echo(f"warning: --framework {given} times {config_path or preset_name} with {given}'s op tables; its "
+                   f"engine is {engine}, whose tables `tune` timed it with", err=True)
+    return given
+
+
+def _yaml(path: Path):
     import yaml
 
-    from optimizer.exports import ExportError, read_engine_file
-    from policies.engines import EngineError, target
-
     try:
-        data = yaml.safe_load(path.read_text())
+        return yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML ({exc})") from None
+
+
+def _yaml_engine(data, path: Path) -> str:
+    """Which engine a config file is for, told by its model key (vLLM ``model``, SGLang ``model-path``)."""
     keys = set(data) if isinstance(data, dict) else set()
     engine = "sglang" if "model-path" in keys else "vllm" if "model" in keys else None
     if engine is None:
         raise ConfigError(f"{path}: neither a vLLM (model: ...) nor an SGLang (model-path: ...) config file")
+    return engine
+
+
+def _engine_file(path: Path, ctx: EngineContext) -> tuple[PolicyConfig, ParallelLayout, int]:
+    from optimizer.exports import ExportError, read_engine_file
+    from policies.engines import EngineError, target
+
+    data = _yaml(path)
+    engine = _yaml_engine(data, path)
     try:
         deployment = target(engine).deployment_from_args(data, ctx)
         config = read_engine_file(target(engine), path.read_text(), ctx)
     except (ExportError, EngineError) as exc:
         raise ConfigError(f"{path}: {exc}") from None
-    return config, ParallelLayout(deployment.tp, deployment.moe_ep, deployment.attention_dp)
+    return config, ParallelLayout(deployment.tp, deployment.moe_ep, deployment.attention_dp), deployment.replicas
 
 
 def _parse_override(item: str) -> tuple[str, object]:

@@ -214,3 +214,22 @@ def test_slo_file_classes_with_default_from_flag(trace_file, tmp_path):
     clash.write_text("[slo.default]\nttft = 1\n")
     out = invoke("--trace", str(trace_file), "--slo-file", str(clash), "--slo", "ttft:2000")
     assert out.exit_code == 2 and "drop one" in out.stderr
+
+
+def test_an_engine_file_runs_on_its_engines_tables_and_replicas_as_tune_ran_it(trace_file, tmp_path):
+    """An SGLang file was timed with vLLM's op tables unless --framework was added, and an
+    exported file's replica count was ignored (issue 47): both now come from the file."""
+    sglang = tmp_path / "sglang.yaml"
+    sglang.write_text("model-path: meta-llama/Llama-3.1-8B\ntp-size: 1\ndp-size: 2\n")
+    out = invoke("--trace", str(trace_file), "--config", str(sglang), "--format", "json")
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.stdout)
+    assert data["framework"] == "sglang" and "sglang" in data["cost_model_source"] and data["replicas"] == 2
+    assert data["report"]["per_replica"] and len(data["report"]["per_replica"]) == 2
+    preset = json.loads(invoke("--trace", str(trace_file), "--preset", "sglang-default", "--format", "json").stdout)
+    assert preset["framework"] == "sglang" and preset["replicas"] == 1
+    forced = invoke("--trace", str(trace_file), "--config", str(sglang), "--framework", "vllm", "--replicas", "1",
+                    "--format", "json")
+    assert forced.exit_code == 0 and json.loads(forced.stdout)["framework"] == "vllm"
+    assert "warning: --framework vllm times" in forced.stderr and "its engine is sglang" in forced.stderr
+    assert json.loads(forced.stdout)["replicas"] == 1  # the flag wins over the file's count
