@@ -484,8 +484,8 @@ def _write_outputs(out: Path, study, spec, evaluator) -> RunOutputs:
                            as_file=lambda config, fleet: file_replay(spec, evaluator.target, config, fleet).config,
                            flag_of=lambda knob: flag_name(evaluator.target, knob), knobs=evaluator.target.knobs)
     best = answer.trial or found.get(answer.reference) or recommend(trials, spec, dirs)
-    note = f"servetune study {spec.study_name}, " + (f"trial {best.number}" if answer.trial is not None else
-                                                     f"{answer.reference} kept")
+    note = f"servetune study {spec.study_name}, trial {best.number}" + (
+        "" if answer.trial is not None else f" ({answer.reference} kept)")
     replay = file_replay(spec, evaluator.target, answer.config, answer.fleet)
     label = replay.name + (f" (trial {best.number})" if answer.trial is not None else " (defaults kept)")
     configs = {label: replay.config, **presets}
