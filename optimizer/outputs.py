@@ -874,6 +874,35 @@ def _finite(value: float) -> float | None:
 # -- reading a run folder back ------------------------------------------------------------------
 
 
+def target_folders(run_dir: str | Path) -> list[Path]:
+    """The run folders below a study folder (``runs/<study>/<target>``), or the folder itself
+    when it is one; empty when neither."""
+    from optimizer.study import MANIFEST
+
+    run_dir = Path(run_dir)
+    if (run_dir / MANIFEST).is_file():
+        return [run_dir]
+    return sorted(p.parent for p in run_dir.glob(f"*/{MANIFEST}")) if run_dir.is_dir() else []
+
+
+def target_folder(run_dir: str | Path, target: str | None) -> Path:
+    """The run folder of ``target`` in a study folder (or ``run_dir`` itself when it is a run
+    folder); OutputError naming the targets found when it is ambiguous or missing."""
+    run_dir = Path(run_dir)
+    found = target_folders(run_dir)
+    if found == [run_dir]:
+        return run_dir
+    names = [p.name for p in found]
+    if target is not None and target in names:
+        return run_dir / target
+    if target is None and len(found) == 1:
+        return found[0]
+    if not found:
+        return run_dir  # open_run names what is missing
+    raise OutputError(f"{run_dir} holds the studies of {names}; pass --backend NAME or one of "
+                      + ", ".join(str(p) for p in found))
+
+
 def open_run(run_dir: str | Path, storage: str | None = None):
     """(spec, study) of a run folder, from its ``study.json`` manifest and its storage.
 

@@ -23,7 +23,8 @@ def register(app: typer.Typer) -> None:
 
 
 def export_command(
-    run_dir: Annotated[Path, typer.Argument(help="run folder written by `servetune tune`")],
+    run_dir: Annotated[Path, typer.Argument(help="run folder written by `servetune tune` (or its study folder "
+                                                 "with --backend)")],
     backend: Annotated[str | None, typer.Option("--backend", help="vllm or sglang (default: the study's engine)")] = None,
     trial: Annotated[int | None, typer.Option("--trial", help="trial number (default: the file tune "
                                                                "recommended)")] = None,
@@ -58,11 +59,13 @@ def _export(run_dir: Path, backend: str | None, number: int | None, storage: str
         file_replay,
         find_trial,
         open_run,
+        target_folder,
         trial_config,
         trial_fleet,
     )
     from policies.engines import target
 
+    run_dir = target_folder(run_dir, backend)  # a study folder: the backend's target in it
     spec, study = open_run(run_dir, storage)
     engine = target(spec.engine)
     if backend is not None and backend != spec.engine:

@@ -26,11 +26,19 @@ def register(app: typer.Typer) -> None:
 
 
 def report_command(
-    run_dir: Annotated[Path, typer.Argument(help="run folder written by `servetune tune`")],
+    run_dir: Annotated[Path, typer.Argument(help="run folder written by `servetune tune` (a study folder: every "
+                                                 "target in it)")],
     storage: Annotated[str | None, typer.Option("--storage", help="study storage URL, when it is a database "
                                                 "(default: the run folder's journal or SERVETUNE_STORAGE)")] = None,
 ) -> None:
     """Regenerate the configs, plots, capacity review and summary of RUN_DIR from its study."""
+    from optimizer.outputs import target_folders
+
+    for folder in target_folders(run_dir) or [run_dir]:  # none: the one below names what is missing
+        _report(folder, storage)
+
+
+def _report(run_dir: Path, storage: str | None) -> None:
     from optimizer.cli.trace import trace_warnings_as_lines
     from optimizer.evaluate import Evaluator
     from optimizer.outputs import open_run, write_run_outputs
@@ -46,6 +54,7 @@ def report_command(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     best = outputs.summary["best"]
+    typer.echo(f"{run_dir}: " + outputs.summary["answer"]["lines"][0])
     typer.echo(f"best trial {best['trial']}: " + ", ".join(f"{k} {v:.4g}" for k, v in best["values"].items()
                                                           if isinstance(v, int | float)))
     for name, entry in outputs.summary["baselines"].items():

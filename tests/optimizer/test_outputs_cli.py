@@ -142,3 +142,23 @@ def test_report_refuses_a_trace_changed_since_the_study_ran(tmp_path):
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert "differs from the one study 'cli-test-vllm' was created with" in result.output
     assert not (run_dir / "summary.json").exists()
+
+
+def test_report_and_export_take_the_study_folder_as_compare_does(run_dir, tmp_path):
+    """`runs/<study>` (every target's folder inside) was refused as "not a servetune run folder"
+    (issue 47): report regenerates each target; export takes the one target, or --backend."""
+    import shutil
+
+    study = tmp_path / "study"
+    shutil.copytree(run_dir.parent, study, symlinks=True)
+    result = runner.invoke(app, ["report", str(study)])
+    assert result.exit_code == 0, result.output
+    assert f"{study / 'vllm'}: " in result.output and (study / "vllm" / "summary.json").is_file()
+    exported = runner.invoke(app, ["export", str(study)])
+    assert exported.exit_code == 0 and exported.stdout == (study / "vllm" / "vllm.yaml").read_text()
+    (study / "sglang").mkdir()
+    (study / "sglang" / "study.json").write_text((study / "vllm" / "study.json").read_text())
+    ambiguous = runner.invoke(app, ["export", str(study)])
+    assert ambiguous.exit_code == 2 and "holds the studies of ['sglang', 'vllm']; pass --backend NAME" in ambiguous.output
+    chosen = runner.invoke(app, ["export", str(study), "--backend", "vllm"])
+    assert chosen.exit_code == 0 and chosen.stdout == exported.stdout
