@@ -554,7 +554,7 @@ def _write_outputs(out: Path, study, spec, evaluator) -> RunOutputs:
     summary["generalisation"] = generalisation
     summary["answer"] = {**answer.to_dict(), "lines": answer_lines(answer, evaluator.target, spec, carried),
                          "deploy": {**deploy_fleet.to_dict(), "gpus": deploy_fleet.gpus,
-                                    "replicas_in_file": carried}}
+                                    "replicas_in_file": carried, "report": deployed}}
     summary["verdict"] = verdict(recommended, baselines, spec.capacity_target)
     if evaluator.target.what_if:
         summary["oracle_upper_bound"] = oracle_bound(spec, evaluator, {e.name: e.config for e in evaluated},

@@ -343,12 +343,20 @@ def _compile_if_cold(console: Console, *, fleet: bool, speculative: bool) -> Non
     kernels += [fleet_sim.fleet_kernel] if fleet else []
     if not any(_cold(k) for k in kernels):
         return
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
     console.print(f"compiling the simulator kernels (first run of this version on this machine; usually "
                   f"{COLD_COMPILE[fleet]} on 2 cores; cached afterwards)")
     start = time.perf_counter()
-    engine.warmup(speculative)
-    if fleet:
-        fleet_sim.warmup(speculative)
+    steps = [("the single-replica engine", engine.warmup)] + ([("the fleet kernel (GPUs are sized by fleet runs)",
+                                                                 fleet_sim.warmup)] if fleet else [])
+    # the compile blocks this thread; rich redraws the spinner and the clock from its own
+    with Progress(SpinnerColumn(), TextColumn("compiling {task.description}"), TimeElapsedColumn(),
+                  console=console, transient=True) as progress:
+        for what, warmup in steps:
+            task = progress.add_task(what, total=None)
+            warmup(speculative)
+            progress.remove_task(task)
     console.print(f"kernels compiled in {time.perf_counter() - start:.0f} s")
 
 

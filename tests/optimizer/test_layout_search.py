@@ -198,7 +198,7 @@ def test_simulate_runs_a_layout_file_on_its_layout_with_its_groups_in_lockstep(t
     ctx = engine_context(MOE, "h100", 8, "sglang")
     path = tmp_path / "sglang.yaml"
     path.write_text(f"model-path: {MOE}\ntp-size: 8\nattn-dp-size: 4\nep-size: 8\n")
-    config, layout = _engine_file(path, ctx)
+    config, layout, _ = _engine_file(path, ctx)
     assert layout == ParallelLayout(8, 8, 4)
     trace_file = write_csv_trace(tmp_path / "t.csv", make_trace(40, gap_s=0.02, prompt=600, output=30))
     run = _simulate(trace_file, None, MOE, "h100", 8, "sglang", path, None, [], None, None, 1.0, 0, "json")
@@ -209,7 +209,7 @@ def test_simulate_runs_a_layout_file_on_its_layout_with_its_groups_in_lockstep(t
     with pytest.raises(ConfigError, match="lays out 8 GPUs per instance, but --tp is 4; pass --tp 8"):
         _simulate(trace_file, None, MOE, "h100", 4, "sglang", path, None, [], None, None, 1.0, 0, "json")
     path.write_text(f"model-path: {MOE}\ntp-size: 8\n")
-    plain, layout = _engine_file(path, ctx)  # the same file without attention DP: read as it runs
+    plain, layout, _ = _engine_file(path, ctx)  # the same file without attention DP: read as it runs
     assert layout == ParallelLayout(8) and plain.max_num_batched_tokens == target("sglang").defaults(ctx).max_num_batched_tokens
 
 

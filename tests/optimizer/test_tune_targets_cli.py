@@ -96,10 +96,19 @@ def test_simulating_the_exported_file_gives_the_figures_tune_stated(tmp_path):
                                      "--engine", "sglang", "--holdout", "0", "--run-dir", str(runs), "-q"])
     assert tuned.exit_code == 0, tuned.output
     summary = json.loads((runs / "sglang" / "summary.json").read_text())
-    # an SGLang study is timed with SGLang's op tables: so is the replay
-    replayed = CliRunner().invoke(app, ["simulate", "--trace", str(trace), *common, "--framework", "sglang",
+    # an SGLang file is timed with SGLang's op tables, as its study was, and runs the replicas it
+    # deploys: no flag needed to get the figures its header states
+    replayed = CliRunner().invoke(app, ["simulate", "--trace", str(trace), *common,
                                         "--config", str(runs / "sglang" / "sglang.yaml"), "--format", "json"])
     assert replayed.exit_code == 0, replayed.output
-    report = json.loads(replayed.stdout)["report"]
+    run = json.loads(replayed.stdout)
+    deployed = summary["answer"]["deploy"]
+    assert run["framework"] == "sglang" and run["replicas"] == deployed["replicas"]
+    assert run["report"]["weighted_goodput"] == deployed["report"]["weighted_goodput"]
+    assert run["report"]["p99_ttft_ms"] == deployed["report"]["p99_ttft_ms"]
+    # on the study's own fleet (one replica) it is the figure the gain is stated with
+    one = CliRunner().invoke(app, ["simulate", "--trace", str(trace), *common, "--replicas", "1",
+                                   "--config", str(runs / "sglang" / "sglang.yaml"), "--format", "json"])
+    report = json.loads(one.stdout)["report"]
     assert report["weighted_goodput"] == summary["best"]["report"]["weighted_goodput"]
     assert report["p99_ttft_ms"] == summary["best"]["report"]["p99_ttft_ms"]
