@@ -412,6 +412,7 @@ def run(study: optuna.Study, spec: StudySpec, evaluator, *, on_trial: Callable |
     limits = study_bounds(study, spec, evaluator)
     baselines = evaluator.baselines()
     me = worker_id()
+    waited = False
     while not (stop and stop()):
         t0 = time.perf_counter()
         if reap(study):
@@ -422,10 +423,17 @@ def run(study: optuna.Study, spec: StudySpec, evaluator, *, on_trial: Callable |
         k = min(spec.batch_size, max(0, spec.trials - counted) + waiting)
         if k == 0:
             # another process's trials, or one claimed without an owner yet (failed once orphaned)
-            elsewhere = any(t.state == TrialState.RUNNING and t.user_attrs.get(WORKER_ATTR) != me for t in trials)
+            elsewhere = [t for t in trials if t.state == TrialState.RUNNING and t.user_attrs.get(WORKER_ATTR) != me]
             stats.optuna_s += time.perf_counter() - t0
             if not elsewhere:
                 break
+            if not waited:  # said once: the budget is spent here, the rest is other processes' trials
+                waited = True
+                owners = sorted({str(t.user_attrs.get(WORKER_ATTR, "no owner yet")) for t in elsewhere})
+                warnings.warn(f"waiting for {len(elsewhere)} trial(s) other processes are running ({', '.join(owners)}):"
+                              " a dead owner's are failed and asked again here (a local pid at once, a remote worker "
+                              f"once its heartbeat is {3 * HEARTBEAT_S:g} s stale, an unclaimed one after "
+                              f"{ORPHAN_GRACE_S:g} s)", StudyWarning, stacklevel=2)
             time.sleep(POLL_S)  # their owner may die: its trials are then failed and asked again
             continue
         batch = _ask(study, spec, baselines, k)

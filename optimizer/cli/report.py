@@ -53,6 +53,9 @@ def _report(run_dir: Path, storage: str | None) -> None:
     except user_errors() as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        typer.echo(f"interrupted: {run_dir}'s previous outputs are kept whole (nothing half written stays)", err=True)
+        raise typer.Exit(130) from None
     best = outputs.summary["best"]
     typer.echo(f"{run_dir}: " + outputs.summary["answer"]["lines"][0])
     typer.echo(f"best trial {best['trial']}: " + ", ".join(f"{k} {v:.4g}" for k, v in best["values"].items()

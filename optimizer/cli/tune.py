@@ -288,11 +288,14 @@ def worker_command(
         with trace_warnings_as_lines():
             spec, study = load_for_worker(study_name, storage, trace=str(trace) if trace else None,
                                           batch_size=batch_size, seed=seed if seed is not None else os.getpid())
-        stats = _run(study, spec, Evaluator(spec), quiet, _counted(study))
+            stats = _run(study, spec, Evaluator(spec), quiet, _counted(study))
         _print_summary(console, study, spec, stats)
     except USER_ERRORS as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    except KeyboardInterrupt:  # before or after the trial loop, which says what it kept itself
+        typer.echo("interrupted: every finished trial is kept in the study", err=True)
+        raise typer.Exit(130) from None
 
 
 def warmup_command() -> None:

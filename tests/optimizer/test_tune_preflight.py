@@ -88,3 +88,17 @@ def test_a_study_where_every_config_was_pruned_says_why_in_one_line():
     assert text.startswith("; no config could serve this trace, the defaults included. Pruned: 2 trial(s): KV holds")
     assert "1 trial(s): max_model_len=4096" in text and "\n" not in text
     assert _why_nothing_ran(optuna.create_study()) == ""
+
+
+def test_an_interrupt_while_the_outputs_are_written_says_what_is_kept(tmp_path, monkeypatch):
+    """SIGINT outside the trial loop ended with no message (issue 50): now one line, exit 130."""
+    from tests.optimizer.tuning_helpers import make_trace
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("optimizer.outputs.write_run_outputs", interrupted)
+    result, run_dir = _tune(tmp_path, make_trace(60, gap_s=0.1, prompt=500, output=50))
+    assert result.exit_code == 130 and "Traceback" not in result.output
+    assert "interrupted: every finished trial is kept" in result.output
+    assert (run_dir / "vllm" / "study.journal").is_file()
