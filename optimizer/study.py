@@ -498,6 +498,11 @@ def _ask(study, spec, baselines, k) -> list[tuple[Any, Any, Any]]:
             study.tell(trial, state=TrialState.FAIL)
             break
         name = trial.user_attrs.get("baseline")
+        if name in baselines and _duplicate_baseline(study, trial.number, name):
+            # two processes started on one study each enqueued the defaults: run them once
+            trial.set_user_attr("duplicate_baseline", True)
+            study.tell(trial, state=TrialState.FAIL)
+            continue
         if name in baselines:
             config, fleet = baselines[name], spec.fleet
             spec.search_space.record(trial, config, fleet)
@@ -505,6 +510,12 @@ def _ask(study, spec, baselines, k) -> list[tuple[Any, Any, Any]]:
             config, fleet = spec.search_space.suggest(trial), spec.search_space.suggest_fleet(trial)
         batch.append((trial, config, fleet))
     return batch
+
+
+def _duplicate_baseline(study, number: int, name: str) -> bool:
+    """Whether an earlier trial of baseline ``name`` ran, runs or waits (not failed)."""
+    return any(t.number < number and t.user_attrs.get("baseline") == name and t.state != TrialState.FAIL
+               for t in study.get_trials(deepcopy=False))
 
 
 def _evaluate_and_tell(study, spec, evaluator, batch, limits, stats: RunStats, on_trial) -> None:

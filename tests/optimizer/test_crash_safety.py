@@ -342,3 +342,21 @@ def test_a_lock_left_by_a_kill_is_said_and_taken_over(tmp_path, monkeypatch):
     with pytest.warns(StudyWarning, match=r"study.journal is locked \(study.journal.lock\): .* taken over after 1 s"):
         assert repair_journal(path) is None
     assert time.monotonic() - start < 20 and not os.path.lexists(f"{path}.lock")
+
+
+def test_defaults_enqueued_twice_by_two_processes_run_once(trace_file, tmp_path):
+    """Two `tune` processes started together on one folder each enqueued the defaults, and
+    vLLM's default ran twice (issue 50): the later copy is dropped unrun, outside the budget."""
+    spec = make_spec(trace_file, tmp_path)
+    study = create_or_resume(spec)
+    evaluator = Evaluator(spec, trace=make_trace(), cost_model=COST_MODEL, engine=FakeEngine(), scorer=fake_score)
+    enqueue_baselines(study, spec, evaluator.baselines())
+    for name, config in evaluator.baselines().items():  # the other process's enqueue, before it saw ours
+        study.enqueue_trial(spec.search_space.params_for(config, spec.fleet), user_attrs={"baseline": name},
+                            skip_if_exists=False)
+    study, _, _ = tune(spec)
+    done = [t.user_attrs.get("baseline") for t in study.get_trials() if t.state == TrialState.COMPLETE]
+    assert sorted(b for b in done if b) == ["sglang-default", "vllm-default"]
+    dropped = [t for t in study.get_trials() if t.user_attrs.get("duplicate_baseline")]
+    assert len(dropped) == 2 and all(t.state == TrialState.FAIL for t in dropped)
+    assert len(finished(study)) == spec.trials
