@@ -313,8 +313,8 @@ def warmup_command() -> None:
 
 #: A cold compile of the kernels a study runs on a 2-core machine: the single-replica engine
 #: only (73 s in benchmarks/first_run.py on a quiet machine, without the speculative planner;
-#: about twice that on a busy one or with a drafter) / with the fleet's (6-10 min measured
-#: before the engine's compile was halved, so an upper bound).
+#: about twice that on a busy one or with a drafter) / with the fleet's, which every study
+#: writing outputs runs to size the GPUs (252 s in benchmarks/first_run.py).
 COLD_COMPILE = {False: "1-3 min", True: "3-10 min"}
 
 
