@@ -23,6 +23,7 @@ error) were fixed before this script was first run; the fresh windows are never 
     python benchmarks/fresh_traffic.py [--trials 40] [--splits 4] [--only azure-conv-x3,code-like-x4]
     python benchmarks/fresh_traffic.py --summarize benchmarks/results/fresh_traffic.json
     python benchmarks/fresh_traffic.py --rewrite   # fresh_traffic.md again from fresh_traffic.json
+    python benchmarks/fresh_traffic.py --fresh-offset 2   # scored two windows on: another unseen set
 """
 
 from __future__ import annotations
@@ -225,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=40)
     parser.add_argument("--splits", type=int, default=4)
+    parser.add_argument("--fresh-offset", type=int, default=1,
+                        help="score on window k + OFFSET (mod splits): another set of unseen windows")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", help="comma-separated workload names")
     parser.add_argument("--engines", default=",".join(ENGINES))
@@ -237,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown(results) + "\n" + report(figures(results)))
         return 0
     if args.rewrite:
-        write_tables(json.loads((args.out / "fresh_traffic.json").read_text()), args)
+        write_tables(json.loads((args.out / f"{_stem(args)}.json").read_text()), args)
         return 0
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     chosen = workloads()
@@ -252,8 +255,9 @@ def main(argv: list[str] | None = None) -> int:
             parts = windows(workload["load"](), args.splits)
             results[name] = {}
             for k in range(args.splits):
-                tuned, fresh = parts[k], parts[(k + 1) % args.splits]
-                split = f"tune {k + 1}, fresh {(k + 1) % args.splits + 1} of {args.splits}"
+                later = (k + args.fresh_offset) % args.splits
+                tuned, fresh = parts[k], parts[later]
+                split = f"tune {k + 1}, fresh {later + 1} of {args.splits}"
                 results[name][split] = {}
                 for engine in args.engines.split(","):
                     r = run_case(f"{name}-{k}-{engine}", engine, tuned, fresh, workload["slo"], args.trials,
@@ -261,18 +265,25 @@ def main(argv: list[str] | None = None) -> int:
                     results[name][split][engine] = r
                     print(markdown({name: {split: {engine: r}}}).splitlines()[-1], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "fresh_traffic.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    (args.out / f"{_stem(args)}.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
     print("\n" + write_tables(results, args))
     return 0
+
+
+def _stem(args) -> str:
+    """fresh_traffic, or fresh_traffic-offset2 for another set of fresh windows."""
+    return "fresh_traffic" if args.fresh_offset == 1 else f"fresh_traffic-offset{args.fresh_offset}"
 
 
 def write_tables(results: dict[str, dict[str, Any]], args) -> str:
     """``fresh_traffic.md`` from the results; returns the figures' text."""
     text = report(figures(results))
-    (args.out / "fresh_traffic.md").write_text(
+    flag = "" if args.fresh_offset == 1 else f" --fresh-offset {args.fresh_offset}"
+    (args.out / f"{_stem(args)}.md").write_text(
         f"# Fresh traffic ({args.trials} trials per target, {args.splits} splits, seed {args.seed})\n\n"
-        "Command: `python benchmarks/fresh_traffic.py`. Tuned on one time window of each trace, scored on the next "
-        "(never seen by the study); before = the search's in-sample best with GPUs scaled from one replica.\n\n"
+        f"Command: `python benchmarks/fresh_traffic.py{flag}`. Tuned on one time window of each trace, scored on "
+        f"the window {args.fresh_offset} after it (never seen by the study); before = the search's in-sample best "
+        "with GPUs scaled from one replica.\n\n"
         + markdown(results) + "\n```\n" + text + "```\n")
     return text
 
