@@ -49,6 +49,7 @@ def answer_lines(answer: Answer, target, spec, carried: bool) -> list[str]:
     else:
         spread = sizing.replicas
         how = ("" if deploy.replicas == 1 else
+               " (router.yaml routes across them)" if target.what_if else
                " (this file carries the count)" if carried else
                f" (run {deploy.replicas} instances of this file behind a load balancer: {target.display} does not "
                "take this layout as replicas of one server)")
