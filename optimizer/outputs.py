@@ -519,7 +519,8 @@ def _write_outputs(out: Path, study, spec, evaluator) -> RunOutputs:
                 evaluator.reports([replay.config], fleets=[deploy_fleet])[0].to_dict())
     expected = {k: deployed[k] for k in ("request_goodput", "slo_attainment", "p99_ttft_ms", "p99_tpot_ms")
                 if deployed.get(k) is not None}
-    header = "\n".join([note, *answer_lines(answer, evaluator.target, spec, carried)])
+    lines = answer_lines(answer, evaluator.target, spec, carried)  # the header, review and summary say the same
+    header = "\n".join([note, *lines])
     files.update(write_exports(out, evaluator.target, replay.config, deployment_of(spec, deploy_fleet), spec.context,
                                note=header, expected=expected))
     if not evaluator.target.what_if:
@@ -543,7 +544,7 @@ def _write_outputs(out: Path, study, spec, evaluator) -> RunOutputs:
                      residual(evaluator.cost_model)),
         fleet_front=fleet_front(trials),
         failures=None if spec.failures is None else spec.failures.describe(),
-        answer=answer_lines(answer, evaluator.target, spec, carried),
+        answer=lines,
     )
     files["capacity-review.md"], files["capacity-review.html"] = write_review(out, review)
 
@@ -552,7 +553,7 @@ def _write_outputs(out: Path, study, spec, evaluator) -> RunOutputs:
                                  "what_if": evaluator.target.what_if, "file": replay.name,
                                  "figures_are": "the exported file, read back and simulated"}
     summary["generalisation"] = generalisation
-    summary["answer"] = {**answer.to_dict(), "lines": answer_lines(answer, evaluator.target, spec, carried),
+    summary["answer"] = {**answer.to_dict(), "lines": lines,
                          "deploy": {**deploy_fleet.to_dict(), "gpus": deploy_fleet.gpus,
                                     "replicas_in_file": carried, "report": deployed}}
     summary["verdict"] = verdict(recommended, baselines, spec.capacity_target)
