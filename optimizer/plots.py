@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import optuna
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 FORMATS = ("png", "svg")
 _BASELINE_MARKERS = ("*", "P", "X", "D")
@@ -138,8 +139,11 @@ def gpus_figure(curves: Mapping[str, Sequence[tuple[int, float, float]]], target
     for name, points in curves.items():
         pts = sorted(points)
         series[name] = ([n * gpus_per_replica for n, _, _ in pts], [a for _, a, _ in pts], [g for _, _, g in pts])
-    return _attainment_and_goodput(series, target, "GPUs (simulated fleet, engine's router)", "GPUs at the trace rate",
-                                   marker_size=4)
+    fig = _attainment_and_goodput(series, target, "GPUs (simulated fleet, engine's router)", "GPUs at the trace rate",
+                                  marker_size=4)
+    for ax in fig.axes:  # whole GPUs only
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    return fig
 
 
 def _attainment_and_goodput(series: Mapping[str, tuple], target: float, xlabel: str, against: str, *,

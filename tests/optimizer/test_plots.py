@@ -70,6 +70,7 @@ def test_gpus_figure_puts_each_fleet_run_at_its_gpu_count():
     assert _legend(ax_att) == ["vllm.yaml", "vllm-default", "target 90%"]
     assert list(ax_att.lines[0].get_xdata()) == [2, 4]  # replicas x TP 2, sorted
     assert list(ax_good.lines[0].get_ydata()) == [2.5, 4.0]
+    assert all(float(x).is_integer() for x in ax_att.get_xticks())  # whole GPUs, no 1.5
 
 
 def test_latency_cdfs_end_at_one_and_show_slo_bounds():
