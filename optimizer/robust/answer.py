@@ -33,7 +33,6 @@ from optimizer.robust.choice import (
     KnobChange,
     choose,
     gains_over,
-    geometric_mean,
     minimal,
     ratio,
 )
@@ -210,7 +209,10 @@ def robust_answer(spec, evaluator, candidates: Sequence[Candidate], defaults: Ma
     base = [spec.fleet] * len(names)
     base_rows = conditions.goodput(list(defaults.values()), base)
     reference_row = base_rows.max(axis=0)  # the better default under each condition
-    ref_name = names[int(np.argmax([geometric_mean(r) for r in base_rows]))]
+    # of several defaults (the what-if target's), the one kept is chosen as a candidate is:
+    # the best worst case against the better default, then the best typical one
+    held = gains_over(base_rows, reference_row)
+    ref_name = names[max(range(len(names)), key=lambda i: (held[i].worst, held[i].typical, -i))]
     ref_config = defaults[ref_name]
 
     rows = (conditions.goodput([c.config for c in candidates], [c.fleet for c in candidates]) if candidates
