@@ -162,3 +162,17 @@ def test_report_and_export_take_the_study_folder_as_compare_does(run_dir, tmp_pa
     assert ambiguous.exit_code == 2 and "holds the studies of ['sglang', 'vllm']; pass --backend NAME" in ambiguous.output
     chosen = runner.invoke(app, ["export", str(study), "--backend", "vllm"])
     assert chosen.exit_code == 0 and chosen.stdout == exported.stdout
+
+
+def test_the_journal_opens_with_optunas_own_storage_as_optuna_dashboard_opens_it(run_dir):
+    """docs/guide.md points `optuna-dashboard` at a run folder's journal: it reads it through
+    Optuna's plain JournalStorage (no servetune code), so every trial must be there."""
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    storage = JournalStorage(JournalFileBackend(str(run_dir / "study.journal")))
+    (summary,) = optuna.get_all_study_summaries(storage)
+    study = optuna.load_study(study_name=summary.study_name, storage=storage)
+    assert summary.study_name == "cli-test-vllm" and len(study.trials) >= 8
+    assert study.best_trial.values is not None
