@@ -47,11 +47,12 @@ from optimizer.evaluate import client_view  # noqa: E402
 from optimizer.outputs import file_replay, recommend, trial_config, trial_fleet  # noqa: E402
 from optimizer.robust.choice import ratio  # noqa: E402
 from optimizer.robust.fleetsize import fleet_size  # noqa: E402
+from optimizer.robust.variants import folds  # noqa: E402
 from policies.config import PolicyConfig  # noqa: E402
 from studies.scenarios import build_trace, scenario_slos  # noqa: E402
 from studies.slo import parse_slo  # noqa: E402
 from studies.traces import load_trace, write_trace  # noqa: E402
-from studies.transforms import scale_rate, window  # noqa: E402
+from studies.transforms import scale_rate  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "traces"
 ENGINES = ("vllm", "sglang")
@@ -82,13 +83,6 @@ def workloads() -> dict[str, dict[str, Any]]:
     out["code-like-x4"] = {"load": lambda: build_trace("code-like-x4", CODE_LIKE),
                            "slo": scenario_slos("code-like-x4", CODE_LIKE)}
     return out
-
-
-def windows(trace, count: int) -> list:
-    """``trace`` cut into ``count`` equal time windows, each rebased to start at 0."""
-    t0, t1 = float(trace.arrival_s[0]), float(trace.arrival_s[-1])
-    edges = [t0 + (t1 - t0) * i / count for i in range(count)] + [None]
-    return [window(trace, edges[i], edges[i + 1], rebase=True) for i in range(count)]
 
 
 def run_case(name: str, engine: str, tuned, fresh, slos, trials: int, seed: int, folder: Path) -> dict[str, Any]:
@@ -252,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, workload in chosen.items():
-            parts = windows(workload["load"](), args.splits)
+            # the tune's own fold cut: equal time windows, each rebased to 0
+            parts = [f.trace for f in folds(workload["load"](), args.splits, min_requests=0)]
             results[name] = {}
             for k in range(args.splits):
                 later = (k + args.fresh_offset) % args.splits

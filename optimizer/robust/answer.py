@@ -67,9 +67,6 @@ class Range:
         known = [v for v in (point, *spread) if not math.isnan(v)]
         return cls(point, min(known, default=math.nan), max(known, default=math.nan))
 
-    def contains(self, value: float, slack: float = 0.0) -> bool:
-        return self.low * (1 - slack) <= value <= self.high * (1 + slack)
-
     def to_dict(self) -> dict[str, float]:
         return {"point": self.point, "low": self.low, "high": self.high}
 
