@@ -107,6 +107,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob("schedule_mode", str, choices=SCHEDULE_MODES,
          help="decode_first: running requests first, then waiting (vLLM V1); "
               "prefill_first: a prefill batch runs alone when there is one (SGLang)"),
+    Knob("async_scheduling", bool,
+         help="form each step while the one before it runs (vLLM async scheduling): a request arriving "
+              "during a step first runs two steps later, and a finished request frees its seat and KV one "
+              "step late"),
     Knob("max_prefill_tokens", int, 1, 1 << 22,
          help="prefill_first: most prompt tokens one prefill batch takes"),
     Knob("step_time_cap_ms", float, 0.0, 1e6, help="longest step the scheduler forms, in ms (0 = off)"),
@@ -220,6 +224,7 @@ class PolicyConfig:
     block_size: int = 16
     scheduling_policy: str = "fcfs"
     schedule_mode: str = "decode_first"
+    async_scheduling: bool = False
     max_prefill_tokens: int = 16384
     step_time_cap_ms: float = 0.0
     batch_wait_iters: int = 0

@@ -922,6 +922,7 @@ def _retire(fl, j, t_stop):
     fcounts = np.zeros(N_FCOUNTS)
     prefix = np.zeros(N_PREFIX)
     service = np.zeros(out.service.shape[1])
+    engine.drain_pipeline(rep, fl.nodes[j][1])  # requests that ended with its last step leave with it
     engine.write_outputs(rep, out.out_i, out.out_f, counts, fcounts, out.series[inc], out.cached, service, prefix)
     if counts[C_PEAK_STEP] > out.counts[j, C_PEAK_STEP]:  # an earlier incarnation's equal peak came first
         out.fcounts[j, F_PEAK_STEP_S] = fcounts[F_PEAK_STEP_S]

@@ -35,7 +35,8 @@ STATE = 10  # policies.result.State once DONE
 REASON = 11  # policies.result.Reject
 CACHED_FIRST = 12  # prompt tokens from the prefix cache at first schedule
 PC_REQ = 13  # two rows: the prefix cache's per-request rows (policies.prefix_cache R_*)
-N_RI = 15
+SAMPLED_AT = 15  # g[STEPS] after the step that sampled its last token (-1: none here)
+N_RI = 16
 
 # -- rf rows: per-request floats ---------------------------------------------------------
 FIRST_SCHED = 0
@@ -159,7 +160,8 @@ BATCH_WAITED = 84  # steps the waiting prompts have been held for the batch to f
 DP_HOLD = 85  # attention DP: this rank's waiting prompts are held this step (policies.engine.lockstep): 1/0
 DP_WAITED = 86  # attention DP, on a group's first rank: steps prompts waited for every rank to have one
 DP_BATCHED = 87  # ... and steps they waited beside every rank's decodes
-N_G = 88
+GHOSTS = 88  # async scheduling: finished requests still holding their seat and KV (engine.pipeline)
+N_G = 89
 #: predicted mode: output/max_tokens ratio histogram bins (in g's tail, below).
 CALIBRATION_BINS = 64
 # g's tail: the predicted-mode histogram, the step-time histogram (policies.result
@@ -188,7 +190,8 @@ PEAK_STEP_S = 16  # start of the first step that computed PEAK_STEP tokens
 AD_LOAD_S = 17  # seconds of adapter loads so far (each added to the step that needed it)
 AD_BYTES = 18  # GPU bytes of one adapter slot at the config's rank
 AD_DISK_BW = 19  # disk -> host bytes per second of adapter weights
-N_GF = 20
+PIPELINE_T = 20  # async scheduling: start of the step in flight, whose arrivals the next formation sees; NaN when none
+N_GF = 21
 
 # -- counters returned to Python (out_counts) ----------------------------------------------
 C_STEPS = 0

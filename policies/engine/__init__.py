@@ -51,6 +51,15 @@ one by one, and the kernel must match it exactly):
   is rejected instead.
 * A request whose deadline passes ends TIMED_OUT if its first token came by the
   deadline, else CANCELLED, at the deadline; everything it held is freed.
+* Async scheduling (``async_scheduling``: vLLM's async loop, SGLang's overlap schedule;
+  ``policies.engine.pipeline``): a step is formed as the one before it starts, so it sees
+  the arrivals due by that start, and a request whose last token that step samples stays
+  on the running list with its seat and KV (a victim like any other) until the next step
+  is formed; it decodes once more, in vain, if it stopped short of ``max_out`` (EOS). A
+  formation that comes up empty while a step ran is redone at once with everything seen.
+  Under ``prefill_first`` (SGLang) a retracted request's token in flight is discarded,
+  admission and the retraction order count outputs without it, and a decode short of KV
+  while length-finishers linger waits for their KV.
 
 Sharing (issue 6; state in ``Replica.pc``/``wq``/``sh``, rules in
 ``policies.prefix_cache``, ``policies.queues`` and ``policies.fairness``):
@@ -140,7 +149,7 @@ the caller's ``Replica`` keeps the memory alive for the whole call.
 
 Modules, in the order a step meets them: ``codes`` (the constants the kernels compile
 with), ``state`` (``Statics``, ``Replica``, borrowed views, small helpers), ``events``,
-``batch``, ``preemption``, ``admission``, ``formation`` (one step's batch), ``verify``
+``batch``, ``pipeline`` (async scheduling), ``preemption``, ``admission``, ``formation`` (one step's batch), ``verify``
 (speculative budgets), ``step_end``, ``fast_forward``, ``replica`` (the resumable loop),
 ``lockstep`` (attention-DP ranks on one clock), ``summary`` (the router's view), ``moves`` (the fleet's hand-overs), ``capacity``, ``run``
 (``simulate``, ``simulate_many``) and ``warmup``. This package re-exports the interface
@@ -185,6 +194,7 @@ from policies.engine.moves import (
     new_carried,
     withdraw,
 )
+from policies.engine.pipeline import drain_pipeline
 from policies.engine.replica import (
     advance,
     advance_through,
@@ -284,6 +294,7 @@ __all__ = [
     "default_series_every",
     "deliver",
     "deliver_carried",
+    "drain_pipeline",
     "fairness_params",
     "fast_forward_enabled",
     "free_blocks",

@@ -38,6 +38,7 @@ from policies.engine.codes import (
     R_DEADLINE,
     S_REJECTED,
 )
+from policies.engine.pipeline import _committed
 from policies.engine.state import (
     _adapter_start,
     _adapter_state,
@@ -236,12 +237,14 @@ def _start(rep, st, cfg, r):
 
 
 @njit(cache=True, nogil=True)
-def _running_future(ri, g, run):
-    """new_token_ratio: sum over running requests of their clipped remaining output."""
+def _running_future(ri, g, run, cfg):
+    """new_token_ratio: sum over running requests of their clipped remaining output, from
+    the outputs the scheduler has (``pipeline._committed``: under overlap, a token in
+    flight is not counted yet, and a request ending with it still reserves)."""
     total = 0
     for i in range(g[N_RUN]):
         r = run[i]
-        total += min(ri[MAX_OUT, r] - ri[GENERATED, r], NTR_CLIP)
+        total += min(ri[MAX_OUT, r] - _committed(ri, g, cfg, r), NTR_CLIP)
     return total
 
 
@@ -270,7 +273,7 @@ def _admit_waiting(rep, st, tables, cfg, prefill_first, threshold):
     quotas = g[QUOTAS] != 0
     lane_blocked = wq.lanes[qm.L_BLOCKED]
     if int(cfg[I_ADMISSION]) == ADMIT_NTR:
-        gf[NTR_REM] = (g[FREE] - g[HEADROOM]) * block_size - gf[RATIO] * _running_future(ri, g, rep.lists[L_RUN])
+        gf[NTR_REM] = (g[FREE] - g[HEADROOM]) * block_size - gf[RATIO] * _running_future(ri, g, rep.lists[L_RUN], cfg)
     if quotas:
         lane_blocked[:] = 0
     if order == DFS_WEIGHT and caching and g[N_RUN] < max_seqs and g[BUDGET] > 0:

@@ -49,11 +49,13 @@ from policies.kernel_state import (
     OUT_OF_RANGE,
     PC_REQ,
     PEAK,
+    PIPELINE_T,
     PREFILL_TOKENS,
     QUOTAS,
     S_CLASS,
     S_TENANT,
     SAMPLE_K,
+    SAMPLED_AT,
     SERIES_EVERY,
     SERIES_T0,
     STEPS,
@@ -131,6 +133,7 @@ def _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables, cfg, hash
     out_of_range = 0
     t_sample = gf[SERIES_T0] + g[SAMPLE_K] * gf[SERIES_EVERY]  # next series grid time
     j = 0
+    t_last = t
     slot = 0  # residue whose requests start a block at step j: -j modulo the block size
     sum_dt = 0.0
     sum_j_dt = 0.0  # for KV byte-seconds: context grows by one token per step
@@ -146,6 +149,7 @@ def _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables, cfg, hash
         t_sample = _book_stretch_step(g, gf, series, t, dt, used, t_sample)
         if oor:
             out_of_range += 1
+        t_last = t
         t = t + dt
         busy += dt
         if ntr:
@@ -157,6 +161,7 @@ def _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables, cfg, hash
         slot = slot - 1 if slot > 0 else block_size - 1
     if j > 0:
         _note_step_tokens(g, gf, k)  # every step of the stretch decodes the k running requests
+        gf[PIPELINE_T] = t_last  # the step in flight when the next is formed (async scheduling)
     g[FREE] = free
     g[USED] = used
     g[PEAK] = peak
@@ -219,6 +224,7 @@ def _fast_forward_chunk(ri, g, gf, series, run, cached_held, prompt, ledger, ten
     out_of_range = 0
     t_sample = gf[SERIES_T0] + g[SAMPLE_K] * gf[SERIES_EVERY]
     j = 0
+    t_last = t
     slot = 0  # as in ``_fast_forward``
     while j < run_len and computed + chunk < total and next_event > t and next_deadline > t:
         held_after = pcm.private_blocks(computed + chunk, held_entries, hash_tokens, block_size)
@@ -239,6 +245,7 @@ def _fast_forward_chunk(ri, g, gf, series, run, cached_held, prompt, ledger, ten
         t_sample = _book_stretch_step(g, gf, series, t, dt, used, t_sample)
         if oor:
             out_of_range += 1
+        t_last = t
         t = t + dt
         busy += dt
         kv += d
@@ -257,6 +264,7 @@ def _fast_forward_chunk(ri, g, gf, series, run, cached_held, prompt, ledger, ten
     g[PREFILL_TOKENS] += j * chunk
     g[OUT_OF_RANGE] += out_of_range
     _note_step_tokens(g, gf, d + chunk)
+    gf[PIPELINE_T] = t_last
     gf[BUSY] = busy
     gf[CLOCK] = t
     return j, j == run_len
@@ -304,6 +312,7 @@ def _settle_fast_forward(ri, g, gf, run, k, cached_held, si, ledger, cfg, hash_t
         c = ri[COMPUTED, r]
         ri[COMPUTED, r] += j
         ri[GENERATED, r] += j
+        ri[SAMPLED_AT, r] = g[STEPS]
         before = ri[HELD, r]
         ri[HELD, r] = pcm.private_blocks(ri[COMPUTED, r], cached_held[r], hash_tokens, block_size)
         if quotas:

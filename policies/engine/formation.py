@@ -24,6 +24,7 @@ from policies.engine.codes import (
     I_STEP_CAP_MS,
     PREFILL_FIRST,
 )
+from policies.engine.pipeline import _decodes_past_stop, _lingers
 from policies.engine.preemption import _schedule_running
 from policies.engine.state import _cache, _is_decode, _shares
 from policies.engine.summary import _queued_sum
@@ -36,6 +37,7 @@ from policies.kernel_state import (
     ENTRY_BLOCKS,
     FREE,
     GENERATED,
+    GHOSTS,
     HELD,
     L_BATCH,
     L_ORDER,
@@ -55,6 +57,7 @@ from policies.kernel_state import (
     RUNNING,
     S_PROMPT,
     STATUS,
+    TARGET,
 )
 
 
@@ -81,7 +84,7 @@ def _form_batch(rep, st, tables, cfg):
         if g[BUDGET] <= 0:
             break
         r = order[i]
-        if ri[STATUS, r] != RUNNING:
+        if ri[STATUS, r] != RUNNING and not _decodes_past_stop(ri, prompt, r):
             continue
         n = prompt[r] + ri[GENERATED, r] - ri[COMPUTED, r]
         if prefill_first and _is_decode(ri, prompt, r, n):
@@ -107,12 +110,38 @@ def _form_batch(rep, st, tables, cfg):
     if prefill_first and g[B_TOKENS] == 0:
         k = g[N_RUN]
         order[:k] = run[:k]
+        if g[GHOSTS] > 0 and _waits_for_finishing(rep, st, cfg, k):
+            k = 0
         for i in range(k):
             r = order[i]
-            if ri[STATUS, r] == RUNNING:
+            if ri[STATUS, r] == RUNNING or _decodes_past_stop(ri, prompt, r):
                 _schedule_running(rep, st, tables, cfg, r, np.int64(1))  # one signature with the call above
     if g[PREEMPTED_NOW] != 0 and int(cfg[I_ADMISSION]) == ADMIT_NTR:
         _retract_ratio(ri, g, gf, run, cfg)
+
+
+@njit(cache=True, nogil=True)
+def _waits_for_finishing(rep, st, cfg, k):
+    """SGLang's overlap loop, its decode short of KV while requests that end by length are in
+    flight: it decodes nobody this step rather than retract, since their KV is freed once
+    their step's outputs are in (managers/scheduler.py:4469-4474)."""
+    ri, g = rep.ri, rep.g
+    pc = _cache(rep, st)
+    prompt, order = st.si[S_PROMPT], rep.lists[L_ORDER]
+    block_size = int(cfg[I_BLOCK_SIZE])
+    cached_held = ri[PC_REQ + pcm.R_HELD]
+    finishing = False
+    need = 0
+    for i in range(k):
+        r = order[i]
+        if _lingers(ri, prompt, r):
+            finishing = finishing or ri[TARGET, r] == ri[MAX_OUT, r]
+            if ri[TARGET, r] == ri[MAX_OUT, r]:
+                continue
+        elif ri[STATUS, r] != RUNNING:
+            continue
+        need += _need_blocks(ri, pc, r, ri[COMPUTED, r] + 1, cached_held[r], 0, block_size)
+    return finishing and need > g[FREE]
 
 
 @njit(cache=True, nogil=True)

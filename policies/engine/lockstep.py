@@ -41,7 +41,8 @@ from policies.engine.codes import (
     I_SPEC_MODE,
 )
 from policies.engine.events import _arrive, _expire, _next_delivery
-from policies.engine.replica import _commit_step, _form_step, _idle_until, _progress
+from policies.engine.pipeline import _visible_until, drain_pipeline
+from policies.engine.replica import _commit_step, _form_or_restart, _idle_until, _progress
 from policies.engine.state import borrowed
 from policies.engine.step_end import _sample_until
 from policies.kernel_state import (
@@ -52,12 +53,14 @@ from policies.kernel_state import (
     DP_HOLD,
     DP_WAITED,
     ERROR,
+    GHOSTS,
     ITERATIONS,
     L_DHEAP,
     N_DELIVERED,
     N_DONE,
     N_RUN,
     N_WAIT,
+    PIPELINE_T,
     PREEMPTED_NOW,
     PROGRESS_BASE,
     PROGRESS_PER,
@@ -90,8 +93,11 @@ def advance_group(nodes, first, count, cfg, t_limit, through):
         busy = False
         for k in range(first, first + count):
             rep, st, tables = nodes[k]
-            if _next_delivery(rep) <= t:
-                _arrive(rep, st, tables, cfg, t)
+            if rep.g[N_RUN] + rep.g[N_WAIT] == 0:
+                rep.gf[PIPELINE_T] = np.nan  # nothing in flight: what has arrived by now is seen now
+            seen = _visible_until(rep.gf, cfg)
+            if _next_delivery(rep) <= seen:
+                _arrive(rep, st, tables, cfg, seen)
             if rep.lists[L_DHEAP][0] > 0 or cfg[I_MAX_WAIT] > 0.0:
                 _expire(rep, st, cfg, t)
             busy = busy or rep.g[N_RUN] + rep.g[N_WAIT] > 0
@@ -113,7 +119,7 @@ def advance_group(nodes, first, count, cfg, t_limit, through):
             dts[k - first] = -1.0
             if rep.g[N_RUN] + rep.g[N_WAIT] == 0:
                 continue
-            dts[k - first], oors[k - first] = _form_step(rep, st, tables, cfg, speculating)
+            dts[k - first], oors[k - first] = _form_or_restart(rep, st, tables, cfg, speculating)
             if dts[k - first] < 0.0:
                 if rep.g[PREEMPTED_NOW] == 0 and rep.g[N_RUN] + rep.g[N_WAIT] > 0:
                     rep.g[ERROR] = ERROR_STALLED
@@ -132,6 +138,10 @@ def advance_group(nodes, first, count, cfg, t_limit, through):
                 _commit_step(rep, st, cfg, step, oors[k - first])
             else:
                 _sit_out(rep, cfg, t + step)
+    for k in range(first, first + count):
+        rep = nodes[k][0]
+        if rep.g[GHOSTS] > 0 and rep.g[N_DONE] == rep.g[N_DELIVERED]:
+            drain_pipeline(rep, nodes[k][1])  # as advance does at its limit
     if lead.gf[CLOCK] < t_limit < np.inf and not _outstanding(nodes, first, count):
         _idle_group(nodes, first, count, cfg, t_limit)
 
@@ -176,7 +186,7 @@ def _balance(nodes, first, count, cfg):
 def _outstanding(nodes, first, count):
     """Whether a rank holds a delivered request that has not ended."""
     for k in range(first, first + count):
-        if nodes[k][0].g[N_DONE] < nodes[k][0].g[N_DELIVERED]:
+        if nodes[k][0].g[N_DONE] < nodes[k][0].g[N_DELIVERED] or nodes[k][0].g[GHOSTS] > 0:
             return True
     return False
 

@@ -45,6 +45,7 @@ from policies.kernel_state import (
     RUNNING,
     S_ARRIVAL,
     S_DEADLINE,
+    SAMPLED_AT,
     SPEC_HITS,
     SPEC_TRIALS,
     STATUS,
@@ -121,6 +122,7 @@ def deliver_carried(rep, st, r, t, carried_i, carried_f):
     ri, rf = rep.ri, rep.rf
     ri[COMPUTED, r] = carried_i[K_COMPUTED, r]
     ri[GENERATED, r] = carried_i[K_GENERATED, r]
+    ri[SAMPLED_AT, r] = -1  # no step of this replica sampled it
     ri[PREEMPTS, r] = carried_i[K_PREEMPTS, r]
     ri[CACHED_FIRST, r] = carried_i[K_CACHED_FIRST, r]
     rf[FIRST_SCHED, r] = carried_f[K_FIRST_SCHED, r]

@@ -26,19 +26,20 @@ from policies.engine.codes import (
     VICTIM_LOWEST_PRIORITY,
     VICTIM_NEWEST,
 )
+from policies.engine.pipeline import _committed, _in_flight, _release_ghost, _retraction_discards
 from policies.engine.state import (
-    _adapter_stop,
     _cache,
     _end_request,
     _free_gpu,
+    _leave_running,
     _push_waiting,
-    _release_reservation,
-    _run_remove,
     _shares,
 )
 from policies.kernel_state import (
     BUDGET,
     COMPUTED,
+    DONE,
+    FIRST_TOKEN,
     FREE,
     GENERATED,
     HELD,
@@ -52,12 +53,15 @@ from policies.kernel_state import (
     PREEMPTED_NOW,
     PREEMPTS,
     QUOTAS,
+    S_ARRIVAL,
     S_CLASS,
     S_DEADLINE,
     S_PRIORITY,
     S_PROMPT,
     S_TENANT,
+    SAMPLED_AT,
     SCHED,
+    STATUS,
     SWAP_BW,
     SWAP_OUTS,
     SWAP_S,
@@ -67,7 +71,7 @@ from policies.kernel_state import T as CLOCK
 
 
 @njit(cache=True, nogil=True)
-def _pick_victim(ri, g, run, prompt, priority, cfg):
+def _pick_victim(ri, g, run, prompt, priority, arrival, cfg):
     k = g[N_RUN]
     mode = int(cfg[I_VICTIM])
     if mode == VICTIM_NEWEST:
@@ -76,12 +80,13 @@ def _pick_victim(ri, g, run, prompt, priority, cfg):
     for i in range(1, k):
         r = run[i]
         if mode == VICTIM_LOWEST_PRIORITY:
-            # least urgent first, then the latest arrival (vLLM's priority victim)
-            worse = priority[r] < priority[best] or (priority[r] == priority[best] and r > best)
+            # least urgent, then the latest arrival; of equal keys the first in running order
+            # (vLLM 0.33 v1/core/sched/scheduler.py:933-936: max(running, key=(priority, arrival_time)))
+            worse = priority[r] < priority[best] or (priority[r] == priority[best] and arrival[r] > arrival[best])
         else:
             # fewest outputs, then the longest prompt (SGLang's retract order), then latest
-            gr = ri[GENERATED, r]
-            gb = ri[GENERATED, best]
+            gr = _committed(ri, g, cfg, r)
+            gb = _committed(ri, g, cfg, best)
             worse = gr < gb or (gr == gb and (prompt[r] > prompt[best] or (prompt[r] == prompt[best] and r > best)))
         if worse:
             best = r
@@ -140,6 +145,10 @@ def _preempt(rep, st, tables, cfg, v):
         ri[HELD, v] = keep
         if g[QUOTAS]:
             fm.hold_kv(_shares(rep), st.si[S_TENANT, v], st.si[S_CLASS, v], -extra)
+    if ri[STATUS, v] == DONE:  # ended, its last token in flight (async scheduling): only its KV goes
+        ri[PREEMPTS, v] += 1
+        _release_ghost(rep, st, v)
+        return
     limit = int(cfg[I_MAX_PREEMPTIONS])
     if limit > 0 and ri[PREEMPTS, v] >= limit:
         _end_request(rep, st, v, S_REJECTED, R_MAX_PREEMPTIONS, gf[CLOCK])
@@ -168,10 +177,13 @@ def _preempt(rep, st, tables, cfg, v):
             g[SWAP_OUTS] += 1
     if not swap:
         ri[COMPUTED, v] = 0
+        if _retraction_discards(cfg) and _in_flight(ri, g, cfg, v):
+            ri[GENERATED, v] -= 1  # its token in flight is thrown away: never streamed, sampled again
+            ri[SAMPLED_AT, v] = -1
+            if ri[GENERATED, v] == 0:
+                rep.rf[FIRST_TOKEN, v] = np.nan
     _free_gpu(rep, st, v, not swap)
-    _run_remove(rep.lists[L_RUN], g, v)
-    _adapter_stop(rep, st, v)
-    _release_reservation(ri, g, v)
+    _leave_running(rep, st, v)
     _push_waiting(rep, st, cfg, v, True)
 
 
@@ -182,7 +194,7 @@ def _schedule_running(rep, st, tables, cfg, r, n):
     pc = _cache(rep, st)
     block_size = int(cfg[I_BLOCK_SIZE])
     while _need_blocks(ri, pc, r, ri[COMPUTED, r] + n, ri[PC_REQ + pcm.R_HELD, r], 0, block_size) > g[FREE]:
-        v = _pick_victim(ri, g, rep.lists[L_RUN], st.si[S_PROMPT], st.si[S_PRIORITY], cfg)
+        v = _pick_victim(ri, g, rep.lists[L_RUN], st.si[S_PROMPT], st.si[S_PRIORITY], st.sf[S_ARRIVAL], cfg)
         _preempt(rep, st, tables, cfg, v)
         if v == r:
             return

@@ -5,6 +5,8 @@ progress guard, and ``write_outputs``.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit
 
@@ -18,6 +20,7 @@ from policies.engine.admission import _head_start_free
 from policies.engine.codes import (
     ERROR_NO_PROGRESS,
     ERROR_STALLED,
+    I_ASYNC,
     I_BLOCK_SIZE,
     I_CHUNKED,
     I_HEADROOM,
@@ -60,6 +63,7 @@ from policies.engine.fast_forward import (
     _stuck_modes,
 )
 from policies.engine.formation import _form_batch, _ntr_init
+from policies.engine.pipeline import _pipeline_formed, _visible_until, drain_pipeline
 from policies.engine.state import (
     Replica,
     _adapter_state,
@@ -138,6 +142,7 @@ from policies.kernel_state import (
     G_RESIDUES,
     G_STEP_HIST,
     GENERATED,
+    GHOSTS,
     HAND_OFF,
     HEADROOM,
     HOST_CAP,
@@ -175,6 +180,7 @@ from policies.kernel_state import (
     PEAK,
     PEAK_STEP,
     PEAK_STEP_S,
+    PIPELINE_T,
     PRED_BIN,
     PREEMPTED_NOW,
     PREEMPTS,
@@ -193,6 +199,7 @@ from policies.kernel_state import (
     S_N_FULL,
     S_PROMPT,
     S_TENANT,
+    SAMPLED_AT,
     SERIES_CAPACITY,
     SERIES_EVERY,
     SERIES_T0,
@@ -231,6 +238,7 @@ def new_replica(st, cfg, cap_blocks, host_blocks, kv_bytes, swap_bw, seed, serie
     block_size = int(cfg[I_BLOCK_SIZE])
     ri = np.zeros((N_RI, n), dtype=np.int64)
     ri[STATUS] = NOT_ARRIVED
+    ri[SAMPLED_AT] = -1
     g = np.zeros(G_RESIDUES + block_size, dtype=np.int64)
     gf = np.zeros(N_GF)
     g[CAP] = cap_blocks
@@ -253,6 +261,7 @@ def new_replica(st, cfg, cap_blocks, host_blocks, kv_bytes, swap_bw, seed, serie
     gf[SWAP_BW] = swap_bw
     gf[NEXT_DELIVERY] = np.inf
     gf[PEAK_STEP_S] = np.nan
+    gf[PIPELINE_T] = np.nan
     caching = cfg[I_PREFIX_CACHING] != 0.0
     g[KV_BLOCK_SIZE] = block_size
     g[ENTRY_BLOCKS] = _blocks(st.block_tokens, block_size)
@@ -372,7 +381,7 @@ def _advance(rep, st, tables, cfg, t_limit, through):
     if g[ERROR] != 0:
         return  # a replica in error runs no more: its state is not to be trusted
     g[ADVANCES] += 1
-    while g[N_DONE] < g[N_DELIVERED]:
+    while g[N_DONE] < g[N_DELIVERED] or g[GHOSTS] > 0:  # lingering requests may still decode once
         t = gf[CLOCK]
         if t > t_limit or (t == t_limit and not through):
             break
@@ -380,13 +389,17 @@ def _advance(rep, st, tables, cfg, t_limit, through):
         if g[ITERATIONS] > g[PROGRESS_BASE] + g[PROGRESS_PER] * _progress(g):
             g[ERROR] = ERROR_NO_PROGRESS  # the loop spins: stop, reported instead of hanging
             return
-        if _next_delivery(rep) <= t:
-            _arrive(rep, st, tables, cfg, t)
+        seen = _visible_until(gf, cfg)
+        if _next_delivery(rep) <= seen:
+            _arrive(rep, st, tables, cfg, seen)
         if dheap[0] > 0 or cfg[I_MAX_WAIT] > 0.0:
             _expire(rep, st, cfg, t)
-        if g[N_DONE] == g[N_DELIVERED]:
+        if g[N_DONE] == g[N_DELIVERED] and g[GHOSTS] == 0:
             break
         if g[N_RUN] == 0 and g[N_WAIT] == 0:  # idle: jump to the next delivery (or the limit)
+            if not math.isnan(gf[PIPELINE_T]):
+                gf[PIPELINE_T] = np.nan  # nothing in flight: what has arrived by now is seen now
+                continue
             _idle_until(g, gf, series, cfg, min(_next_delivery(rep), t_limit))
             continue
         # with requests waiting, a stretch is tried only while the queue stays backed up (an
@@ -418,7 +431,7 @@ def _advance(rep, st, tables, cfg, t_limit, through):
                 if finished:
                     _end_fast_forward(rep, st, cfg)
                 continue
-        dt, oor = _form_step(rep, st, tables, cfg, speculating)
+        dt, oor = _form_or_restart(rep, st, tables, cfg, speculating)
         if dt < 0.0:
             if g[PREEMPTED_NOW] != 0 or g[N_RUN] + g[N_WAIT] == 0:
                 continue  # the step only preempted or rejected (edf); admission resumes at once
@@ -427,8 +440,36 @@ def _advance(rep, st, tables, cfg, t_limit, through):
         _commit_step(rep, st, cfg, dt, oor)
         if hand_off and g[N_OUTBOX] > 0:
             break  # the fleet sends what this step handed off before time moves on
+    if g[GHOSTS] > 0 and g[N_DONE] == g[N_DELIVERED]:
+        # stopped at the limit with only ended requests left: their outputs are in, and a
+        # decode past an EOS (which ends nothing) is not run (policies.engine.pipeline)
+        drain_pipeline(rep, st)
     if gf[CLOCK] < t_limit and t_limit < np.inf and g[N_RUN] + g[N_WAIT] == 0 and _next_delivery(rep) >= t_limit:
         _idle_until(g, gf, series, cfg, t_limit)
+
+
+@njit(cache=True, nogil=True)
+def _form_or_restart(rep, st, tables, cfg, speculating):
+    """``_form_step`` under async scheduling (``policies.engine.pipeline``): a batch formed
+    empty while one was in flight makes the engine wait for that one's outputs and form
+    again at once, with what has arrived by now; a formed step releases the requests that
+    lingered for it and is the one in flight when the next is formed."""
+    dt, oor = _form_step(rep, st, tables, cfg, speculating)
+    if cfg[I_ASYNC] == 0.0:
+        return dt, oor
+    t = rep.gf[CLOCK]
+    if dt < 0.0 and not math.isnan(rep.gf[PIPELINE_T]):
+        drain_pipeline(rep, st)
+        if _next_delivery(rep) <= t:
+            _arrive(rep, st, tables, cfg, t)
+        if rep.lists[L_DHEAP][0] > 0 or cfg[I_MAX_WAIT] > 0.0:
+            _expire(rep, st, cfg, t)
+        dt, oor = _form_step(rep, st, tables, cfg, speculating)
+    if dt < 0.0:
+        drain_pipeline(rep, st)
+    else:
+        _pipeline_formed(rep, st, t)
+    return dt, oor
 
 
 @njit(cache=True, nogil=True)
@@ -477,6 +518,7 @@ def _idle_until(g, gf, series, cfg, t):
     _sample_until(g, gf, series, t)
     gf[RATIO] = _ntr_init(cfg)
     gf[CLOCK] = t
+    gf[PIPELINE_T] = np.nan
 
 
 @njit(cache=True, nogil=True)

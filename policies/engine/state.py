@@ -329,6 +329,14 @@ def _end_request(rep, st, r, state, reason, t_end):
     rep.rf[FINISH, r] = t_end
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _leave_running(rep, st, r):
+    """Take r off the running list: its seat, adapter and reservation (not its KV)."""
+    _run_remove(rep.lists[L_RUN], rep.g, r)
+    _adapter_stop(rep, st, r)
+    _release_reservation(rep.ri, rep.g, r)
+
+
 @njit(cache=True, nogil=True)
 def _vacate(rep, st, r):
     """Free everything admitted r holds here and take it off the running list or the
@@ -336,9 +344,7 @@ def _vacate(rep, st, r):
     ri, g = rep.ri, rep.g
     status = ri[STATUS, r]
     if status == RUNNING:
-        _run_remove(rep.lists[L_RUN], g, r)
-        _adapter_stop(rep, st, r)
-        _release_reservation(ri, g, r)
+        _leave_running(rep, st, r)
     elif status == WAITING:
         g[N_WAIT] -= 1
         qm.remove(_queue(rep, st), r)

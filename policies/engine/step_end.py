@@ -15,6 +15,7 @@ from policies.engine.codes import (
     ADMIT_NTR,
     ADMIT_PREDICTED,
     I_ADMISSION,
+    I_ASYNC,
     I_BLOCK_SIZE,
     I_COST_UNIT,
     I_QUANTILE,
@@ -23,6 +24,7 @@ from policies.engine.codes import (
     S_FINISHED,
 )
 from policies.engine.formation import _decay_ratio
+from policies.engine.pipeline import _linger
 from policies.engine.state import _cache, _end_by_deadline, _end_request, _shares, _vacate
 from policies.kernel_state import (
     B_DECODES,
@@ -62,6 +64,7 @@ from policies.kernel_state import (
     S_PROMPT,
     S_TENANT,
     SAMPLE_K,
+    SAMPLED_AT,
     SCHED,
     SERIES_EVERY,
     SERIES_T0,
@@ -122,6 +125,7 @@ def _end_step(rep, st, cfg, t_end, dt):
         if ri[COMPUTED, r] != prompt[r] + ri[GENERATED, r]:
             continue
         ri[GENERATED, r] += 1
+        ri[SAMPLED_AT, r] = g[STEPS]
         if unit == fm.TOKENS:  # fm.charge, inlined: this runs for every token
             ledger[fm.TS_SERVICE, tenant[r]] += w_out
             ledger[fm.TS_COUNTER, tenant[r]] += w_out / ledger[fm.TS_WEIGHT, tenant[r]]
@@ -141,10 +145,13 @@ def _end_done(rep, st, cfg, r, t_end):
     deadline passed first; a finished one calibrates predicted admission."""
     if st.sf[S_DEADLINE, r] < t_end:
         _end_by_deadline(rep, st, r)
+        return
+    if cfg[I_ASYNC] != 0.0:
+        _linger(rep, r, t_end)  # its seat and KV go once the next step is formed
     else:
         _end_request(rep, st, r, S_FINISHED, R_NONE, t_end)
-        if int(cfg[I_ADMISSION]) == ADMIT_PREDICTED:
-            _calibrate(rep.ri, rep.g, rep.g[G_HIST:G_STEP_HIST], cfg, r)
+    if int(cfg[I_ADMISSION]) == ADMIT_PREDICTED:
+        _calibrate(rep.ri, rep.g, rep.g[G_HIST:G_STEP_HIST], cfg, r)
 
 
 @njit(cache=True, nogil=True, inline="always")

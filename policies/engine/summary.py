@@ -35,8 +35,10 @@ from policies.kernel_state import (
     N_RUN,
     N_WAIT,
     PC_REQ,
+    RUNNING,
     S_ADAPTER,
     S_PROMPT,
+    STATUS,
     SWAP_BW,
     TARGET,
 )
@@ -170,9 +172,13 @@ def adapter_load_s(rep, st, r):
 
 @njit(cache=True, nogil=True, inline="always")
 def newest_running(rep):
-    """The running request admitted last (-1 if none runs)."""
-    g = rep.g
-    return rep.lists[L_RUN, g[N_RUN] - 1] if g[N_RUN] > 0 else -1
+    """The running request admitted last (-1 if none runs); one that has ended and only
+    lingers for the next step's formation (async scheduling) is not running."""
+    run, status = rep.lists[L_RUN], rep.ri[STATUS]
+    for i in range(rep.g[N_RUN] - 1, -1, -1):
+        if status[run[i]] == RUNNING:
+            return run[i]
+    return -1
 
 
 @njit(cache=True, nogil=True)

@@ -6,6 +6,17 @@ outputs fit the KV pool (the ratio starts at 0.7 x ``schedule-conservativeness``
 decays), chunks at most one prompt at a time at ``chunked-prefill-size``, and when decode
 runs out of KV retracts the request with the fewest outputs (with priority scheduling,
 the least urgent). Its radix cache (prefix caching) is on unless ``disable-radix-cache``.
+Its overlap schedule (managers/scheduler.py:2061-2134 ``event_loop_overlap``; on unless
+``disable-overlap-schedule``, arg_groups/fields/schedule.py:193-199) forms each batch while
+the one before runs: a request arriving during a step first runs two steps later, and one
+finishing frees its KV and seat a step late (``policies.engine.pipeline``, shared with
+vLLM's async scheduling). Where SGLang's loop differs from vLLM's: a retracted request's
+token in flight is thrown away, its admission reserve and retraction order read the outputs
+it has seen (one fewer under a step in flight), and a decode short of KV while requests
+ending by length are in flight waits a step rather than retract. None of the conditions
+that turn overlap off (pipeline parallelism, diffusion LLMs, CPU or MPS speculative
+decoding, server_args overrides.py:478-486, :1623-1628, :1718-1727) is a setup servetune
+models.
 
 ``mem-fraction-static`` counts weights and the KV pool only, so the simulator runs it as
 ``gpu_memory_utilization = mem-fraction-static + the activation reserve`` (the cost
@@ -125,7 +136,8 @@ class SGLang(Target):
             max_num_seqs=max_running_requests(ctx, utilization, chunk),
             enable_chunked_prefill=True, long_prefill_token_threshold=0,
             gpu_memory_utilization=round(min(utilization, 1.0), 6), block_size=PAGE_SIZE,
-            scheduling_policy="fcfs", schedule_mode="prefill_first", max_prefill_tokens=MAX_PREFILL_TOKENS,
+            scheduling_policy="fcfs", schedule_mode="prefill_first", async_scheduling=True,
+            max_prefill_tokens=MAX_PREFILL_TOKENS,
             kv_headroom=0.0, admission_mode="new_token_ratio", schedule_conservativeness=SCHEDULE_CONSERVATIVENESS,
             preemption_mode="recompute", preemption_victim="fewest_output", enable_prefix_caching=True,
             max_model_len=ctx.context_len, max_loras=MAX_LORAS_PER_BATCH, lora_base_slot=True, lora_preload=True,
@@ -345,6 +357,9 @@ ENGINE = SGLang(
         Flag("schedule-conservativeness", "schedule_conservativeness",
              search={"low": 0.1, "high": 3.0, "log": True},
              help="scales the new-token ratio that admission reserves for running requests"),
+        Flag("disable-overlap-schedule", "async_scheduling", kind="store_true", invert=True, search={},
+             help="turn the overlap schedule off: each batch formed after the one before has finished, not "
+                  "while it runs"),
         Flag("disable-radix-cache", "enable_prefix_caching", kind="store_true", invert=True, search={},
              help="turn the radix (prefix) cache off"),
         Flag("context-length", "max_model_len", unset=0, help="longest prompt + output"),

@@ -5,7 +5,10 @@ token budget (``max-num-batched-tokens``) and a sequence cap (``max-num-seqs``),
 chunked to fit; a KV allocation that fails preempts the newest running request (under
 ``scheduling-policy priority``, the least urgent one) and recomputes it later. There is
 no KV watermark, no admission rule beyond "its blocks allocate" and no swap in V1, so
-those servetune knobs sit at ``none`` / 0 / ``recompute`` for every vLLM config.
+those servetune knobs sit at ``none`` / 0 / ``recompute`` for every vLLM config. ``vllm
+serve`` runs that loop asynchronously (``async-scheduling``, on unless the file says
+``no-async-scheduling``): each step is formed while the one before it runs
+(``policies.engine.pipeline``).
 
 Parallel layouts (``Deployment``; rules in ``VLLM.layout_violations``): the data-parallel
 ranks of a dense model are independent engines behind one API server (replicas:
@@ -65,6 +68,12 @@ MLA_BACKENDS = {
 _SM_MAJOR = {"a100": 8, "h100": 9, "h200": 9, "b200": 10}
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128)  # vllm/config/cache.py BlockSize literal
 
+#: Async scheduling (a ``vllm serve`` config leaving ``async-scheduling`` unset resolves it on,
+#: vllm/config/vllm.py:1685-1719; ``policies.engine.pipeline``) is off with these speculative
+#: methods: they run on the V1 model runner (config/vllm.py:3066-3068), which cannot overlap
+#: them (vllm.py:1651-1663). Pipeline parallelism would too; servetune models none.
+SYNC_ONLY_SPECULATIVE_METHODS = ("suffix", "custom_class")
+
 SCHEDULING_POLICIES = {"fcfs": "fcfs", "priority": "priority"}  # vllm/config/scheduler.py SchedulerPolicy
 #: LoRA (vllm/config/lora.py:27-45, flags vllm/engine/arg_utils.py:1609-1624): max_lora_rank's
 #: choices; max_loras defaults to 1, max_cpu_loras to max_loras. One LRU policy for both caches
@@ -120,7 +129,8 @@ class VLLM(Target):
             max_num_batched_tokens=tokens, max_num_seqs=seqs, enable_chunked_prefill=True,
             long_prefill_token_threshold=0, gpu_memory_utilization=GPU_MEMORY_UTILIZATION,
             block_size=_default_block_size(ctx),
-            scheduling_policy="fcfs", schedule_mode="decode_first", kv_headroom=0.0, admission_mode="none",
+            scheduling_policy="fcfs", schedule_mode="decode_first", async_scheduling=True, kv_headroom=0.0,
+            admission_mode="none",
             preemption_mode="recompute", preemption_victim="newest", enable_prefix_caching=True,
             max_model_len=ctx.context_len, router="vllm_dp",
         )
@@ -145,6 +155,17 @@ class VLLM(Target):
         if drafter.get("model") is not None:
             spec["model"] = drafter["model"]
         return {"speculative-config": {**spec, "num_speculative_tokens": k}}
+
+    def from_args(self, args, ctx: EngineContext) -> PolicyConfig:
+        config = super().from_args(args, ctx)
+        spec = args.get("speculative-config")
+        method = spec.get("method") if isinstance(spec, dict) else None
+        if method in SYNC_ONLY_SPECULATIVE_METHODS:
+            if args.get("async-scheduling") is True:
+                raise EngineError(f"Async scheduling is not supported by the V1 model runner with {method}-based "
+                                  "speculative decoding [vllm/config/vllm.py:1668-1678]")
+            config = config.replace(async_scheduling=False)  # resolved off, with a warning (vllm.py:1711-1717)
+        return config
 
     def speculative_tokens(self, args) -> int | None:
         spec = args.get("speculative-config")
@@ -259,6 +280,9 @@ ENGINE = VLLM(
              help="waiting order: fcfs, or priority (vLLM serves LOWER values first: clients send -priority)"),
         Flag("enable-prefix-caching", "enable_prefix_caching", kind="bool_optional", search={},
              help="reuse the KV of shared prompt prefixes"),
+        Flag("async-scheduling", "async_scheduling", kind="bool_optional", unset=True, search={},
+             help="form each step while the one before runs (on unless the file says no-async-scheduling): "
+                  "arrivals wait a step longer, finished requests free their seat and KV a step late"),
         Flag("max-model-len", "max_model_len", unset=0,
              help="longest prompt + output; longer prompts are refused"),
         Flag("enable-lora", "enable_lora", kind="store_true",

@@ -43,7 +43,7 @@ VLLM_033_KEYS = frozenset({
     # LoRA (vllm/engine/arg_utils.py:1609-1624)
     "enable-lora", "max-loras", "max-lora-rank", "max-cpu-loras",
     # BooleanOptionalAction's negative spellings (vllm/utils/argparse_utils.py)
-    "no-enable-chunked-prefill", "no-enable-prefix-caching",
+    "no-enable-chunked-prefill", "no-enable-prefix-caching", "no-async-scheduling",
 })
 VLLM_REMOVED_KEYS = frozenset({"max-num-partial-prefills", "max-long-partial-prefills", "preemption-mode",
                                "kv-cache-memory"})

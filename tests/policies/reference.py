@@ -76,6 +76,7 @@ class Req:
     state: int = -1
     reason: int = 0
     cached_first: int = 0
+    sampled_at: int = -1  # steps taken when it last sampled a token here
 
 
 def blocks(tokens: int, bs: int) -> int:
@@ -140,6 +141,10 @@ class Reference:
         self.n_calibrated = 0
         self.pred_bin = -1
         self.t = self.reqs[0].arrival
+        # async scheduling: the start of the step in flight (None: none), whose arrivals the
+        # next formation sees; ended requests whose last token was in flight keep their seat
+        # and KV until the next step is formed (status "done", still in ``running``)
+        self.in_flight: float | None = None
         self.steps = 0
         self.batch_waited = 0  # steps the waiting prompts were held for the batch to fill
         self.dp_hold = False  # attention DP: the group holds this rank's new prompts this step
@@ -260,14 +265,14 @@ class Reference:
         r = self.reqs[i]
         return self.exceeds_capacity(r, self.max_out(r))
 
-    def arrival_reason(self, r: Req) -> Reject:
+    def arrival_reason(self, r: Req, t: float) -> Reject:
         c = self.c
         if self.exceeds_capacity(r, r.max_out):
             return Reject.EXCEEDS_CAPACITY
         if c.reject_unmeetable_deadline and not math.isnan(r.deadline):
             p = r.prompt
             alone, _ = step_seconds(self.tables, p, 1, 0, 0, p * (p + 1) // 2)
-            if self.t + alone > r.deadline:
+            if t + alone > r.deadline:
                 return Reject.DEADLINE_UNMEETABLE
         if c.max_queue_len > 0 and len(self.waiting) >= c.max_queue_len:
             return Reject.QUEUE_FULL
@@ -276,18 +281,19 @@ class Reference:
         return Reject.NONE
 
     def arrive(self) -> None:
-        while self.inbox and self.inbox[0][0] <= self.t:
+        seen = self.t if self.in_flight is None or not self.c.async_scheduling else self.in_flight
+        while self.inbox and self.inbox[0][0] <= seen:
             r = self.inbox.pop(0)[1]
             r.max_out = self.max_out(r)
             r.target = max(1, min(r.output, r.max_out))
-            reason = self.arrival_reason(r)
+            reason = self.arrival_reason(r, seen)
             if reason != Reject.NONE:
-                self.end(r, State.REJECTED, reason, self.t)
+                self.end(r, State.REJECTED, reason, seen)
             else:
                 self.enqueue(r, False)
 
     def expire(self) -> None:
-        live = [r for r in self.waiting + self.running if r.deadline <= self.t]
+        live = [r for r in self.waiting + self.running if r.deadline <= self.t and r.status != "done"]
         for r in sorted(live, key=lambda r: (r.deadline, r.id)):
             self.end_by_deadline(r)
         if self.c.max_wait_s > 0:
@@ -368,9 +374,16 @@ class Reference:
         mode = self.c.preemption_victim
         if mode == "newest":
             return self.running[-1]
-        if mode == "lowest_priority":
-            return min(self.running, key=lambda r: (r.priority, -r.id))
-        return min(self.running, key=lambda r: (r.generated, -r.prompt, -r.id))
+        if mode == "lowest_priority":  # vLLM: max(running, key=(priority, arrival)), the first of equals
+            return min(self.running, key=lambda r: (r.priority, -r.arrival))
+        return min(self.running, key=lambda r: (self.committed(r), -r.prompt, -r.id))
+
+    def in_flight_token(self, r: Req) -> bool:
+        """Async scheduling: r's last token came from the step just ended, unseen as this one is formed."""
+        return self.c.async_scheduling and r.sampled_at == self.steps
+
+    def committed(self, r: Req) -> int:
+        return r.generated - self.in_flight_token(r)
 
     def preempt(self, v: Req) -> None:
         self.preempted_now = True
@@ -383,6 +396,10 @@ class Reference:
             keep = private_blocks(v.computed, self.cache.held[v.id], self.cache.bt, self.bs)
             self.free += v.held - keep
             self.hold(v, keep - v.held)
+        if v.status == "done":  # ended, lingering: only its seat and KV go
+            v.preempts += 1
+            self.release(v)
+            return
         if self.c.max_preemptions > 0 and v.preempts >= self.c.max_preemptions:
             self.end(v, State.REJECTED, Reject.MAX_PREEMPTIONS, self.t)
             return
@@ -408,6 +425,12 @@ class Reference:
                 self.swap_outs += 1
         if not swap:
             v.computed = 0
+            # SGLang's overlap loop (prefill-first) throws a retracted request's token in flight away
+            if self.c.schedule_mode == "prefill_first" and self.in_flight_token(v):
+                v.generated -= 1
+                v.sampled_at = -1
+                if v.generated == 0:
+                    v.first_token = math.nan
         self.free_gpu(v, not swap)
         self.running.remove(v)
         self.reserved_total -= v.reserved
@@ -487,7 +510,7 @@ class Reference:
         c = self.c
         rem_input = c.max_prefill_tokens - self.batch_parts()[5]
         if c.admission_mode == "new_token_ratio":
-            future = sum(min(r.max_out - r.generated, NTR_CLIP) for r in self.running)
+            future = sum(min(r.max_out - self.committed(r), NTR_CLIP) for r in self.running)
             self.ntr_rem = (self.free - self.headroom) * self.bs - self.ratio * future
         blocked: set = set()
         cache = self.cache
@@ -578,7 +601,8 @@ class Reference:
         for r in list(self.running):
             if self.budget <= 0:
                 break
-            if r.status != "running":
+            # a lingering request that stopped short of its cap (EOS) decodes once more, in vain
+            if r.status != "running" and not (r in self.running and r.target < r.max_out):
                 continue
             n = r.prompt + r.generated - r.computed
             if prefill_first and self.is_decode(r, n):
@@ -592,8 +616,13 @@ class Reference:
         if not self.preempted_now and not self.dp_hold and (not self.waiting or self.batch_wait_over()):
             self.admit_waiting(prefill_first)
         if prefill_first and self.batch_parts()[0] == 0:
-            for r in list(self.running):
-                if r.status == "running":
+            decoders = [r for r in self.running if r.status == "running" or r.target < r.max_out]
+            ending = [r for r in self.running if r.status == "done" and r.target == r.max_out]
+            need = sum(self.need(r, r.computed + 1, self.cache.held[r.id]) for r in decoders)
+            if ending and need > self.free:
+                decoders = []  # SGLang waits for the ending requests' KV rather than retract
+            for r in decoders:
+                if r.status == "running" or (r in self.running and r.status == "done"):
                     self.schedule_running(r, 1)
         if self.preempted_now and c.admission_mode == "new_token_ratio":
             if self.running:
@@ -695,6 +724,7 @@ class Reference:
             if r.computed != r.prompt + r.generated:
                 continue
             r.generated += 1
+            r.sampled_at = self.steps
             if unit == "tokens":
                 self.shares.charge(r.tenant, self.c.vtc_output_weight)
             if math.isnan(r.first_token):
@@ -706,10 +736,27 @@ class Reference:
                 continue
             if r.deadline < t_end:
                 self.end_by_deadline(r)
+                continue
+            if self.c.async_scheduling:  # lingers on the running list until the next formation
+                r.status, r.state, r.reason, r.finish = "done", int(State.FINISHED), int(Reject.NONE), t_end
             else:
                 self.end(r, State.FINISHED, Reject.NONE, t_end)
-                if self.c.admission_mode == "predicted":
-                    self.calibrate(r)
+            if self.c.admission_mode == "predicted":
+                self.calibrate(r)
+
+    def release(self, r: Req) -> None:
+        """A lingering ended request leaves the running list with its KV."""
+        self.running.remove(r)
+        self.reserved_total -= r.reserved
+        r.reserved = 0
+        self.free_gpu(r, True)
+        r.scheduled = 0  # a decode past its stop is timed with the step, advances nothing
+
+    def drain(self) -> None:
+        """Nothing in flight: lingering requests leave; the next formation sees every arrival."""
+        for r in [r for r in self.running if r.status == "done"]:
+            self.release(r)
+        self.in_flight = None
 
     def run(self) -> dict:
         for r in self.reqs:
@@ -730,6 +777,7 @@ class Reference:
         for name, value in carried.items():
             setattr(r, name, value)
         r.status = "new"
+        r.sampled_at = -1
         self.inbox.append((t, r))
 
     def advance(self, t_limit: float, inclusive: bool = False) -> None:
@@ -744,6 +792,9 @@ class Reference:
             self.expire()
             if not self.running and not self.waiting:
                 self.ratio = self.init_ratio
+                if self.in_flight is not None:  # nothing in flight: what has arrived by now is seen now
+                    self.in_flight = None
+                    continue
                 if self.inbox and self.inbox[0][0] < t_limit:
                     self.t = self.inbox[0][0]
                     continue
@@ -751,10 +802,25 @@ class Reference:
                     self.t = t_limit
                 return
             dt = self.form_step()
+            if self.c.async_scheduling:
+                if dt is None and self.in_flight is not None:
+                    # an empty batch while one was in flight: wait for its outputs, form again
+                    self.drain()
+                    self.arrive()
+                    self.expire()
+                    dt = self.form_step()
+                if dt is None:
+                    self.drain()
+                else:
+                    for r in [r for r in self.running if r.status == "done"]:
+                        self.release(r)
+                    self.in_flight = self.t
             if dt is None:
                 assert self.preempted_now or not (self.running or self.waiting), "the reference stalled"
                 continue
             self.commit_step(dt)
+        if self.running and all(r.status == "done" for r in self.running) and not self.waiting and not self.inbox:
+            self.drain()  # stopped at the limit with only ended requests left (the kernel's rule)
 
     def form_step(self) -> float | None:
         """Form the step at the clock and time it (copies included; speculative outcomes
@@ -819,8 +885,8 @@ class Reference:
                 "spec_hits": self.counts.hits.pop(i, 0.0), "spec_trials": self.counts.trials.pop(i, 0.0)}
 
     def holds(self) -> list[int]:
-        """Requests on this replica: delivered, waiting or running."""
-        return sorted(r.id for r in self.running + self.waiting + [e[1] for e in self.inbox])
+        """Requests on this replica: delivered, waiting or running (not ended ones lingering)."""
+        return sorted(r.id for r in self.running + self.waiting + [e[1] for e in self.inbox] if r.status != "done")
 
     def load(self) -> dict:
         """What a router reads of this replica (the fleet contract's replica summary)."""

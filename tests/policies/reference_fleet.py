@@ -497,6 +497,7 @@ class Fleet:
             return rep.withdraw(i, keep_kv=False), rep.reqs[i].computed, max(t, rep.t)
 
         rep = self.reps[j]
+        rep.drain()  # requests that ended with its last step leave with it
         lost = {i: lose(rep, i) for i in rep.holds()}
         doomed = {f[1] for f in self.in_flight if f[2] == j}
         if self.pool[j] == 1:  # requests it promised KV to, still prefilling or moving between prefill replicas
@@ -526,9 +527,10 @@ class Fleet:
             targets = sorted((j for j in members if f[j] >= c.migration_threshold), key=lambda j: (-f[j], j))
             for s, d in zip(sources, targets, strict=False):
                 rep = self.reps[s]
-                if not rep.running:
+                running = [r for r in rep.running if r.status == "running"]  # not ended ones lingering
+                if not running:
                     continue
-                r = rep.running[-1]
+                r = running[-1]
                 move_s = c.migration_pause_ms * 1e-3 + r.computed * self.costs[s].kv_bytes_per_token / (
                     c.interconnect_gbps * 1e9)
                 if move_s < t - loads[s]["head"].arrival:
@@ -643,6 +645,8 @@ class Fleet:
         out["prefix_hit_tokens"], out["prefix_query_tokens"] = int(hit.sum()), int(query.sum())
         out["prefill_tokens_computed"] = sum(rep.prefill_tokens for rep in self.incarnations)
         out["migrations"], out["handoffs"] = self.migrations, self.handoffs
+        for rep in self.incarnations:
+            rep.drain()  # the run ended: requests that ended with a replica's last step leave (the kernel's _retire)
         out["leftover"] = [(rep.cap - rep.free, rep.reserved_total) for rep in self.incarnations]
         return out
 

@@ -74,6 +74,7 @@ def configs(draw):
         block_size=draw(st.sampled_from([1, 4, 16])),
         scheduling_policy=draw(st.sampled_from(SCHEDULING_POLICIES)),
         schedule_mode=draw(st.sampled_from(SCHEDULE_MODES)),
+        async_scheduling=draw(st.booleans()),
         max_prefill_tokens=draw(st.sampled_from([32, 256, 16384])),
         step_time_cap_ms=draw(st.sampled_from([0.0, 0.0, 4.3, 6.0])),
         batch_wait_iters=draw(st.sampled_from([0, 0, 2, 20])),

@@ -90,6 +90,37 @@ def test_sglang_store_true_flags_are_only_written_true(h100):
     assert "disable-radix-cache" not in on and off["disable-radix-cache"] is True
 
 
+def test_both_engines_schedule_the_next_step_while_one_runs_unless_the_file_says_not(h100):
+    # vLLM 0.33 vllm/config/vllm.py:1685-1719: async_scheduling left unset resolves on; a file
+    # turns it off with `no-async-scheduling: true` (and `async-scheduling: true` is not written:
+    # set explicitly, vLLM hard-fails where it would have resolved it off, vllm.py:1668-1684).
+    # SGLang 0.5.23 srt/arg_groups/fields/schedule.py:193-199: disable_overlap_schedule False.
+    vllm, sglang = target("vllm"), target("sglang")
+    assert preset("vllm-default", h100).async_scheduling and preset("sglang-default", h100).async_scheduling
+    on = yaml.safe_load(engine_yaml(vllm, preset("vllm-default", h100), Deployment(LLAMA), h100))
+    off = yaml.safe_load(engine_yaml(vllm, preset("vllm-default", h100).replace(async_scheduling=False),
+                                     Deployment(LLAMA), h100))
+    assert "async-scheduling" not in on and "no-async-scheduling" not in on and off["no-async-scheduling"] is True
+    assert read_engine_file(vllm, yaml.safe_dump(off), h100).async_scheduling is False
+    s_off = yaml.safe_load(engine_yaml(sglang, preset("sglang-default", h100).replace(async_scheduling=False),
+                                       Deployment(LLAMA), h100))
+    assert s_off["disable-overlap-schedule"] is True
+    assert read_engine_file(sglang, yaml.safe_dump(s_off), h100).async_scheduling is False
+
+
+def test_vllm_runs_suffix_speculation_synchronously(h100):
+    # vllm/config/vllm.py:3066-3068: suffix and custom_class speculators need the V1 model runner,
+    # which cannot overlap them (vllm.py:1651-1663): unset, async resolves off (vllm.py:1711-1717);
+    # asked for, vLLM refuses to start (vllm.py:1678-1682).
+    vllm = target("vllm")
+    base = {"model": LLAMA, "speculative-config": {"method": "suffix", "num_speculative_tokens": 3}}
+    assert read_engine_file(vllm, yaml.safe_dump(base), h100).async_scheduling is False
+    eagle = {**base, "speculative-config": {"method": "eagle3", "num_speculative_tokens": 3}}
+    assert read_engine_file(vllm, yaml.safe_dump(eagle), h100).async_scheduling is True
+    with pytest.raises(ExportError, match="Async scheduling is not supported"):
+        read_engine_file(vllm, yaml.safe_dump({**base, "async-scheduling": True}), h100)
+
+
 def test_engine_resolve_keeps_only_what_the_engine_runs(h100):
     # vLLM V1 has no admission rule, swap or step-time cap: a config is projected onto its behaviour
     vllm = target("vllm")

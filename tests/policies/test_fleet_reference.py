@@ -86,6 +86,7 @@ def fleet_configs(draw, replicas: int):
         block_size=draw(st.sampled_from([4, 16])),
         scheduling_policy=draw(st.sampled_from(SCHEDULING_POLICIES)),
         schedule_mode=draw(st.sampled_from(SCHEDULE_MODES)),
+        async_scheduling=draw(st.booleans()),
         kv_headroom=draw(st.sampled_from([0.0, 0.0, 0.1])),
         admission_mode=draw(st.sampled_from(ADMISSION_MODES)),
         preemption_mode=draw(st.sampled_from(PREEMPTION_MODES)),
