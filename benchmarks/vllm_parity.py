@@ -66,9 +66,9 @@ def main() -> None:
         folders += record(args.record, args.vllm_python, args.stub, [int(s) for s in args.seeds.split(",")])
     if not folders:
         sys.exit(f"no recorded scenarios under {SHARED / 'oracle'} or tests/fixtures/vllm_oracle")
-    print("| scenario | loop | requests | same first token and finish | same preemptions | steps vLLM / servetune | "
-          "identical steps | exact |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| scenario | recorded in | loop | requests | same first token and finish | same preemptions | "
+          "steps vLLM / servetune | identical steps | exact |")
+    print("|---|---|---|---|---|---|---|---|---|")
     exact = total = 0
     for folder in folders:
         scenario = parity.load(folder)
@@ -76,7 +76,8 @@ def main() -> None:
             a = parity.agreement(scenario, mode)
             total += 1
             exact += a.exact
-            print(f"| {scenario.name} | {mode} | {a.requests} | {a.same_both} ({a.same_both / a.requests:.1%}) | "
+            where = folder.parent.relative_to(ROOT) if folder.is_relative_to(ROOT) else "../shared/oracle"
+            print(f"| {scenario.name} | {where} | {mode} | {a.requests} | {a.same_both} ({a.same_both / a.requests:.1%}) | "
                   f"{a.same_preemptions} | {a.steps_vllm} / {a.steps_servetune} | {a.same_steps} | "
                   f"{'yes' if a.exact else 'no'} |")
     print(f"\n{exact} of {total} recorded runs reproduced exactly, every request and every step.")

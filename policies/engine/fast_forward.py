@@ -32,6 +32,7 @@ from policies.engine.codes import (
     VTC,
 )
 from policies.engine.formation import _batch_waits, _decay_ratio
+from policies.engine.pipeline import _visible_until
 from policies.engine.state import _cover_reservation, _is_decode
 from policies.engine.step_end import _book_stretch_step, _end_done, _note_step_tokens
 from policies.kernel_state import (
@@ -90,7 +91,7 @@ def _decode_layout(ri, run, k, cached_held, prompt, hash_tokens, residues):
 
 @njit(cache=True, nogil=True)
 def _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables, cfg, hash_tokens, next_event, next_deadline,
-                  truly_free, start_free):
+                  truly_free, start_free, seen_delivery):
     """Run consecutive all-decode steps that the step-by-step loop would form identically.
 
     Applies while every running request is decoding, no delivery, deadline or limit
@@ -103,16 +104,20 @@ def _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables, cfg, hash
     whole stretch); blocks come from a histogram of positions modulo the block size.
     Decode blocks never complete a prompt hash block, so the prefix cache only matters
     through ``truly_free``; ``_settle_fast_forward`` applies the per-request effects.
-    Takes only the arrays it reads (each argument costs at every call). Returns the steps
-    taken, their summed seconds, the sum of step index times seconds (KV byte-seconds)
-    and whether the last step finished requests.
+    Takes only the arrays it reads (each argument costs at every call). Under async
+    scheduling the next delivery is ``seen_delivery`` instead (``next_event`` is the limit
+    alone): a step's formation sees it only once the step before started at or after it
+    (``pipeline._visible_until``). Returns the steps taken, their summed seconds, the sum of step index
+    times seconds (KV byte-seconds) and whether the last step finished requests.
     """
     k = g[N_RUN]
     prefill_first = int(cfg[I_SCHEDULE_MODE]) == PREFILL_FIRST
     if k == 0 or (not prefill_first and k > int(cfg[I_MAX_BATCHED])):
         return 0, 0.0, 0.0, False
     decode_blocks = 0 if prefill_first else k  # at most, before the layout says
-    if next_event <= gf[CLOCK] or next_deadline <= gf[CLOCK] or g[FREE] - decode_blocks >= start_free:
+    seen = _visible_until(gf, cfg)
+    if (next_event <= gf[CLOCK] or next_deadline <= gf[CLOCK] or seen_delivery <= seen
+            or g[FREE] - decode_blocks >= start_free):
         return 0, 0.0, 0.0, False
     block_size = int(cfg[I_BLOCK_SIZE])
     residues = g[G_RESIDUES:G_RESIDUES + block_size]
@@ -137,7 +142,7 @@ def _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables, cfg, hash
     slot = 0  # residue whose requests start a block at step j: -j modulo the block size
     sum_dt = 0.0
     sum_j_dt = 0.0  # for KV byte-seconds: context grows by one token per step
-    while j < run_len and next_event > t and next_deadline > t:
+    while j < run_len and next_event > t and next_deadline > t and seen_delivery > seen:
         need = residues[slot]
         if need > truly_free:
             break
@@ -150,6 +155,7 @@ def _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables, cfg, hash
         if oor:
             out_of_range += 1
         t_last = t
+        seen = t
         t = t + dt
         busy += dt
         if ntr:
@@ -174,7 +180,7 @@ def _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables, cfg, hash
 
 @njit(cache=True, nogil=True)
 def _fast_forward_chunk(ri, g, gf, series, run, cached_held, prompt, ledger, tenant, tables, cfg, hash_tokens,
-                        next_event, next_deadline, truly_free):
+                        next_event, next_deadline, truly_free, seen_delivery):
     """Run consecutive steps of the same shape: every running request but the newest
     decodes, the newest computes a prompt chunk of a fixed size that does not finish its
     prefill (chunked prefill of a long prompt next to the same decodes).
@@ -184,13 +190,15 @@ def _fast_forward_chunk(ri, g, gf, series, run, cached_held, prompt, ledger, ten
     start: none waits, or the decodes and the chunk take the whole token budget. Each
     step is one ``step_seconds`` lookup; the chunk's blocks, tokens and prompt-token
     charge are applied here, the decodes' by ``_settle_fast_forward`` (first k - 1
-    running). The caller checked the modes (``_chunk_modes``). Returns the steps taken
-    and whether the last one finished requests (``_end_fast_forward`` ends them).
+    running). The caller checked the modes (``_chunk_modes``). ``seen_delivery`` as in
+    ``_fast_forward``. Returns the steps taken and whether the last one finished requests
+    (``_end_fast_forward`` ends them).
     """
     k = g[N_RUN]
     d = k - 1  # decodes, scheduled before the chunk
     budget = int(cfg[I_MAX_BATCHED])
-    if k == 0 or d >= budget or next_event <= gf[CLOCK] or next_deadline <= gf[CLOCK]:
+    seen = _visible_until(gf, cfg)
+    if k == 0 or d >= budget or next_event <= gf[CLOCK] or next_deadline <= gf[CLOCK] or seen_delivery <= seen:
         return 0, False
     p = run[d]
     total = prompt[p] + ri[GENERATED, p]
@@ -226,7 +234,7 @@ def _fast_forward_chunk(ri, g, gf, series, run, cached_held, prompt, ledger, ten
     j = 0
     t_last = t
     slot = 0  # as in ``_fast_forward``
-    while j < run_len and computed + chunk < total and next_event > t and next_deadline > t:
+    while j < run_len and computed + chunk < total and next_event > t and next_deadline > t and seen_delivery > seen:
         held_after = pcm.private_blocks(computed + chunk, held_entries, hash_tokens, block_size)
         need = held_after - held
         if d > 0:
@@ -246,6 +254,7 @@ def _fast_forward_chunk(ri, g, gf, series, run, cached_held, prompt, ledger, ten
         if oor:
             out_of_range += 1
         t_last = t
+        seen = t
         t = t + dt
         busy += dt
         kv += d

@@ -35,19 +35,33 @@ import math
 import numpy as np
 from numba import njit
 
-from policies.engine.codes import I_ASYNC, I_SCHEDULE_MODE, PREFILL_FIRST, R_NONE, S_FINISHED
-from policies.engine.state import _free_gpu, _leave_running
+from policies import prefix_cache as pcm
+from policies.engine.codes import (
+    I_ASYNC,
+    I_BLOCK_SIZE,
+    I_SCHEDULE_MODE,
+    PREFILL_FIRST,
+    R_NONE,
+    S_FINISHED,
+)
+from policies.engine.state import _free_gpu, _is_decode, _leave_running
 from policies.kernel_state import (
     COMPUTED,
     DONE,
+    ENTRY_BLOCKS,
     FINISH,
+    FREE,
     GENERATED,
     GHOSTS,
+    HELD,
     L_RUN,
     MAX_OUT,
     N_DONE,
     N_RUN,
+    PC_REQ,
+    PC_STATS,
     PIPELINE_T,
+    QUOTAS,
     REASON,
     S_PROMPT,
     SAMPLED_AT,
@@ -137,12 +151,41 @@ def _release_ghosts(rep, st):
     """The step formed: the requests that lingered for it leave (their outputs are in)."""
     ri, g = rep.ri, rep.g
     run = rep.lists[L_RUN]
-    i = g[N_RUN] - 1
-    while g[GHOSTS] > 0 and i >= 0:
+    i = 0
+    while g[GHOSTS] > 0 and i < g[N_RUN]:  # in running order, as their outputs come in
         r = run[i]
         if ri[STATUS, r] == DONE:
-            _release_ghost(rep, st, r)
-        i -= 1
+            _release_ghost(rep, st, r)  # takes it off the list: run[i] is the next one
+        else:
+            i += 1
+
+
+@njit(cache=True, nogil=True)
+def _ghosts_change_nothing(rep, st, cfg):
+    """The new blocks the coming step's decodes take if the lingering requests can leave
+    before it is formed without changing it (so that a fast-forwarded stretch may start),
+    else -1: nobody waits (no admission to hold back), each ended on its output cap (no
+    decode past a stop), every running request decodes (no prefill chunk whose
+    long-prefill threshold counts them) and their blocks fit without eviction (no
+    preemption to choose a victim for). The caller checked that nothing waits."""
+    ri, g = rep.ri, rep.g
+    prompt = st.si[S_PROMPT]
+    run = rep.lists[L_RUN]
+    block_size = int(cfg[I_BLOCK_SIZE])
+    cached_held = ri[PC_REQ + pcm.R_HELD]
+    if g[QUOTAS] != 0:
+        return -1
+    need = 0
+    for i in range(g[N_RUN]):
+        r = run[i]
+        if ri[STATUS, r] == DONE:
+            if ri[TARGET, r] < ri[MAX_OUT, r]:
+                return -1
+            continue
+        if not _is_decode(ri, prompt, r, 1):
+            return -1
+        need += pcm.private_blocks(ri[COMPUTED, r] + 1, cached_held[r], st.block_tokens, block_size) - ri[HELD, r]
+    return need if need <= g[FREE] - g[PC_STATS + pcm.S_EVICTABLE] * g[ENTRY_BLOCKS] else -1
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -63,7 +63,13 @@ from policies.engine.fast_forward import (
     _stuck_modes,
 )
 from policies.engine.formation import _form_batch, _ntr_init
-from policies.engine.pipeline import _pipeline_formed, _visible_until, drain_pipeline
+from policies.engine.pipeline import (
+    _ghosts_change_nothing,
+    _pipeline_formed,
+    _release_ghosts,
+    _visible_until,
+    drain_pipeline,
+)
 from policies.engine.state import (
     Replica,
     _adapter_state,
@@ -402,6 +408,16 @@ def _advance(rep, st, tables, cfg, t_limit, through):
                 continue
             _idle_until(g, gf, series, cfg, min(_next_delivery(rep), t_limit))
             continue
+        # under async scheduling a delivery is seen a step late, and requests that ended with the
+        # last step leave at once when they cannot change the step (``_ghosts_change_nothing``)
+        lagged = cfg[I_ASYNC] != 0.0
+        next_event = t_limit if lagged else min(_next_delivery(rep), t_limit)
+        seen_delivery = _next_delivery(rep) if lagged else np.inf
+        if fast_forward and g[GHOSTS] > 0 and g[N_WAIT] == 0:
+            need = _ghosts_change_nothing(rep, st, cfg)
+            if need >= 0:
+                g[PEAK] = max(g[PEAK], g[USED] + need)  # the step's blocks come while they still hold theirs
+                _release_ghosts(rep, st)
         # with requests waiting, a stretch is tried only while the queue stays backed up (an
         # arrival to a queue the last step emptied almost always starts at once) and the
         # newest running request decodes (else no stretch starts)
@@ -411,8 +427,8 @@ def _advance(rep, st, tables, cfg, t_limit, through):
             next_deadline = _next_deadline(rep, st) if dheap[0] > 0 else np.inf
             truly_free = g[FREE] - g[PC_STATS + pcm.S_EVICTABLE] * g[ENTRY_BLOCKS]
             j, sum_dt, sum_j_dt, finished = _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables, cfg,
-                                                          hash_tokens, min(_next_delivery(rep), t_limit), next_deadline,
-                                                          truly_free, start_free)
+                                                          hash_tokens, next_event, next_deadline, truly_free,
+                                                          start_free, seen_delivery)
             if j > 0:
                 _settle_fast_forward(ri, g, gf, run, g[N_RUN], cached_held, st.si, rep.ledger, cfg, hash_tokens, j,
                                      sum_dt, sum_j_dt)
@@ -423,8 +439,8 @@ def _advance(rep, st, tables, cfg, t_limit, through):
             next_deadline = _next_deadline(rep, st) if dheap[0] > 0 else np.inf
             truly_free = g[FREE] - g[PC_STATS + pcm.S_EVICTABLE] * g[ENTRY_BLOCKS]
             j, finished = _fast_forward_chunk(ri, g, gf, series, run, cached_held, prompt, rep.ledger, st.si[S_TENANT],
-                                              tables, cfg, hash_tokens, min(_next_delivery(rep), t_limit),
-                                              next_deadline, truly_free)
+                                              tables, cfg, hash_tokens, next_event, next_deadline, truly_free,
+                                              seen_delivery)
             if j > 0:
                 _settle_fast_forward(ri, g, gf, run, g[N_RUN] - 1, cached_held, st.si, rep.ledger, cfg, hash_tokens,
                                      j, 0.0, 0.0)

@@ -51,6 +51,7 @@ from policies.kernel_state import (
     PEAK,
     QUOTAS,
     RNG_SEED,
+    RUNNING,
     S_CLASS,
     S_PROMPT,
     S_SPEC_ROW,
@@ -65,6 +66,7 @@ from policies.kernel_state import (
     SPEC_SLOTS,
     SPEC_TRIALS,
     SPEC_VERIFIES,
+    STATUS,
     STEPS,
     TARGET,
     USED,
@@ -91,7 +93,8 @@ def _plan_verify(rep, st, tables, cfg, spec):
     n_req = np.int64(0)  # not a literal 0: Numba would compile the speculative planners for it too
     for i in range(g[N_BATCH]):
         r = batch[i]
-        if ri[SCHED, r] == 1 and _is_decode(ri, prompt, r, 1):
+        # a lingering request's decode past its stop (async scheduling) verifies no drafts
+        if ri[SCHED, r] == 1 and ri[STATUS, r] == RUNNING and _is_decode(ri, prompt, r, 1):
             reqs[n_req] = r
             tok[n_req] = ri[GENERATED, r]
             lim[n_req] = max(0, min(gamma, ri[MAX_OUT, r] - ri[GENERATED, r] - 1))

@@ -357,7 +357,8 @@ ENGINE = SGLang(
         Flag("schedule-conservativeness", "schedule_conservativeness",
              search={"low": 0.1, "high": 3.0, "log": True},
              help="scales the new-token ratio that admission reserves for running requests"),
-        Flag("disable-overlap-schedule", "async_scheduling", kind="store_true", invert=True, search={},
+        # not searched, as vLLM's async-scheduling (policies.engines.vllm)
+        Flag("disable-overlap-schedule", "async_scheduling", kind="store_true", invert=True,
              help="turn the overlap schedule off: each batch formed after the one before has finished, not "
                   "while it runs"),
         Flag("disable-radix-cache", "enable_prefix_caching", kind="store_true", invert=True, search={},

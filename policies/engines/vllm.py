@@ -280,7 +280,9 @@ ENGINE = VLLM(
              help="waiting order: fcfs, or priority (vLLM serves LOWER values first: clients send -priority)"),
         Flag("enable-prefix-caching", "enable_prefix_caching", kind="bool_optional", search={},
              help="reuse the KV of shared prompt prefixes"),
-        Flag("async-scheduling", "async_scheduling", kind="bool_optional", unset=True, search={},
+        # not searched: the loop it turns off hides the CPU's scheduling time between steps, which
+        # the step-time model does not separate out, so "off" would look free when it is not
+        Flag("async-scheduling", "async_scheduling", kind="bool_optional", unset=True,
              help="form each step while the one before runs (on unless the file says no-async-scheduling): "
                   "arrivals wait a step longer, finished requests free their seat and KV a step late"),
         Flag("max-model-len", "max_model_len", unset=0,

@@ -637,7 +637,7 @@ class Reference:
         """Verify budgets of the batch's decodes from what the formed batch left:
         (slots, drafts per slot, verify tokens, drafting seconds)."""
         c, bs, bt = self.c, self.bs, self.cache.bt
-        slots = [r for r in self.batch if r.scheduled == 1 and self.is_decode(r, 1)]
+        slots = [r for r in self.batch if r.scheduled == 1 and r.status == "running" and self.is_decode(r, 1)]
         if not slots:
             return [], [], 0, 0.0
         gamma = c.num_speculative_tokens
