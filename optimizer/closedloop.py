@@ -536,6 +536,8 @@ def _drive(st, tables, cfg, cap, host, kv_bytes, swap_bw, seed, series_every, fa
             for k in range(min(clients, n_total - issued)):
                 pending[k] = now + gap_s + k * ramp_s / clients + ingress_s + jitter[issued]
                 issued += 1
+    for k in range(len(nodes)):
+        engine.drain_pipeline(nodes[k][0], st)  # the run is over: requests that ended with the last step leave
     engine.write_outputs(lead, out_i, out_f, out_counts, out_fcounts, series, out_cached, out_service, out_prefix)
     if ranks > 1:
         _add_ranks(reps, out_i, out_f, out_counts, out_fcounts, series, out_cached, out_service, out_prefix)

@@ -41,7 +41,7 @@ from policies.engine.codes import (
     I_SPEC_MODE,
 )
 from policies.engine.events import _arrive, _expire, _next_delivery
-from policies.engine.pipeline import _visible_until, drain_pipeline
+from policies.engine.pipeline import _visible_until
 from policies.engine.replica import _commit_step, _form_or_restart, _idle_until, _progress
 from policies.engine.state import borrowed
 from policies.engine.step_end import _sample_until
@@ -138,10 +138,6 @@ def advance_group(nodes, first, count, cfg, t_limit, through):
                 _commit_step(rep, st, cfg, step, oors[k - first])
             else:
                 _sit_out(rep, cfg, t + step)
-    for k in range(first, first + count):
-        rep = nodes[k][0]
-        if rep.g[GHOSTS] > 0 and rep.g[N_DONE] == rep.g[N_DELIVERED]:
-            drain_pipeline(rep, nodes[k][1])  # as advance does at its limit
     if lead.gf[CLOCK] < t_limit < np.inf and not _outstanding(nodes, first, count):
         _idle_group(nodes, first, count, cfg, t_limit)
 

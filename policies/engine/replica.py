@@ -456,10 +456,6 @@ def _advance(rep, st, tables, cfg, t_limit, through):
         _commit_step(rep, st, cfg, dt, oor)
         if hand_off and g[N_OUTBOX] > 0:
             break  # the fleet sends what this step handed off before time moves on
-    if g[GHOSTS] > 0 and g[N_DONE] == g[N_DELIVERED]:
-        # stopped at the limit with only ended requests left: their outputs are in, and a
-        # decode past an EOS (which ends nothing) is not run (policies.engine.pipeline)
-        drain_pipeline(rep, st)
     if gf[CLOCK] < t_limit and t_limit < np.inf and g[N_RUN] + g[N_WAIT] == 0 and _next_delivery(rep) >= t_limit:
         _idle_until(g, gf, series, cfg, t_limit)
 

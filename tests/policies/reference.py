@@ -819,8 +819,6 @@ class Reference:
                 assert self.preempted_now or not (self.running or self.waiting), "the reference stalled"
                 continue
             self.commit_step(dt)
-        if self.running and all(r.status == "done" for r in self.running) and not self.waiting and not self.inbox:
-            self.drain()  # stopped at the limit with only ended requests left (the kernel's rule)
 
     def form_step(self) -> float | None:
         """Form the step at the clock and time it (copies included; speculative outcomes
