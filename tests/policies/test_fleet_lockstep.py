@@ -54,8 +54,8 @@ def lockstep_fleets(draw):
 @given(lockstep_fleets(), st.integers(0, 2**31))
 def test_lockstep_fleet_equals_reference(fleet, seed):
     trace, costs, config, failures, ranks = fleet
-    # the reference's lockstep group runs the synchronous loop only (async scheduling of
-    # attention-DP ranks stepping together is checked against the kernel's own rules elsewhere)
+    # the reference's lockstep group runs the synchronous loop only: async scheduling of
+    # attention-DP ranks stepping together has no reference yet (closing note, stop 53)
     config = config.replace(async_scheduling=False)
     try:
         expected = reference_fleet(trace, costs, config, seed, failures, lockstep=ranks)
