@@ -41,7 +41,6 @@ from policies.engine.codes import (
     S_FINISHED,
     SimulationStalled,
 )
-from policies.engine.pipeline import drain_pipeline
 from policies.engine.replica import (
     advance,
     bound_progress,
@@ -121,7 +120,6 @@ def simulate_kernel(st, tables, cfg, cap_blocks, host_blocks, kv_bytes, swap_bw,
     for r in range(arrival.shape[0]):
         deliver(inbox, r, arrival[r])
     advance(rep, st, tables, cfg, np.inf)
-    drain_pipeline(rep, st)  # the run is over: requests that ended with the last step leave
     write_outputs(rep, out_i, out_f, out_counts, out_fcounts, series, out_cached, out_service, out_prefix)
 
 
