@@ -161,7 +161,10 @@ DP_HOLD = 85  # attention DP: this rank's waiting prompts are held this step (po
 DP_WAITED = 86  # attention DP, on a group's first rank: steps prompts waited for every rank to have one
 DP_BATCHED = 87  # ... and steps they waited beside every rank's decodes
 GHOSTS = 88  # async scheduling: finished requests still holding their seat and KV (engine.pipeline)
-N_G = 89
+# prefix caching by vLLM's rules (1/0): a block is cached as soon as it is scheduled, and a
+# request's blocks past its entries stay cached when it lets go (prefix_cache.keep_tail)
+VLLM_CACHE = 89
+N_G = 90
 #: predicted mode: output/max_tokens ratio histogram bins (in g's tail, below).
 CALIBRATION_BINS = 64
 # g's tail: the predicted-mode histogram, the step-time histogram (policies.result

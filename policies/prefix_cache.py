@@ -17,14 +17,28 @@ rounds up by less than one KV block.
 Life of an entry:
 - ``match`` finds a request's leading run of cached entries (no mutation);
 - ``acquire`` takes a reference on each (referenced entries are never evicted);
-- ``insert`` runs after a step computed prompt tokens through full hash blocks: each new
-  block becomes an entry referenced by its request (its KV blocks move from the request
-  to the cache); a block another request inserted meanwhile is deduplicated: the request
-  references the existing entry and its own copy is freed;
+- ``insert`` runs after a step computed prompt tokens through full hash blocks (by vLLM's
+  rules, as the step is formed): each new block becomes an entry referenced by its
+  request (its KV blocks move from the request to the cache); a block another request
+  inserted meanwhile is deduplicated: the request references the existing entry and its
+  own copy is freed;
 - ``release`` drops a request's references (finish, preemption, cancel, rejection);
   entries left unreferenced join the LRU list, deepest block first, so a chain's tail is
   evicted before its head (as vLLM frees blocks in reverse);
-- ``evict`` frees unreferenced entries from the LRU head when free KV runs out.
+- ``evict`` frees unreferenced entries from the LRU head when free KV runs out, a KV block
+  at a time, each entry's tail first; a lookup hits the head of a partly evicted entry
+  (``partial_blocks``), and the request that takes it computes the rest.
+
+Own runs (vLLM, ``keep_tail``): vLLM hashes every full block of a request, its generated
+tokens included, and a freed block keeps its hash until the block is reused
+(vllm/v1/core/block_pool.py ``free_blocks``, ``_maybe_evict_cached_block``), so a request
+preempted for recompute finds its own blocks again when readmitted
+(vllm/v1/core/kv_cache_manager.py:616-625). Such blocks are the request's alone; one LRU
+node per request (a column past the trace's entries) holds the full blocks it computed past
+its cached prefix. It joins the LRU list when the request lets go, before its prefix entries
+(vLLM frees a request's blocks tail first), and is evicted a KV block at a time, its tail
+first, so a readmitted request finds the leading part that survived. A request that lets go
+in the middle of an entry leaves that entry's computed head cached the same way.
 
 A full-prompt hit still computes one token (the logits need a forward pass), as vLLM:
 the cached tokens are capped at ``prompt - 1``; that token rewrites its slot in the
@@ -53,13 +67,13 @@ from numba import njit
 # indices into PrefixCache.stats
 S_HEAD = 0  # LRU list head (least recently released entry), -1 if empty
 S_TAIL = 1  # LRU list tail, -1 if empty
-S_CACHED = 2  # entries holding KV now
-S_EVICTABLE = 3  # cached entries with no reference (on the LRU list)
+S_CACHED = 2  # KV blocks held by cached entries and own runs
+S_EVICTABLE = 3  # ... of them unreferenced (on the LRU list)
 S_HIT_TOKENS = 4  # prompt tokens served from the cache, over all lookups noted
 S_QUERY_TOKENS = 5  # prompt tokens looked up
 S_INSERTS = 6  # entries created
 S_DEDUPS = 7  # blocks computed twice because another request inserted them first
-S_EVICTIONS = 8  # entries evicted
+S_EVICTIONS = 8  # entries evicted (own runs not counted)
 N_STATS = 9
 
 
@@ -67,7 +81,7 @@ N_STATS = 9
 R_N_FULL = 0  # full hash blocks of the prompt, the only cacheable ones (0 with caching off)
 R_HELD = 1  # leading entries the request references
 N_REQ_ROWS = 2
-E_CACHED = 0  # 1 while the entry holds KV
+E_CACHED = 0  # KV blocks the entry holds (entry_blocks, or an own run's count; 0: not cached)
 E_REFS = 1
 E_LRU_PREV = 2  # doubly linked LRU list of unreferenced cached entries
 E_LRU_NEXT = 3
@@ -81,7 +95,8 @@ class PrefixCache(NamedTuple):
 
     ``entry``: per trace block (aligned with ``Trace.block_hashes``), its dense entry id
     (read-only, shared). ``req[ROW, request]`` (R_*) and ``tab[ROW, entry]`` (E_*) are
-    field-major matrices: few arrays keep calls cheap in the kernel.
+    field-major matrices: few arrays keep calls cheap in the kernel. ``tab`` has one column
+    per entry, then one per request for its own run (``own_column``).
     """
 
     entry: np.ndarray  # i8[H]
@@ -116,7 +131,8 @@ def prefix_layout(
 def empty_cache(entry, n_full, n_entries, block_tokens, kv_block_size):
     """An empty cache over a ``prefix_layout`` for one KV block size (``n_full`` is copied)."""
     pc = PrefixCache(entry, np.empty((N_REQ_ROWS, n_full.shape[0]), dtype=np.int64),
-                     np.empty((N_ENTRY_ROWS, n_entries), dtype=np.int64), np.empty(N_STATS, dtype=np.int64),
+                     np.empty((N_ENTRY_ROWS, n_entries + n_full.shape[0]), dtype=np.int64),
+                     np.empty(N_STATS, dtype=np.int64),
                      block_tokens, (block_tokens + kv_block_size - 1) // kv_block_size, kv_block_size)
     clear(pc, n_full)
     return pc
@@ -179,6 +195,7 @@ def grow_blocks(ctx_old, ctx_new, held, n_full, block_tokens, kv_block_size, ent
 # -- LRU list of unreferenced entries ------------------------------------------------------
 @njit(cache=True, nogil=True, inline="always")
 def _lru_append(pc, e):
+    """Put idle e at the LRU tail; its blocks become evictable."""
     tail = pc.stats[S_TAIL]
     pc.tab[E_LRU_PREV, e] = tail
     pc.tab[E_LRU_NEXT, e] = -1
@@ -187,11 +204,12 @@ def _lru_append(pc, e):
     else:
         pc.stats[S_HEAD] = e
     pc.stats[S_TAIL] = e
-    pc.stats[S_EVICTABLE] += 1
+    pc.stats[S_EVICTABLE] += pc.tab[E_CACHED, e]
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _lru_unlink(pc, e):
+    """Take e off the LRU list; its blocks stop being evictable."""
     prev = pc.tab[E_LRU_PREV, e]
     nxt = pc.tab[E_LRU_NEXT, e]
     if prev >= 0:
@@ -204,7 +222,7 @@ def _lru_unlink(pc, e):
         pc.stats[S_TAIL] = prev
     pc.tab[E_LRU_PREV, e] = -1
     pc.tab[E_LRU_NEXT, e] = -1
-    pc.stats[S_EVICTABLE] -= 1
+    pc.stats[S_EVICTABLE] -= pc.tab[E_CACHED, e]
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -217,21 +235,21 @@ def _ref(pc, e):
 # -- operations ----------------------------------------------------------------------------
 @njit(cache=True, nogil=True)
 def match(pc, block_offsets, prompt_tokens, i):
-    """Leading cached entries of request i: (entries, cached tokens, entries now idle).
+    """Leading entries of request i cached whole: (entries, cached tokens, KV blocks now idle).
 
     Cached tokens are capped at ``prompt - 1`` so a full hit still computes one token.
-    "Idle" entries are unreferenced: acquiring them takes them off the evictable list,
-    which the caller must count when checking free KV before it acquires.
+    Idle entries are unreferenced: acquiring them takes their blocks off the evictable
+    list, which the caller must count when checking free KV before it acquires.
     """
     base = block_offsets[i]
     k = 0
     idle = 0
     while k < pc.req[R_N_FULL, i]:
         e = pc.entry[base + k]
-        if not pc.tab[E_CACHED, e]:
+        if pc.tab[E_CACHED, e] < pc.entry_blocks:
             break
         if pc.tab[E_REFS, e] == 0:
-            idle += 1
+            idle += pc.entry_blocks
         k += 1
     tokens = min(k * pc.block_tokens, prompt_tokens[i] - 1)
     return k, tokens, idle
@@ -267,16 +285,19 @@ def insert(pc, block_offsets, i, ctx):
     freed = 0
     for j in range(pc.req[R_HELD, i], last):
         e = pc.entry[base + j]
-        if pc.tab[E_CACHED, e]:
+        if pc.tab[E_CACHED, e] == pc.entry_blocks:
             if pc.tab[E_REFS, e] > 0:
                 freed += pc.entry_blocks
             _ref(pc, e)
             pc.stats[S_DEDUPS] += 1
         else:
-            pc.tab[E_CACHED, e] = 1
+            if pc.tab[E_CACHED, e] > 0:  # what eviction left of it (idle, counted free): this copy replaces it
+                _lru_unlink(pc, e)
+                pc.stats[S_CACHED] -= pc.tab[E_CACHED, e]
+            pc.tab[E_CACHED, e] = pc.entry_blocks
             pc.tab[E_REFS, e] = 1
             pc.tab[E_BORN, e] = pc.stats[S_INSERTS]
-            pc.stats[S_CACHED] += 1
+            pc.stats[S_CACHED] += pc.entry_blocks
             pc.stats[S_INSERTS] += 1
     if last > pc.req[R_HELD, i]:
         pc.req[R_HELD, i] = last
@@ -303,22 +324,102 @@ def release(pc, block_offsets, i):
 
 @njit(cache=True, nogil=True)
 def evict(pc, kv_blocks_needed):
-    """Evict LRU entries until ``kv_blocks_needed`` KV blocks are freed or none is idle.
+    """Evict from the LRU head until ``kv_blocks_needed`` KV blocks are freed or none is
+    idle, a KV block at a time, each entry's tail first (vLLM evicts single blocks, and frees
+    a request's blocks tail first). An entry left with only its head blocks stays at the
+    head of the list: a lookup hits those blocks (``partial_blocks``).
 
-    Returns the KV blocks freed (a multiple of ``entry_blocks``).
+    Returns the KV blocks freed.
     """
+    own_from = pc.tab.shape[1] - pc.req.shape[1]
     freed = 0
     while freed < kv_blocks_needed and pc.stats[S_HEAD] >= 0:
         e = pc.stats[S_HEAD]
-        _lru_unlink(pc, e)
-        pc.tab[E_CACHED, e] = 0
-        pc.stats[S_CACHED] -= 1
-        pc.stats[S_EVICTIONS] += 1
-        freed += pc.entry_blocks
+        blocks = pc.tab[E_CACHED, e]
+        take = min(blocks, kv_blocks_needed - freed)
+        if take == blocks:
+            _lru_unlink(pc, e)
+            pc.tab[E_CACHED, e] = 0
+            if e < own_from:
+                pc.stats[S_EVICTIONS] += 1
+        else:
+            pc.tab[E_CACHED, e] -= take
+            pc.stats[S_EVICTABLE] -= take
+        pc.stats[S_CACHED] -= take
+        freed += take
     return freed
 
 
 @njit(cache=True, nogil=True)
+def partial_blocks(pc, block_offsets, i, k):
+    """KV blocks cached of request i's entry k, the first one ``match`` did not find whole:
+    the head of an entry partly evicted (0 when none). Such an entry is always idle."""
+    if k >= pc.req[R_N_FULL, i]:
+        return 0
+    return pc.tab[E_CACHED, pc.entry[block_offsets[i] + k]]
+
+
+@njit(cache=True, nogil=True)
+def take_partial(pc, block_offsets, i, k):
+    """Request i takes the partly evicted entry k (``partial_blocks``) out of the cache: the
+    caller makes the blocks it hit private; it enters the cache whole once computed."""
+    if k >= pc.req[R_N_FULL, i]:
+        return
+    e = pc.entry[block_offsets[i] + k]
+    blocks = pc.tab[E_CACHED, e]
+    if blocks > 0:
+        _lru_unlink(pc, e)
+        pc.tab[E_CACHED, e] = 0
+        pc.stats[S_CACHED] -= blocks
+
+
+# -- own runs (vLLM) -----------------------------------------------------------------------
+@njit(cache=True, nogil=True, inline="always")
+def own_column(pc, i):
+    """Request i's own-run column of ``tab``."""
+    return pc.tab.shape[1] - pc.req.shape[1] + i
+
+
+@njit(cache=True, nogil=True)
+def own_blocks(pc, i):
+    """KV blocks of request i's own run still cached (its leading blocks past its prefix)."""
+    return pc.tab[E_CACHED, own_column(pc, i)]
+
+
+@njit(cache=True, nogil=True)
+def keep_tail(pc, block_offsets, i, blocks):
+    """Request i lets go of the ``blocks`` full KV blocks it computed past the entries it
+    holds: they stay cached, idle (the caller counts them free), at the LRU tail. Mid-prompt
+    they are the head of its next entry, which a lookup hits (``partial_blocks``) unless
+    another copy of it is cached; past its prompt's entries they are its own run."""
+    if blocks <= 0:
+        return
+    k = pc.req[R_HELD, i]
+    if k < pc.req[R_N_FULL, i]:
+        e = pc.entry[block_offsets[i] + k]
+        if pc.tab[E_CACHED, e] > 0:
+            return
+        blocks = min(blocks, pc.entry_blocks - 1)
+    else:
+        e = own_column(pc, i)
+    pc.tab[E_CACHED, e] = blocks
+    pc.stats[S_CACHED] += blocks
+    _lru_append(pc, e)
+
+
+@njit(cache=True, nogil=True)
+def take_own(pc, i):
+    """Request i is readmitted: its own run leaves the cache (the caller makes the blocks it
+    hit private again; the rest were counted free already)."""
+    e = own_column(pc, i)
+    blocks = pc.tab[E_CACHED, e]
+    if blocks > 0:
+        _lru_unlink(pc, e)
+        pc.tab[E_CACHED, e] = 0
+        pc.stats[S_CACHED] -= blocks
+
+
+@njit(cache=True, nogil=True)
 def cache_blocks(pc):
-    """KV blocks held by cached entries, and how many of them are evictable."""
-    return pc.stats[S_CACHED] * pc.entry_blocks, pc.stats[S_EVICTABLE] * pc.entry_blocks
+    """KV blocks held by cached entries and own runs, and how many of them are evictable."""
+    return pc.stats[S_CACHED], pc.stats[S_EVICTABLE]

@@ -60,13 +60,14 @@ from policies.kernel_state import (
     CALIBRATION_BINS,
     CAP,
     COMPUTED,
-    ENTRY_BLOCKS,
     FIRST_SCHED,
     FREE,
     GENERATED,
     HEADROOM,
+    HELD,
     HOST,
     HOST_FREE,
+    KV_BLOCK_SIZE,
     KV_BYTES,
     L_RUN,
     LORA,
@@ -95,6 +96,7 @@ from policies.kernel_state import (
     SWAP_BW,
     SWAP_S,
     USED,
+    VLLM_CACHE,
 )
 from policies.kernel_state import T as CLOCK
 
@@ -203,8 +205,7 @@ def _head_start_free(rep, st, cfg):
                 prompt)
     held, computed, idle = ri[PC_REQ + pcm.R_HELD, r], ri[COMPUTED, r], 0
     if g[CACHING] and computed == 0 and ri[HOST, r] == 0:
-        held, computed, idle = pcm.match(pc, st.offsets, prompt, r)
-        idle *= g[ENTRY_BLOCKS]
+        held, computed, idle, _ = _lookup(ri, g, pc, st.offsets, prompt, r)
     # nothing arrives or ends before the coming step: its threshold is the one of now
     threshold = _long_prefill_threshold(g, cfg)
     if (_first_chunk(ri, prompt, cfg, r, computed, budget, 0, False, threshold) == 0
@@ -296,10 +297,10 @@ def _admit_waiting(rep, st, tables, cfg, prefill_first, threshold):
         held = ri[PC_REQ + pcm.R_HELD, r]
         cached = 0
         idle = 0
+        take = 0
         lookup = caching and ri[COMPUTED, r] == 0 and ri[HOST, r] == 0
         if lookup:
-            held, cached, idle = pcm.match(pc, offsets, prompt, r)
-            idle *= g[ENTRY_BLOCKS]
+            held, cached, idle, take = _lookup(ri, g, pc, offsets, prompt, r)
             ri[COMPUTED, r] = cached  # provisional: the step-cap and NTR checks see the cache
         n = _first_chunk(ri, prompt, cfg, r, ri[COMPUTED, r], g[BUDGET], rem_input, prefill_first and g[B_TOKENS] > 0,
                          threshold)
@@ -319,7 +320,7 @@ def _admit_waiting(rep, st, tables, cfg, prefill_first, threshold):
         qm.remove(wq, r)
         fm.dequeue(sh, si[S_TENANT, r])
         if lookup:
-            _take_cached_prefix(rep, st, tables, r, held, cached, idle, n)
+            _take_cached_prefix(rep, st, tables, r, held, cached, idle, take, n)
         _start(rep, st, cfg, r)
         _schedule_shared(rep, st, cfg, r, n)
         rem_input -= n
@@ -346,14 +347,49 @@ def _unskip(rep, wq, k):
 
 
 @njit(cache=True, nogil=True)
-def _take_cached_prefix(rep, st, tables, r, held, cached, idle_blocks, n):
-    """Reference r's cached prefix (its idle entries stop being evictable) and count the
-    lookup: tokens hit and looked up, and the lone-prefill time the hit saved this chunk."""
+def _lookup(ri, g, pc, offsets, prompt, r):
+    """What waiting r finds in the prefix cache: (entries cached whole, cached tokens, idle
+    blocks of those entries, blocks it takes as its own: the head of the next entry, left by
+    eviction, or its own run).
+
+    With own runs (vLLM) the lookup spans the request's generated tokens too and hits whole
+    KV blocks, at most ``(tokens - 1) // block_size`` of them, so at least one token is
+    computed (vllm/v1/core/kv_cache_manager.py ``get_computed_blocks``: ``max_cache_hit_length``).
+    Its own blocks follow its prefix, so they count only when every prefix entry is cached.
+    """
+    held, cached, idle = pcm.match(pc, offsets, prompt, r)
+    block_size = g[KV_BLOCK_SIZE]
+    take = pcm.partial_blocks(pc, offsets, r, held)
+    prefix = held * pc.block_tokens
+    if not g[VLLM_CACHE]:
+        return held, min(prefix + take * block_size, prompt[r] - 1), idle, take
+    if held == pc.req[pcm.R_N_FULL, r]:
+        take = pcm.own_blocks(pc, r)
+    cap = (prompt[r] + ri[GENERATED, r] - 1) // block_size
+    take = max(0, min(take, cap - prefix // block_size))
+    return held, min(prefix // block_size + take, cap) * block_size, idle, take
+
+
+@njit(cache=True, nogil=True)
+def _take_cached_prefix(rep, st, tables, r, held, cached, idle_blocks, take, n):
+    """Reference r's cached prefix (its idle entries stop being evictable), take out of the
+    cache what it hits past it (a partly evicted entry, or its own run: ``_lookup``) as ``take``
+    blocks of its own, and count the lookup: tokens hit and looked up, and the lone-prefill
+    time the hit saved this chunk."""
     g, gf = rep.g, rep.gf
+    pc = _cache(rep, st)
     if held > 0:
-        pcm.acquire(_cache(rep, st), st.offsets, r, held)
-        g[FREE] -= idle_blocks
-        g[USED] += idle_blocks
+        pcm.acquire(pc, st.offsets, r, held)
+    pcm.take_partial(pc, st.offsets, r, held)
+    if g[VLLM_CACHE]:
+        pcm.take_own(pc, r)
+    if take > 0:
+        rep.ri[HELD, r] += take
+        if g[QUOTAS]:
+            fm.hold_kv(_shares(rep), st.si[S_TENANT, r], st.si[S_CLASS, r], take)
+    if idle_blocks + take > 0:
+        g[FREE] -= idle_blocks + take
+        g[USED] += idle_blocks + take
         if g[USED] > g[PEAK]:
             g[PEAK] = g[USED]
     gf[PREFIX_HIT] += cached

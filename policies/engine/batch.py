@@ -10,7 +10,13 @@ from costmodels.steptable import step_seconds
 from policies import fairness as fm
 from policies import prefix_cache as pcm
 from policies.engine.codes import I_BLOCK_SIZE, I_COST_UNIT, I_STEP_CAP_MS, I_W_IN
-from policies.engine.state import _cache, _cover_reservation, _is_decode, _shares
+from policies.engine.state import (
+    _cache,
+    _cache_prompt_blocks,
+    _cover_reservation,
+    _is_decode,
+    _shares,
+)
 from policies.kernel_state import (
     B_DECODES,
     B_KV_DECODE,
@@ -21,7 +27,6 @@ from policies.kernel_state import (
     BUDGET,
     CACHING,
     COMPUTED,
-    ENTRY_BLOCKS,
     FREE,
     GENERATED,
     HELD,
@@ -37,6 +42,7 @@ from policies.kernel_state import (
     SCHED,
     SWAP_S,
     USED,
+    VLLM_CACHE,
 )
 
 
@@ -98,7 +104,7 @@ def _schedule_shared(rep, st, cfg, r, n):
     pc = _cache(rep, st)
     blocks = _need_blocks(ri, pc, r, ri[COMPUTED, r] + n, ri[PC_REQ + pcm.R_HELD, r], 0, int(cfg[I_BLOCK_SIZE]))
     if g[CACHING]:
-        short = blocks - (g[FREE] - g[PC_STATS + pcm.S_EVICTABLE] * g[ENTRY_BLOCKS])
+        short = blocks - (g[FREE] - g[PC_STATS + pcm.S_EVICTABLE])
         if short > 0:
             pcm.evict(pc, short)
     if g[QUOTAS]:
@@ -107,6 +113,10 @@ def _schedule_shared(rep, st, cfg, r, n):
         fm.use_tokens(sh, st.si[S_TENANT, r], st.si[S_CLASS, r], n)
     _charge_prefill(rep, st, cfg, r, n, 1)
     _schedule(ri, g, rep.lists[L_BATCH], st.si[S_PROMPT], r, n, blocks)
+    if g[VLLM_CACHE] and ri[PC_REQ + pcm.R_HELD, r] < ri[PC_REQ + pcm.R_N_FULL, r]:
+        # vLLM caches a block once scheduled: a request started later in this step hits it
+        # (vllm/v1/core/kv_cache_manager.py allocate_slots -> cache_blocks)
+        _cache_prompt_blocks(rep, st, r, ri[COMPUTED, r] + n, int(cfg[I_BLOCK_SIZE]))
 
 
 @njit(cache=True, nogil=True)

@@ -34,7 +34,6 @@ from policies.kernel_state import (
     BUDGET,
     COMPUTED,
     DP_HOLD,
-    ENTRY_BLOCKS,
     FREE,
     GENERATED,
     GHOSTS,
@@ -98,7 +97,7 @@ def _form_batch(rep, st, tables, cfg):
             continue
         if plain_decodes and _is_decode(ri, prompt, r, n):
             blocks = pcm.private_blocks(ri[COMPUTED, r] + 1, cached_held[r], hash_tokens, block_size) - ri[HELD, r]
-            if blocks <= g[FREE] - g[PC_STATS + pcm.S_EVICTABLE] * g[ENTRY_BLOCKS]:
+            if blocks <= g[FREE] - g[PC_STATS + pcm.S_EVICTABLE]:
                 _schedule(ri, g, batch, prompt, r, n, blocks)
                 continue
         if _need_blocks(ri, pc, r, ri[COMPUTED, r] + n, cached_held[r], 0, block_size) <= g[FREE]:

@@ -48,7 +48,6 @@ from policies.engine.state import _free_gpu, _is_decode, _leave_running
 from policies.kernel_state import (
     COMPUTED,
     DONE,
-    ENTRY_BLOCKS,
     FINISH,
     FREE,
     GENERATED,
@@ -185,7 +184,7 @@ def _ghosts_change_nothing(rep, st, cfg):
         if not _is_decode(ri, prompt, r, 1):
             return -1
         need += pcm.private_blocks(ri[COMPUTED, r] + 1, cached_held[r], st.block_tokens, block_size) - ri[HELD, r]
-    return need if need <= g[FREE] - g[PC_STATS + pcm.S_EVICTABLE] * g[ENTRY_BLOCKS] else -1
+    return need if need <= g[FREE] - g[PC_STATS + pcm.S_EVICTABLE] else -1
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -175,6 +175,7 @@ def _preempt(rep, st, tables, cfg, v):
             ri[HOST, v] = held
             gf[SWAP_S] += copy_s
             g[SWAP_OUTS] += 1
+    _free_gpu(rep, st, v, not swap)  # before its progress is reset: vLLM keeps the blocks it computed
     if not swap:
         ri[COMPUTED, v] = 0
         if _retraction_discards(cfg) and _in_flight(ri, g, cfg, v):
@@ -182,7 +183,6 @@ def _preempt(rep, st, tables, cfg, v):
             ri[SAMPLED_AT, v] = -1
             if ri[GENERATED, v] == 0:
                 rep.rf[FIRST_TOKEN, v] = np.nan
-    _free_gpu(rep, st, v, not swap)
     _leave_running(rep, st, v)
     _push_waiting(rep, st, cfg, v, True)
 

@@ -36,6 +36,7 @@ from policies.engine.codes import (
     I_MAX_WAIT,
     I_POLICY,
     I_PREFIX_CACHING,
+    I_SCHEDULE_MODE,
     I_SPEC_GAMMA,
     I_SPEC_MODE,
     N_SPEC_I,
@@ -51,6 +52,7 @@ from policies.engine.codes import (
     P_HIT_TOKENS,
     P_QUERY_TOKENS,
     P_SAVED_S,
+    PREFILL_FIRST,
     VTC,
 )
 from policies.engine.events import _arrive, _expire, _next_deadline, _next_delivery
@@ -224,6 +226,7 @@ from policies.kernel_state import (
     SWAP_OUTS,
     SWAP_S,
     USED,
+    VLLM_CACHE,
 )
 from policies.kernel_state import T as CLOCK
 from policies.result import STEP_HIST_BINS
@@ -275,6 +278,10 @@ def new_replica(st, cfg, cap_blocks, host_blocks, kv_bytes, swap_bw, seed, serie
               or np.any(class_params[:, fm.C_HEADROOM] > 0.0) or np.any(class_params[:, fm.C_KV_SHARE] < 1.0)
               or np.any(class_params[:, fm.C_TOKEN_SHARE] < 1.0))
     g[CACHING] = 1 if caching else 0
+    # vLLM hashes every full block, generated tokens too; SGLang's retraction frees the KV
+    # without caching it (srt/managers/schedule_batch.py:2388-2389)
+    g[VLLM_CACHE] = 1 if (caching and int(cfg[I_SCHEDULE_MODE]) != PREFILL_FIRST
+                        and st.block_tokens % block_size == 0) else 0
     g[QUOTAS] = 1 if quotas else 0
     g[STUCK_MODES] = 1 if _stuck_modes(cfg, quotas) else 0
     g[FAST_FORWARD] = 1 if fast_forward else 0
@@ -285,7 +292,7 @@ def new_replica(st, cfg, cap_blocks, host_blocks, kv_bytes, swap_bw, seed, serie
     g[AD_SKIP_ROW] = N_FL + (1 if speculating else 0)
     lists = np.zeros((g[AD_POOL_ROW] + (adm.N_ROWS if lora else 0), n + 1), dtype=np.int64)
     fl = np.zeros((g[AD_SKIP_ROW] + (3 if lora else 0), n))
-    entries = np.empty((pcm.N_ENTRY_ROWS, st.n_entries if caching else 0), dtype=np.int64)
+    entries = np.empty((pcm.N_ENTRY_ROWS, st.n_entries + n if caching else 0), dtype=np.int64)
     lanes = np.empty((qm.N_LANE_ROWS, st.lane_tenant.shape[0]), dtype=np.int64)
     ledger = np.empty((fm.N_TENANT_ROWS + fm.N_CLASS_ROWS, max(tenant_params.shape[0], class_params.shape[0])))
     rf = np.full((N_RF, n), np.nan)
@@ -425,7 +432,7 @@ def _advance(rep, st, tables, cfg, t_limit, through):
                                                   and _is_decode(ri, prompt, run[g[N_RUN] - 1], 1))):
             start_free = _head_start_free(rep, st, cfg) if g[N_WAIT] > 0 else NEVER
             next_deadline = _next_deadline(rep, st) if dheap[0] > 0 else np.inf
-            truly_free = g[FREE] - g[PC_STATS + pcm.S_EVICTABLE] * g[ENTRY_BLOCKS]
+            truly_free = g[FREE] - g[PC_STATS + pcm.S_EVICTABLE]
             j, sum_dt, sum_j_dt, finished = _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables, cfg,
                                                           hash_tokens, next_event, next_deadline, truly_free,
                                                           start_free, seen_delivery)
@@ -437,7 +444,7 @@ def _advance(rep, st, tables, cfg, t_limit, through):
                 continue
         if chunk_stretches and g[N_RUN] > 0:
             next_deadline = _next_deadline(rep, st) if dheap[0] > 0 else np.inf
-            truly_free = g[FREE] - g[PC_STATS + pcm.S_EVICTABLE] * g[ENTRY_BLOCKS]
+            truly_free = g[FREE] - g[PC_STATS + pcm.S_EVICTABLE]
             j, finished = _fast_forward_chunk(ri, g, gf, series, run, cached_held, prompt, rep.ledger, st.si[S_TENANT],
                                               tables, cfg, hash_tokens, next_event, next_deadline, truly_free,
                                               seen_delivery)

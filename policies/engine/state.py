@@ -66,6 +66,7 @@ from policies.kernel_state import (
     S_JOB,
     S_LANE,
     S_PRIORITY,
+    S_PROMPT,
     S_TENANT,
     SCHED,
     STATE,
@@ -73,6 +74,7 @@ from policies.kernel_state import (
     SWAP_BW,
     SWAP_S,
     USED,
+    VLLM_CACHE,
     WAITING,
 )
 
@@ -287,9 +289,13 @@ def _run_remove(run, g, r):
 @njit(cache=True, nogil=True, inline="always")
 def _free_gpu(rep, st, r, drop_refs):
     """Free r's own blocks; with drop_refs also its prefix-cache references (idle entries
-    stay cached but count as free: evictable on demand, as vLLM's free queue)."""
+    stay cached but count as free: evictable on demand, as vLLM's free queue). With own
+    runs (vLLM), the full blocks r computed past the entries it holds stay cached too, ahead
+    of those entries in eviction order (vLLM frees a request's blocks tail first)."""
     ri, g = rep.ri, rep.g
     held = ri[HELD, r]
+    if drop_refs and g[VLLM_CACHE]:
+        pcm.keep_tail(_cache(rep, st), st.offsets, r, _tail_full_blocks(ri, st, r, g[KV_BLOCK_SIZE]))
     g[FREE] += held
     g[USED] -= held
     ri[HELD, r] = 0
@@ -299,6 +305,30 @@ def _free_gpu(rep, st, r, drop_refs):
         idle = pcm.release(_cache(rep, st), st.offsets, r)
         g[FREE] += idle
         g[USED] -= idle
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _cache_prompt_blocks(rep, st, r, ctx, block_size):
+    """Turn the full prompt hash blocks r holds by ``ctx`` tokens into cache entries it
+    references; blocks another request cached first are deduplicated and freed."""
+    ri, g = rep.ri, rep.g
+    freed = pcm.insert(_cache(rep, st), st.offsets, r, ctx)
+    before = ri[HELD, r]
+    ri[HELD, r] = pcm.private_blocks(ctx, ri[PC_REQ + pcm.R_HELD, r], st.block_tokens, block_size)
+    if g[QUOTAS]:
+        fm.hold_kv(_shares(rep), st.si[S_TENANT, r], st.si[S_CLASS, r], ri[HELD, r] - before)
+    g[FREE] += freed
+    g[USED] -= freed
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _tail_full_blocks(ri, st, r, block_size):
+    """Full KV blocks of r's known tokens it has computed past the prefix entries it holds
+    (vLLM hashes a block once its tokens are known and computed; vllm/v1/core/block_pool.py
+    ``cache_full_blocks``)."""
+    known = min(ri[COMPUTED, r], st.si[S_PROMPT, r] + ri[GENERATED, r])
+    prefix = ri[PC_REQ + pcm.R_HELD, r] * st.block_tokens // block_size
+    return min(max(0, known // block_size - prefix), ri[HELD, r])
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -25,7 +25,13 @@ from policies.engine.codes import (
 )
 from policies.engine.formation import _decay_ratio
 from policies.engine.pipeline import _linger
-from policies.engine.state import _cache, _end_by_deadline, _end_request, _shares, _vacate
+from policies.engine.state import (
+    _cache_prompt_blocks,
+    _end_by_deadline,
+    _end_request,
+    _shares,
+    _vacate,
+)
 from policies.kernel_state import (
     B_DECODES,
     B_PREFILL,
@@ -34,12 +40,10 @@ from policies.kernel_state import (
     CACHING,
     COMPUTED,
     FIRST_TOKEN,
-    FREE,
     G_HIST,
     G_STEP_HIST,
     GENERATED,
     HAND_OFF,
-    HELD,
     KV_BYTES,
     L_BATCH,
     L_OUTBOX,
@@ -58,8 +62,6 @@ from policies.kernel_state import (
     PEAK_STEP_S,
     PRED_BIN,
     PREFILL_TOKENS,
-    QUOTAS,
-    S_CLASS,
     S_DEADLINE,
     S_PROMPT,
     S_TENANT,
@@ -72,6 +74,7 @@ from policies.kernel_state import (
     STEPS,
     TARGET,
     USED,
+    VLLM_CACHE,
 )
 from policies.kernel_state import T as CLOCK
 from policies.result import STEP_HIST_BINS, STEP_HIST_LOG_MIN, STEP_HIST_MIN_S, STEP_HIST_PER_DECADE
@@ -118,8 +121,8 @@ def _end_step(rep, st, cfg, t_end, dt):
             continue  # preempted after being scheduled
         ri[SCHED, r] = 0
         ri[COMPUTED, r] += n
-        if caching and cached_held[r] < n_full[r]:
-            _cache_prompt_blocks(rep, st, r, block_size)
+        if caching and cached_held[r] < n_full[r] and not g[VLLM_CACHE]:  # vLLM caches them as scheduled
+            _cache_prompt_blocks(rep, st, r, ri[COMPUTED, r], block_size)
         if unit != fm.TOKENS:
             fm.charge(_shares(rep), tenant[r], fm.step_cost(unit, n, g[B_TOKENS], dt, ri[COMPUTED, r], kv_bytes))
         if ri[COMPUTED, r] != prompt[r] + ri[GENERATED, r]:
@@ -152,20 +155,6 @@ def _end_done(rep, st, cfg, r, t_end):
         _end_request(rep, st, r, S_FINISHED, R_NONE, t_end)
     if int(cfg[I_ADMISSION]) == ADMIT_PREDICTED:
         _calibrate(rep.ri, rep.g, rep.g[G_HIST:G_STEP_HIST], cfg, r)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _cache_prompt_blocks(rep, st, r, block_size):
-    """Turn the full prompt hash blocks r has computed into cache entries it references;
-    blocks another request cached first are deduplicated and freed."""
-    ri, g = rep.ri, rep.g
-    freed = pcm.insert(_cache(rep, st), st.offsets, r, ri[COMPUTED, r])
-    before = ri[HELD, r]
-    ri[HELD, r] = pcm.private_blocks(ri[COMPUTED, r], ri[PC_REQ + pcm.R_HELD, r], st.block_tokens, block_size)
-    if g[QUOTAS]:
-        fm.hold_kv(_shares(rep), st.si[S_TENANT, r], st.si[S_CLASS, r], ri[HELD, r] - before)
-    g[FREE] += freed
-    g[USED] -= freed
 
 
 @njit(cache=True, nogil=True)

@@ -37,7 +37,6 @@ from policies.kernel_state import (
     BUDGET,
     COMPUTED,
     DRAFT_S,
-    ENTRY_BLOCKS,
     FL_ALPHA,
     FREE,
     GENERATED,
@@ -111,7 +110,7 @@ def _plan_verify(rep, st, tables, cfg, spec):
         spm.acceptance_estimate(rep.rf[SPEC_HITS], rep.rf[SPEC_TRIALS], gf[SPEC_EST:SPEC_EST + 2], reqs, n_req, alpha)
     draft_pp = spm.draft_seconds_per_position(tables, int(cfg[I_DRAFT_MODE]), cfg[I_DRAFT_COST], n_req,
                                               g[B_KV_DECODE])
-    free_blocks = max(0, g[FREE] - g[PC_STATS + pcm.S_EVICTABLE] * g[ENTRY_BLOCKS])
+    free_blocks = max(0, g[FREE] - g[PC_STATS + pcm.S_EVICTABLE])
     lag = SPEC_LAG + g[STEPS] % 2  # written two steps ago, rewritten now
     x, _, positions, k_now = spm.verify_budgets(
         mode, gamma, n_req, surv, alpha, lim, tables, g[B_TOKENS], g[B_LOGITS], g[B_DECODES],

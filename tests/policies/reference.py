@@ -118,6 +118,10 @@ class Reference:
         hashes = [keyed[offsets[i]:offsets[i + 1]].tolist() if self.caching else []
                   for i in range(trace.n)]
         self.cache = RefPrefixCache(hashes, [r.prompt for r in self.reqs], trace.block_tokens, self.bs)
+        # vLLM caches a block as it is scheduled and keeps a request's blocks past its entries
+        # cached for its readmission; SGLang does neither
+        self.vllm_cache = (self.caching and config.schedule_mode != "prefill_first"
+                         and trace.block_tokens % self.bs == 0)
         self.n_classes = len(trace.slo_class_names)
         if tenant_params is None:
             tenant_params = np.ones((len(trace.tenant_names), 3))
@@ -218,10 +222,34 @@ class Reference:
             r.first_token, r.generated = math.nan, 0
 
     def free_gpu(self, r: Req, drop_refs: bool) -> None:
+        if drop_refs and self.vllm_cache:
+            self.cache.keep_tail(r.id, self.tail_full_blocks(r))
         self.free += r.held
         self.hold(r, -r.held)
         if drop_refs:
             self.free += self.cache.release(r.id)
+
+    def tail_full_blocks(self, r: Req) -> int:
+        """Full blocks of r's known tokens computed past the prefix entries it holds."""
+        c = self.cache
+        known = min(r.computed, r.prompt + r.generated)
+        return min(max(0, known // self.bs - c.held[r.id] * c.bt // self.bs), r.held)
+
+    def lookup(self, r: Req) -> tuple[int, int, int, int]:
+        """(entries cached whole, cached tokens, their idle blocks, blocks r takes as its own:
+        the head of a partly evicted entry, or its own run); with own runs whole blocks over
+        the prompt and the generated tokens, at least one token left."""
+        c = self.cache
+        held, cached, idle = c.match(r.id)
+        take = c.partial_blocks(r.id, held)
+        prefix = held * c.bt
+        if not self.vllm_cache:
+            return held, min(prefix + take * self.bs, r.prompt - 1), idle, take
+        if held == c.n_full[r.id]:
+            take = c.own_blocks(r.id)
+        cap = (r.prompt + r.generated - 1) // self.bs
+        take = max(0, min(take, cap - prefix // self.bs))
+        return held, min(prefix // self.bs + take, cap) * self.bs, idle, take
 
     def enqueue(self, r: Req, in_front: bool) -> None:
         self.seq += 1
@@ -369,6 +397,12 @@ class Reference:
         r.scheduled = n
         self.batch.append(r)
         self.budget -= n
+        if self.vllm_cache and self.cache.held[r.id] < self.cache.n_full[r.id]:
+            self.cache_prompt_blocks(r, r.computed + n)  # vLLM caches blocks as they are scheduled
+
+    def cache_prompt_blocks(self, r: Req, ctx: int) -> None:
+        self.free += self.cache.insert(r.id, ctx)
+        self.hold(r, private_blocks(ctx, self.cache.held[r.id], self.cache.bt, self.bs) - r.held)
 
     def pick_victim(self) -> Req:
         mode = self.c.preemption_victim
@@ -423,6 +457,7 @@ class Reference:
                 v.host = v.held
                 self.swap_s += copy_s
                 self.swap_outs += 1
+        self.free_gpu(v, not swap)  # before its progress is reset: vLLM keeps the blocks it computed
         if not swap:
             v.computed = 0
             # SGLang's overlap loop (prefill-first) throws a retracted request's token in flight away
@@ -431,7 +466,6 @@ class Reference:
                 v.sampled_at = -1
                 if v.generated == 0:
                     v.first_token = math.nan
-        self.free_gpu(v, not swap)
         self.running.remove(v)
         self.reserved_total -= v.reserved
         v.reserved = 0
@@ -529,11 +563,10 @@ class Reference:
                     and self.t + r.min_service + c.deadline_margin_ms * 1e-3 > r.deadline):
                 self.end(r, State.REJECTED, Reject.DEADLINE_UNMEETABLE, self.t)
                 continue
-            held, cached, idle = cache.held[r.id], 0, 0
+            held, cached, idle, own = cache.held[r.id], 0, 0, 0
             lookup = self.caching and r.computed == 0 and r.host == 0
             if lookup:
-                held, cached, idle = cache.match(r.id)
-                idle *= cache.entry_blocks
+                held, cached, idle, own = self.lookup(r)
                 r.computed = cached
             n = r.prompt + r.generated - r.computed
             if 0 < self.long_prefill < n:
@@ -557,8 +590,12 @@ class Reference:
             if lookup:
                 if held > 0:
                     cache.acquire(r.id, held)
-                    self.free -= idle
-                    self.peak = max(self.peak, self.used)
+                cache.take_partial(r.id, held)
+                if self.vllm_cache:
+                    cache.take_own(r.id)
+                self.hold(r, own)
+                self.free -= idle + own
+                self.peak = max(self.peak, self.used)
                 self.hit_tokens += cached
                 self.query_tokens += r.prompt
                 if math.isnan(r.first_sched):
@@ -714,9 +751,8 @@ class Reference:
                 continue
             r.scheduled = 0
             r.computed += n
-            if self.caching and self.cache.held[r.id] < self.cache.n_full[r.id]:
-                self.free += self.cache.insert(r.id, r.computed)
-                self.hold(r, private_blocks(r.computed, self.cache.held[r.id], self.cache.bt, self.bs) - r.held)
+            if self.caching and not self.vllm_cache and self.cache.held[r.id] < self.cache.n_full[r.id]:
+                self.cache_prompt_blocks(r, r.computed)
             if unit == "gpu_time":
                 self.shares.charge(r.tenant, dt * n / step_tokens)
             elif unit == "kv_byte_seconds":

@@ -20,7 +20,8 @@ def private_blocks(ctx: int, held: int, block_tokens: int, kv_block_size: int) -
 
 
 class RefPrefixCache:
-    """Hash-keyed prefix cache with reference counts and LRU eviction of idle entries."""
+    """Hash-keyed prefix cache with reference counts and LRU eviction of idle entries, and
+    each request's own run (its blocks past its prefix, kept for its readmission: vLLM)."""
 
     def __init__(self, hashes_per_request, prompt_tokens, block_tokens: int, kv_block_size: int):
         self.hashes = [list(h) for h in hashes_per_request]
@@ -30,15 +31,26 @@ class RefPrefixCache:
         self.n_full = [min(len(h), p // block_tokens) for h, p in zip(self.hashes, self.prompt, strict=True)]
         self.held = [0] * len(self.prompt)
         self.refs: dict[int, int] = {}  # cached hash -> references
-        self.idle: OrderedDict[int, None] = OrderedDict()  # least recently released first
+        self.part: dict[int, int] = {}  # idle hash partly evicted -> KV blocks of its head left
+        self.own: dict[int, int] = {}  # request -> blocks of its own run still cached
+        # least recently released first: hashes, and ("own", request) for own runs
+        self.idle: OrderedDict[object, None] = OrderedDict()
         self.hit_tokens = self.query_tokens = self.inserts = self.dedups = self.evictions = 0
 
     def match(self, i):
         k = 0
-        while k < self.n_full[i] and self.hashes[i][k] in self.refs:
+        while k < self.n_full[i] and self.hashes[i][k] in self.refs and self.hashes[i][k] not in self.part:
             k += 1
-        idle = sum(1 for h in self.hashes[i][:k] if self.refs[h] == 0)
+        idle = sum(self.entry_blocks for h in self.hashes[i][:k] if self.refs[h] == 0)
         return k, min(k * self.bt, self.prompt[i] - 1), idle
+
+    def partial_blocks(self, i, k):
+        return self.part.get(self.hashes[i][k], 0) if k < self.n_full[i] else 0
+
+    def take_partial(self, i, k):
+        h = self.hashes[i][k] if k < self.n_full[i] else None
+        if h in self.part:
+            del self.part[h], self.refs[h], self.idle[h]
 
     def _ref(self, h):
         if self.refs[h] == 0:
@@ -54,6 +66,8 @@ class RefPrefixCache:
         last = min(self.n_full[i], ctx // self.bt)
         freed = 0
         for h in self.hashes[i][self.held[i] : last]:
+            if h in self.part:  # what eviction left of it: this copy replaces it
+                del self.part[h], self.refs[h], self.idle[h]
             if h in self.refs:  # an idle entry is free already: taking it back nets zero
                 if self.refs[h] > 0:
                     freed += self.entry_blocks
@@ -75,13 +89,47 @@ class RefPrefixCache:
         self.held[i] = 0
         return idle
 
+    def keep_tail(self, i, blocks):
+        """i lets go of the full blocks it computed past its held entries: the head of its next
+        entry (unless another copy is cached), or past its prompt's entries its own run."""
+        if blocks <= 0:
+            return
+        k = self.held[i]
+        if k < self.n_full[i]:
+            h = self.hashes[i][k]
+            if h not in self.refs:
+                self.refs[h], self.part[h], self.idle[h] = 0, min(blocks, self.entry_blocks - 1), None
+            return
+        self.own[i] = blocks
+        self.idle[("own", i)] = None
+
+    def own_blocks(self, i):
+        return self.own.get(i, 0)
+
+    def take_own(self, i):
+        if self.own.pop(i, 0):
+            del self.idle[("own", i)]
+
     def evict(self, needed):
         freed = 0
         while freed < needed and self.idle:
-            h, _ = self.idle.popitem(last=False)
-            del self.refs[h]
-            self.evictions += 1
-            freed += self.entry_blocks
+            key = next(iter(self.idle))
+            if isinstance(key, tuple):  # an own run goes a block at a time, tail first
+                take = min(self.own[key[1]], needed - freed)
+                self.own[key[1]] -= take
+                if self.own[key[1]] == 0:
+                    del self.own[key[1]], self.idle[key]
+                freed += take
+                continue
+            left = self.part.get(key, self.entry_blocks)  # so does an entry
+            take = min(left, needed - freed)
+            if take < left:
+                self.part[key] = left - take
+            else:
+                self.part.pop(key, None)
+                del self.idle[key], self.refs[key]
+                self.evictions += 1
+            freed += take
         return freed
 
     def grow_blocks(self, i, ctx_old, ctx_new, kv_block_size):
@@ -94,7 +142,10 @@ class RefPrefixCache:
         )
 
     def cache_blocks(self):
-        return len(self.refs) * self.entry_blocks, len(self.idle) * self.entry_blocks
+        own = sum(self.own.values())
+        whole = len(self.refs) * self.entry_blocks - sum(self.entry_blocks - b for b in self.part.values())
+        idle = sum(self.part.get(key, self.entry_blocks) for key in self.idle if not isinstance(key, tuple))
+        return whole + own, idle + own
 
 
 # -- waiting queue -------------------------------------------------------------------------

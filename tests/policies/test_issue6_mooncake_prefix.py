@@ -48,4 +48,5 @@ def test_unbounded_cache_hits_every_repeated_leading_block(mooncake):
     np.testing.assert_array_equal(hit, expected)
     # README: 36.6% of the 288,500 blocks repeat an earlier one; only partial tails are lost
     assert 0.33 < hit.sum() / (len(hashes) * BLOCK_TOKENS) < 0.37
-    assert pc.stats[pcm.S_CACHED] == len(seen) and pc.stats[pcm.S_EVICTABLE] == len(seen)
+    blocks = len(seen) * pc.entry_blocks
+    assert pc.stats[pcm.S_CACHED] == blocks and pc.stats[pcm.S_EVICTABLE] == blocks

@@ -36,7 +36,8 @@ def workloads(draw):
         prompts.append(prompt)
     ops = draw(
         st.lists(
-            st.tuples(st.sampled_from(["admit", "compute", "release", "evict"]), st.integers(0, n - 1), st.integers(1, 200)),
+            st.tuples(st.sampled_from(["admit", "compute", "release", "release_own", "evict"]), st.integers(0, n - 1),
+                      st.integers(1, 200)),
             max_size=40,
         )
     )
@@ -56,11 +57,21 @@ def test_kernels_agree_with_twin_and_ledger_balances(workload):
         if op == "admit" and i not in ctx:
             got = pcm.match(pc, offsets, prompts, i)
             assert got == ref.match(i)
+            assert 0 <= got[1] < prompts[i], "a full hit still computes one token"
+            part, own = pcm.partial_blocks(pc, offsets, i, got[0]), pcm.own_blocks(pc, i)
+            assert (part, own) == (ref.partial_blocks(i, got[0]), ref.own_blocks(i))
+            assert 0 <= part < pc.entry_blocks
             pcm.acquire(pc, offsets, i, got[0])
             ref.acquire(i, got[0])
-            in_use += got[2] * pc.entry_blocks  # idle entries it now references leave the pool
-            ctx[i] = got[1]
-            assert 0 <= got[1] < prompts[i], "a full hit still computes one token"
+            # it takes the head of a partly evicted entry, or (after a whole prefix) up to x
+            # blocks of its own run, as blocks of its own
+            take = min(own, x) if got[0] == pc.n_full[i] and got[1] == got[0] * BT else part
+            pcm.take_partial(pc, offsets, i, got[0])
+            ref.take_partial(i, got[0])
+            pcm.take_own(pc, i)
+            ref.take_own(i)
+            in_use += got[2] + take  # idle entries it now references, and the blocks it took, leave the pool
+            ctx[i] = got[1] + take * bs
         elif op == "compute" and i in ctx:
             new = ctx[i] + x
             need = pcm.grow_blocks(ctx[i], new, pc.held[i], pc.n_full[i], BT, bs, pc.entry_blocks)
@@ -70,8 +81,12 @@ def test_kernels_agree_with_twin_and_ledger_balances(workload):
             assert freed == ref.insert(i, new)
             in_use -= freed
             ctx[i] = new
-        elif op == "release" and i in ctx:
-            in_use -= pcm.private_blocks(ctx.pop(i), pc.held[i], BT, bs)
+        elif op in ("release", "release_own") and i in ctx:
+            private = pcm.private_blocks(ctx.pop(i), pc.held[i], BT, bs)
+            if op == "release_own":  # blocks past its entries stay cached, idle, ahead of its entries
+                pcm.keep_tail(pc, offsets, i, x % (private + 1))
+                ref.keep_tail(i, x % (private + 1))
+            in_use -= private
             idle = pcm.release(pc, offsets, i)
             assert idle == ref.release(i)
             in_use -= idle
@@ -133,6 +148,21 @@ def test_lru_evicts_least_recently_released_and_chain_tails_first():
     assert pcm.evict(pc, 100) == 3, "eviction stops when nothing is idle"
 
 
+def test_an_entry_is_evicted_a_block_at_a_time_and_its_head_still_hits():
+    pc, ref, offsets, prompts = _cache([[1, 2], [1, 2]], [2 * BT + 5] * 2, 16)
+    pcm.insert(pc, offsets, 0, 2 * BT)
+    ref.insert(0, 2 * BT)
+    pcm.release(pc, offsets, 0)
+    ref.release(0)
+    assert pcm.evict(pc, 1) == ref.evict(1) == 1
+    assert pcm.match(pc, offsets, prompts, 1) == ref.match(1) == (1, BT, pc.entry_blocks)
+    assert pcm.partial_blocks(pc, offsets, 1, 1) == ref.partial_blocks(1, 1) == pc.entry_blocks - 1
+    pcm.acquire(pc, offsets, 1, 1)
+    pcm.take_partial(pc, offsets, 1, 1)
+    assert pcm.cache_blocks(pc) == (pc.entry_blocks, 0), "the head it took is its own now"
+    assert pcm.insert(pc, offsets, 1, 2 * BT) == 0 and pcm.match(pc, offsets, prompts, 0)[0] == 2
+
+
 def test_referenced_entries_are_never_evicted():
     pc, _, offsets, prompts = _cache([[1, 2], [1, 2]], [2 * BT + 1] * 2, 16)
     pcm.acquire(pc, offsets, 0, 0)
@@ -140,7 +170,7 @@ def test_referenced_entries_are_never_evicted():
     assert pcm.evict(pc, 10**6) == 0
     pcm.release(pc, offsets, 0)
     k, _, idle = pcm.match(pc, offsets, prompts, 1)
-    assert (k, idle) == (2, 2)
+    assert (k, idle) == (2, 2 * pc.entry_blocks)
     pcm.acquire(pc, offsets, 1, k)
     assert pcm.cache_blocks(pc) == (2 * pc.entry_blocks, 0)
 
@@ -156,6 +186,24 @@ def test_dedup_onto_an_idle_entry_frees_nothing():
     assert pcm.insert(pc, offsets, 2, BT) == ref.insert(2, BT) == pc.entry_blocks
     assert pc.stats[pcm.S_EVICTABLE] == 0 and pc.refs[pc.cached].tolist() == [2]
     assert not ref.idle and ref.refs == {9: 2}
+
+
+def test_own_run_goes_before_the_prefix_it_follows_and_tail_first():
+    """vLLM frees a request's blocks tail first: its own blocks are evicted before its prefix
+    entries, a block at a time, and what survives is the run's head."""
+    pc, ref, offsets, prompts = _cache([[1, 2], [1, 2]], [2 * BT + 100] * 2, 16)
+    pcm.acquire(pc, offsets, 0, 0)
+    pcm.insert(pc, offsets, 0, 2 * BT + 100)
+    pcm.keep_tail(pc, offsets, 0, 6)
+    pcm.release(pc, offsets, 0)
+    assert pcm.cache_blocks(pc) == (2 * pc.entry_blocks + 6, 2 * pc.entry_blocks + 6)
+    assert pcm.evict(pc, 4) == 4 and pcm.own_blocks(pc, 0) == 2, "own blocks first, one at a time"
+    assert pcm.match(pc, offsets, prompts, 1)[0] == 2, "its prefix is untouched"
+    assert pcm.evict(pc, 3) == 3, "then the run's head, then the tail block of the prefix's last entry"
+    assert pcm.own_blocks(pc, 0) == 0 and pcm.match(pc, offsets, prompts, 1)[0] == 1
+    assert pcm.partial_blocks(pc, offsets, 1, 1) == pc.entry_blocks - 1, "a lookup still hits the entry's head"
+    assert pcm.evict(pc, pc.entry_blocks) == pc.entry_blocks and pc.stats[pcm.S_EVICTIONS] == 1
+    assert pcm.partial_blocks(pc, offsets, 1, 1) == 0, "own runs are not counted as entry evictions"
 
 
 def test_caching_off_grow_is_plain_block_arithmetic():
@@ -178,7 +226,7 @@ def test_clear_returns_a_used_cache_to_empty():
     k, _, _ = pcm.match(pc, offsets, prompts, 1)
     pcm.acquire(pc, offsets, 1, k)
     pcm.release(pc, offsets, 0)
-    assert pc.stats[pcm.S_CACHED] == 3 and pc.held[1] == 2
+    assert pc.stats[pcm.S_CACHED] == 3 * pc.entry_blocks and pc.held[1] == 2
     pcm.clear(pc, fresh.n_full)
     for a, b in ((pc.req, fresh.req), (pc.tab, fresh.tab), (pc.stats, fresh.stats)):
         np.testing.assert_array_equal(a, b)

@@ -4,9 +4,8 @@ Each recorded scenario (``../shared/oracle/vllm-0.33.0/``, ``tests/fixtures/vllm
 ``optimizer.parity``) is replayed through the vLLM target: every request's first token and
 finish at the same time as in vLLM's run, and every step (start, tokens, first tokens,
 finishes) the same, for vLLM's synchronous loop (``no-async-scheduling``) and for its async
-loop (what ``vllm serve`` runs). Scenarios whose sharing vLLM's 16-token prefix cache sees
-and servetune's 512-token one does not are marked (issue 48, item 2): they must fail
-until it is modelled.
+loop (what ``vllm serve`` runs), prefix caching included: blocks cached as scheduled, evicted
+a block at a time, and a preempted request's own blocks found again.
 """
 
 from __future__ import annotations
@@ -21,17 +20,13 @@ from optimizer import parity
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = Path(os.environ.get("SERVETUNE_SHARED", ROOT / ".." / "shared"))
 FOLDERS = parity.scenarios(SHARED / "oracle" / "vllm-0.33.0", ROOT / "tests" / "fixtures" / "vllm_oracle")
-#: prefix sharing servetune's 512-token cache entries miss (issue 48 item 2: vLLM hashes 16-token blocks)
-FINER_PREFIX_CACHE = {"sample-costmodel", "burst-preempt-pc", "burst-pc-shared"}
 
 
 def _cases():
     for folder in FOLDERS:
         modes = [m for m in parity.MODES if (folder / f"vllm-{m}_requests.csv").is_file()]
         for mode in modes:
-            marks = [pytest.mark.xfail(strict=True, reason="vLLM's 16-token prefix cache (issue 48 item 2)")] \
-                if folder.name in FINER_PREFIX_CACHE else []
-            yield pytest.param(folder, mode, id=f"{folder.name}-{mode}", marks=marks)
+            yield pytest.param(folder, mode, id=f"{folder.name}-{mode}")
 
 
 CASES = list(_cases())
@@ -71,7 +66,7 @@ def test_the_two_loops_differ_where_vllm_s_do():
     """Matching both recorded loops means something only if they differ: on every scenario
     with both runs, vLLM's async first tokens differ from its sync ones, and so do
     servetune's, by the same requests."""
-    both = [f for f in FOLDERS if {"sync", "async"} <= set(parity.load(f).modes) and f.name not in FINER_PREFIX_CACHE]
+    both = [f for f in FOLDERS if {"sync", "async"} <= set(parity.load(f).modes)]
     if not both:
         pytest.skip("no scenario recorded in both loops")
     for folder in both:
