@@ -34,9 +34,9 @@ SCHED = 9  # tokens scheduled in the step being formed (0 = not in the batch)
 STATE = 10  # policies.result.State once DONE
 REASON = 11  # policies.result.Reject
 CACHED_FIRST = 12  # prompt tokens from the prefix cache at first schedule
-PC_REQ = 13  # two rows: the prefix cache's per-request rows (policies.prefix_cache R_*)
-SAMPLED_AT = 15  # g[STEPS] after the step that sampled its last token (-1: none here)
-N_RI = 16
+PC_REQ = 13  # three rows: the prefix cache's per-request rows (policies.prefix_cache R_*)
+SAMPLED_AT = 16  # g[STEPS] after the step that sampled its last token (-1: none here)
+N_RI = 17
 
 # -- rf rows: per-request floats ---------------------------------------------------------
 FIRST_SCHED = 0

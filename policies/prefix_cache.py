@@ -21,7 +21,9 @@ Life of an entry:
   rules, as the step is formed): each new block becomes an entry referenced by its
   request (its KV blocks move from the request to the cache); a block another request
   inserted meanwhile is deduplicated: the request references the existing entry and its
-  own copy is freed;
+  own copy is freed (SGLang: the radix tree frees the duplicate at once) or, with
+  ``keep_copies`` (vLLM keeps both blocks under one hash, vllm/v1/core/block_pool.py
+  ``BlockHashToBlockMap``), kept as the request's own (``R_COPIES``) until it lets go;
 - ``release`` drops a request's references (finish, preemption, cancel, rejection);
   entries left unreferenced join the LRU list, deepest block first, so a chain's tail is
   evicted before its head (as vLLM frees blocks in reverse);
@@ -80,7 +82,8 @@ N_STATS = 9
 # rows of PrefixCache.req (per request) and PrefixCache.tab (per entry)
 R_N_FULL = 0  # full hash blocks of the prompt, the only cacheable ones (0 with caching off)
 R_HELD = 1  # leading entries the request references
-N_REQ_ROWS = 2
+R_COPIES = 2  # KV blocks of entries it computed while another request held them, kept as its own (vLLM)
+N_REQ_ROWS = 3
 E_CACHED = 0  # KV blocks the entry holds (entry_blocks, or an own run's count; 0: not cached)
 E_REFS = 1
 E_LRU_PREV = 2  # doubly linked LRU list of unreferenced cached entries
@@ -96,7 +99,8 @@ class PrefixCache(NamedTuple):
     ``entry``: per trace block (aligned with ``Trace.block_hashes``), its dense entry id
     (read-only, shared). ``req[ROW, request]`` (R_*) and ``tab[ROW, entry]`` (E_*) are
     field-major matrices: few arrays keep calls cheap in the kernel. ``tab`` has one column
-    per entry, then one per request for its own run (``own_column``).
+    per entry, then per request one for its own run (``own_column``) and one for the copies
+    it let go (``copies_column``).
     """
 
     entry: np.ndarray  # i8[H]
@@ -110,6 +114,7 @@ class PrefixCache(NamedTuple):
     # Python-side views by name (tests, inspection)
     n_full = property(lambda self: self.req[R_N_FULL])
     held = property(lambda self: self.req[R_HELD])
+    copies = property(lambda self: self.req[R_COPIES])
     cached = property(lambda self: self.tab[E_CACHED] != 0)
     refs = property(lambda self: self.tab[E_REFS])
 
@@ -131,7 +136,7 @@ def prefix_layout(
 def empty_cache(entry, n_full, n_entries, block_tokens, kv_block_size):
     """An empty cache over a ``prefix_layout`` for one KV block size (``n_full`` is copied)."""
     pc = PrefixCache(entry, np.empty((N_REQ_ROWS, n_full.shape[0]), dtype=np.int64),
-                     np.empty((N_ENTRY_ROWS, n_entries + n_full.shape[0]), dtype=np.int64),
+                     np.empty((N_ENTRY_ROWS, n_entries + 2 * n_full.shape[0]), dtype=np.int64),
                      np.empty(N_STATS, dtype=np.int64),
                      block_tokens, (block_tokens + kv_block_size - 1) // kv_block_size, kv_block_size)
     clear(pc, n_full)
@@ -144,6 +149,7 @@ def clear(pc, n_full):
     ``n_full`` sets the cacheable blocks per request (zeros: caching off)."""
     pc.req[R_N_FULL] = n_full
     pc.req[R_HELD] = 0
+    pc.req[R_COPIES] = 0
     pc.tab[:] = 0
     pc.tab[E_LRU_PREV] = -1
     pc.tab[E_LRU_NEXT] = -1
@@ -257,11 +263,20 @@ def match(pc, block_offsets, prompt_tokens, i):
 
 @njit(cache=True, nogil=True)
 def acquire(pc, block_offsets, i, k):
-    """Reference request i's first k entries (all cached, as ``match`` found them)."""
+    """Reference request i's first k entries (all cached, as ``match`` found them).
+
+    Returns the KV blocks that stopped being idle: ``match``'s count, unless an entry
+    repeats in the chain (only a synthetic trace does that; a hash names its whole prefix).
+    """
     base = block_offsets[i]
+    taken = 0
     for j in range(k):
-        _ref(pc, pc.entry[base + j])
+        e = pc.entry[base + j]
+        if pc.tab[E_REFS, e] == 0:
+            taken += pc.tab[E_CACHED, e]
+        _ref(pc, e)
     pc.req[R_HELD, i] = k
+    return taken
 
 
 @njit(cache=True, nogil=True)
@@ -272,13 +287,14 @@ def note_lookup(pc, hit_tokens, query_tokens):
 
 
 @njit(cache=True, nogil=True)
-def insert(pc, block_offsets, i, ctx):
+def insert(pc, block_offsets, i, ctx, keep_copies):
     """Cache the full hash blocks request i completed by ``ctx`` computed tokens.
 
     Returns the KV blocks freed by deduplication (blocks of this request that another
-    request had cached first); the caller returns them to the free pool. An idle entry
-    counts as free already, so deduplicating onto it frees nothing: the request's copy
-    goes back to the pool exactly as the entry it now references leaves it.
+    request had cached first); the caller returns them to the free pool. With
+    ``keep_copies`` they stay the request's (``R_COPIES``) and nothing is freed. An idle
+    entry counts as free already, so deduplicating onto it frees nothing: the request's
+    copy goes back to the pool exactly as the entry it now references leaves it.
     """
     base = block_offsets[i]
     last = min(pc.req[R_N_FULL, i], ctx // pc.block_tokens)
@@ -286,7 +302,9 @@ def insert(pc, block_offsets, i, ctx):
     for j in range(pc.req[R_HELD, i], last):
         e = pc.entry[base + j]
         if pc.tab[E_CACHED, e] == pc.entry_blocks:
-            if pc.tab[E_REFS, e] > 0:
+            if pc.tab[E_REFS, e] > 0 and keep_copies:
+                pc.req[R_COPIES, i] += pc.entry_blocks
+            elif pc.tab[E_REFS, e] > 0:
                 freed += pc.entry_blocks
             _ref(pc, e)
             pc.stats[S_DEDUPS] += 1
@@ -306,7 +324,8 @@ def insert(pc, block_offsets, i, ctx):
 
 @njit(cache=True, nogil=True)
 def release(pc, block_offsets, i):
-    """Drop request i's references, deepest first; idle entries become evictable.
+    """Drop request i's references, deepest first; idle entries become evictable. Its kept
+    copies (``R_COPIES``) are the caller's to free.
 
     Returns the KV blocks of entries that became idle (evictable, so available again).
     """
@@ -319,6 +338,7 @@ def release(pc, block_offsets, i):
             _lru_append(pc, e)
             idle += pc.entry_blocks
     pc.req[R_HELD, i] = 0
+    pc.req[R_COPIES, i] = 0
     return idle
 
 
@@ -331,7 +351,7 @@ def evict(pc, kv_blocks_needed):
 
     Returns the KV blocks freed.
     """
-    own_from = pc.tab.shape[1] - pc.req.shape[1]
+    own_from = pc.tab.shape[1] - 2 * pc.req.shape[1]
     freed = 0
     while freed < kv_blocks_needed and pc.stats[S_HEAD] >= 0:
         e = pc.stats[S_HEAD]
@@ -377,6 +397,12 @@ def take_partial(pc, block_offsets, i, k):
 @njit(cache=True, nogil=True, inline="always")
 def own_column(pc, i):
     """Request i's own-run column of ``tab``."""
+    return pc.tab.shape[1] - 2 * pc.req.shape[1] + i
+
+
+@njit(cache=True, nogil=True, inline="always")
+def copies_column(pc, i):
+    """The column of the copies request i let go (``keep_copies``)."""
     return pc.tab.shape[1] - pc.req.shape[1] + i
 
 
@@ -392,8 +418,6 @@ def keep_tail(pc, block_offsets, i, blocks):
     holds: they stay cached, idle (the caller counts them free), at the LRU tail. Mid-prompt
     they are the head of its next entry, which a lookup hits (``partial_blocks``) unless
     another copy of it is cached; past its prompt's entries they are its own run."""
-    if blocks <= 0:
-        return
     k = pc.req[R_HELD, i]
     if k < pc.req[R_N_FULL, i]:
         e = pc.entry[block_offsets[i] + k]
@@ -402,9 +426,31 @@ def keep_tail(pc, block_offsets, i, blocks):
         blocks = min(blocks, pc.entry_blocks - 1)
     else:
         e = own_column(pc, i)
+    if blocks <= 0:
+        return
     pc.tab[E_CACHED, e] = blocks
     pc.stats[S_CACHED] += blocks
     _lru_append(pc, e)
+
+
+@njit(cache=True, nogil=True)
+def let_copies_go(pc, i):
+    """Request i lets go of its copies (``R_COPIES``): vLLM frees them into its free queue
+    still hashed, so they are evicted in turn like any idle block; they stay idle here, at
+    the LRU tail, holding nothing a lookup hits. Returns the blocks let go."""
+    copies = pc.req[R_COPIES, i]
+    if copies > 0:
+        e = copies_column(pc, i)
+        blocks = copies
+        if pc.tab[E_CACHED, e] > 0:  # copies let go before and not evicted yet: one run
+            blocks += pc.tab[E_CACHED, e]
+            _lru_unlink(pc, e)
+            pc.stats[S_CACHED] -= pc.tab[E_CACHED, e]
+        pc.tab[E_CACHED, e] = blocks
+        pc.stats[S_CACHED] += blocks
+        _lru_append(pc, e)
+        pc.req[R_COPIES, i] = 0
+    return copies
 
 
 @njit(cache=True, nogil=True)

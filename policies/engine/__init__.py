@@ -73,9 +73,10 @@ Sharing (issue 6; state in ``Replica.pc``/``wq``/``sh``, rules in
   a lookup hits the head of a partly evicted entry. Any end or preemption drops a
   request's references; a request holding some is recomputed, never swapped. By vLLM's
   rules (``VLLM_CACHE``: not ``prefill_first``) an entry is cached when the step that
-  computes it is formed, so a request started later in that step hits it, and a request
-  letting go leaves the full blocks it computed past its entries cached (its own run),
-  where its readmission finds them, generated tokens included.
+  computes it is formed, so a request started later in that step hits it; a block a
+  request computes while another holds it stays its own copy until it lets go; and a
+  request letting go leaves the full blocks it computed past its entries cached (its own
+  run), where its readmission finds them, generated tokens included.
 * Waiting order (``scheduling_policy``): fcfs, priority (with ``aging_rate``), edf
   (a never-scheduled head whose deadline is lost even alone, with ``deadline_margin_ms``,
   is rejected DEADLINE_UNMEETABLE), sjf, lpm, vtc, lof (SGLang: largest ``max_out``

@@ -379,7 +379,7 @@ def _take_cached_prefix(rep, st, tables, r, held, cached, idle_blocks, take, n):
     g, gf = rep.g, rep.gf
     pc = _cache(rep, st)
     if held > 0:
-        pcm.acquire(pc, st.offsets, r, held)
+        idle_blocks = pcm.acquire(pc, st.offsets, r, held)
     pcm.take_partial(pc, st.offsets, r, held)
     if g[VLLM_CACHE]:
         pcm.take_own(pc, r)

@@ -302,7 +302,11 @@ def _free_gpu(rep, st, r, drop_refs):
     if g[QUOTAS]:
         fm.hold_kv(_shares(rep), st.si[S_TENANT, r], st.si[S_CLASS, r], -held)
     if drop_refs and g[CACHING] and ri[PC_REQ + pcm.R_HELD, r] > 0:
-        idle = pcm.release(_cache(rep, st), st.offsets, r)
+        pc = _cache(rep, st)
+        copies = pcm.let_copies_go(pc, r)  # before its entries: vLLM frees a request's blocks tail first
+        if copies > 0 and g[QUOTAS]:
+            fm.hold_kv(_shares(rep), st.si[S_TENANT, r], st.si[S_CLASS, r], -copies)
+        idle = pcm.release(pc, st.offsets, r) + copies
         g[FREE] += idle
         g[USED] -= idle
 
@@ -310,10 +314,12 @@ def _free_gpu(rep, st, r, drop_refs):
 @njit(cache=True, nogil=True, inline="always")
 def _cache_prompt_blocks(rep, st, r, ctx, block_size):
     """Turn the full prompt hash blocks r holds by ``ctx`` tokens into cache entries it
-    references; blocks another request cached first are deduplicated and freed."""
+    references; blocks another request cached first are deduplicated and freed, or (vLLM)
+    kept as r's copies until it lets go."""
     ri, g = rep.ri, rep.g
-    freed = pcm.insert(_cache(rep, st), st.offsets, r, ctx)
-    before = ri[HELD, r]
+    copies = ri[PC_REQ + pcm.R_COPIES, r]
+    freed = pcm.insert(_cache(rep, st), st.offsets, r, ctx, g[VLLM_CACHE] != 0)
+    before = ri[HELD, r] - (ri[PC_REQ + pcm.R_COPIES, r] - copies)
     ri[HELD, r] = pcm.private_blocks(ctx, ri[PC_REQ + pcm.R_HELD, r], st.block_tokens, block_size)
     if g[QUOTAS]:
         fm.hold_kv(_shares(rep), st.si[S_TENANT, r], st.si[S_CLASS, r], ri[HELD, r] - before)

@@ -227,7 +227,9 @@ class Reference:
         self.free += r.held
         self.hold(r, -r.held)
         if drop_refs:
-            self.free += self.cache.release(r.id)
+            copies = self.cache.let_copies_go(r.id)  # before its entries: tail first
+            self.hold_copies(r, -copies)
+            self.free += self.cache.release(r.id) + copies
 
     def tail_full_blocks(self, r: Req) -> int:
         """Full blocks of r's known tokens computed past the prefix entries it holds."""
@@ -401,8 +403,16 @@ class Reference:
             self.cache_prompt_blocks(r, r.computed + n)  # vLLM caches blocks as they are scheduled
 
     def cache_prompt_blocks(self, r: Req, ctx: int) -> None:
-        self.free += self.cache.insert(r.id, ctx)
+        """Enter r's full prompt blocks by ctx tokens; a block another request holds is freed,
+        or (vLLM) kept as r's copy until r lets go."""
+        copies = self.cache.copies[r.id]
+        self.free += self.cache.insert(r.id, ctx, self.vllm_cache)
+        self.hold_copies(r, self.cache.copies[r.id] - copies)
         self.hold(r, private_blocks(ctx, self.cache.held[r.id], self.cache.bt, self.bs) - r.held)
+
+    def hold_copies(self, r: Req, delta: int) -> None:
+        self.tenant_kv[r.tenant] += delta
+        self.class_kv[r.klass] += delta
 
     def pick_victim(self) -> Req:
         mode = self.c.preemption_victim
@@ -589,7 +599,7 @@ class Reference:
             self.shares.dequeue(r.tenant)
             if lookup:
                 if held > 0:
-                    cache.acquire(r.id, held)
+                    idle = cache.acquire(r.id, held)  # match's count, unless a hash repeats in the chain
                 cache.take_partial(r.id, held)
                 if self.vllm_cache:
                     cache.take_own(r.id)

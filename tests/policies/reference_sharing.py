@@ -30,10 +30,12 @@ class RefPrefixCache:
         self.entry_blocks = math.ceil(block_tokens / kv_block_size)
         self.n_full = [min(len(h), p // block_tokens) for h, p in zip(self.hashes, self.prompt, strict=True)]
         self.held = [0] * len(self.prompt)
+        self.copies = [0] * len(self.prompt)  # blocks computed while another request held them, kept (vLLM)
         self.refs: dict[int, int] = {}  # cached hash -> references
         self.part: dict[int, int] = {}  # idle hash partly evicted -> KV blocks of its head left
         self.own: dict[int, int] = {}  # request -> blocks of its own run still cached
-        # least recently released first: hashes, and ("own", request) for own runs
+        self.let_go: dict[int, int] = {}  # request -> copies it let go, idle until evicted
+        # least recently released first: hashes, ("own", request) for own runs and ("copies", request)
         self.idle: OrderedDict[object, None] = OrderedDict()
         self.hit_tokens = self.query_tokens = self.inserts = self.dedups = self.evictions = 0
 
@@ -58,18 +60,23 @@ class RefPrefixCache:
         self.refs[h] += 1
 
     def acquire(self, i, k):
+        taken = 0
         for h in self.hashes[i][:k]:
+            taken += self.entry_blocks if self.refs[h] == 0 else 0
             self._ref(h)
         self.held[i] = k
+        return taken
 
-    def insert(self, i, ctx):
+    def insert(self, i, ctx, keep_copies=False):
         last = min(self.n_full[i], ctx // self.bt)
         freed = 0
         for h in self.hashes[i][self.held[i] : last]:
             if h in self.part:  # what eviction left of it: this copy replaces it
                 del self.part[h], self.refs[h], self.idle[h]
             if h in self.refs:  # an idle entry is free already: taking it back nets zero
-                if self.refs[h] > 0:
+                if self.refs[h] > 0 and keep_copies:
+                    self.copies[i] += self.entry_blocks
+                elif self.refs[h] > 0:
                     freed += self.entry_blocks
                 self._ref(h)
                 self.dedups += 1
@@ -87,21 +94,21 @@ class RefPrefixCache:
                 self.idle[h] = None
                 idle += self.entry_blocks
         self.held[i] = 0
+        self.copies[i] = 0
         return idle
 
     def keep_tail(self, i, blocks):
         """i lets go of the full blocks it computed past its held entries: the head of its next
         entry (unless another copy is cached), or past its prompt's entries its own run."""
-        if blocks <= 0:
-            return
         k = self.held[i]
         if k < self.n_full[i]:
             h = self.hashes[i][k]
-            if h not in self.refs:
-                self.refs[h], self.part[h], self.idle[h] = 0, min(blocks, self.entry_blocks - 1), None
-            return
-        self.own[i] = blocks
-        self.idle[("own", i)] = None
+            blocks = min(blocks, self.entry_blocks - 1)
+            if h not in self.refs and blocks > 0:
+                self.refs[h], self.part[h], self.idle[h] = 0, blocks, None
+        elif blocks > 0:
+            self.own[i] = blocks
+            self.idle[("own", i)] = None
 
     def own_blocks(self, i):
         return self.own.get(i, 0)
@@ -114,11 +121,12 @@ class RefPrefixCache:
         freed = 0
         while freed < needed and self.idle:
             key = next(iter(self.idle))
-            if isinstance(key, tuple):  # an own run goes a block at a time, tail first
-                take = min(self.own[key[1]], needed - freed)
-                self.own[key[1]] -= take
-                if self.own[key[1]] == 0:
-                    del self.own[key[1]], self.idle[key]
+            if isinstance(key, tuple):  # an own run (or let-go copies) goes a block at a time, tail first
+                runs = self.own if key[0] == "own" else self.let_go
+                take = min(runs[key[1]], needed - freed)
+                runs[key[1]] -= take
+                if runs[key[1]] == 0:
+                    del runs[key[1]], self.idle[key]
                 freed += take
                 continue
             left = self.part.get(key, self.entry_blocks)  # so does an entry
@@ -141,8 +149,16 @@ class RefPrefixCache:
             - private_blocks(ctx_old, held, self.bt, kv_block_size)
         )
 
+    def let_copies_go(self, i):
+        copies, self.copies[i] = self.copies[i], 0
+        if copies > 0:
+            self.let_go[i] = self.let_go.pop(i, 0) + copies
+            self.idle.pop(("copies", i), None)
+            self.idle[("copies", i)] = None
+        return copies
+
     def cache_blocks(self):
-        own = sum(self.own.values())
+        own = sum(self.own.values()) + sum(self.let_go.values())
         whole = len(self.refs) * self.entry_blocks - sum(self.entry_blocks - b for b in self.part.values())
         idle = sum(self.part.get(key, self.entry_blocks) for key in self.idle if not isinstance(key, tuple))
         return whole + own, idle + own

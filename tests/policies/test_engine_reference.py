@@ -217,7 +217,7 @@ def test_backed_up_queue_stretches_are_bit_identical(monkeypatch, fast_forward, 
                           **{"enable_prefix_caching": False, **variant})
     got = assert_matches_reference(trace, cost_model(1500), config)
     assert np.all(got.state == State.FINISHED)
-    assert np.mean(got.queue_s > 0.5) > 0.4, "the queue must stay backed up"
+    assert np.mean(got.queue_s > 0.5) > 0.35, "the queue must stay backed up (prefix hits shorten it a little)"
 
 
 def test_full_prompt_block_computed_twice_is_not_freed_twice():

@@ -33,7 +33,7 @@ def test_unbounded_cache_hits_every_repeated_leading_block(mooncake):
     for i in range(len(prompts)):
         k, hit[i], _ = pcm.match(pc, offsets, prompts, i)
         pcm.acquire(pc, offsets, i, k)
-        pcm.insert(pc, offsets, i, prompts[i])
+        pcm.insert(pc, offsets, i, prompts[i], False)
         pcm.release(pc, offsets, i)
 
     seen: set[int] = set()

@@ -41,13 +41,13 @@ def workloads(draw):
             max_size=40,
         )
     )
-    return hashes, prompts, draw(st.sampled_from([1, 16, 48, 64, 100])), ops
+    return hashes, prompts, draw(st.sampled_from([1, 16, 48, 64, 100])), ops, draw(st.booleans())
 
 
 @settings(max_examples=150, deadline=None)
 @given(workloads())
 def test_kernels_agree_with_twin_and_ledger_balances(workload):
-    hashes, prompts, bs, ops = workload
+    hashes, prompts, bs, ops, keep = workload
     pc, ref, offsets, prompts = _cache(hashes, prompts, bs)
     ctx = {}  # active request -> computed tokens
     # The engine's ledger: idle (evictable) entries count as free KV, so "in use" is the
@@ -61,8 +61,7 @@ def test_kernels_agree_with_twin_and_ledger_balances(workload):
             part, own = pcm.partial_blocks(pc, offsets, i, got[0]), pcm.own_blocks(pc, i)
             assert (part, own) == (ref.partial_blocks(i, got[0]), ref.own_blocks(i))
             assert 0 <= part < pc.entry_blocks
-            pcm.acquire(pc, offsets, i, got[0])
-            ref.acquire(i, got[0])
+            assert pcm.acquire(pc, offsets, i, got[0]) == ref.acquire(i, got[0]) == got[2]
             # it takes the head of a partly evicted entry, or (after a whole prefix) up to x
             # blocks of its own run, as blocks of its own
             take = min(own, x) if got[0] == pc.n_full[i] and got[1] == got[0] * BT else part
@@ -77,15 +76,17 @@ def test_kernels_agree_with_twin_and_ledger_balances(workload):
             need = pcm.grow_blocks(ctx[i], new, pc.held[i], pc.n_full[i], BT, bs, pc.entry_blocks)
             assert need == ref.grow_blocks(i, ctx[i], new, bs) >= 0
             in_use += need
-            freed = pcm.insert(pc, offsets, i, new)
-            assert freed == ref.insert(i, new)
+            freed = pcm.insert(pc, offsets, i, new, keep)
+            assert freed == ref.insert(i, new, keep)
             in_use -= freed
             ctx[i] = new
         elif op in ("release", "release_own") and i in ctx:
             private = pcm.private_blocks(ctx.pop(i), pc.held[i], BT, bs)
+            in_use -= pc.copies[i]  # its copies of blocks others held are freed with it
             if op == "release_own":  # blocks past its entries stay cached, idle, ahead of its entries
                 pcm.keep_tail(pc, offsets, i, x % (private + 1))
                 ref.keep_tail(i, x % (private + 1))
+                assert pcm.let_copies_go(pc, i) == ref.let_copies_go(i)  # idle, hit by no lookup
             in_use -= private
             idle = pcm.release(pc, offsets, i)
             assert idle == ref.release(i)
@@ -93,11 +94,11 @@ def test_kernels_agree_with_twin_and_ledger_balances(workload):
         elif op == "evict":
             # Evicting turns idle entries into plain free blocks: already counted free.
             assert pcm.evict(pc, x % 50) == ref.evict(x % 50)
-        assert list(pc.held) == ref.held
+        assert list(pc.held) == ref.held and list(pc.copies) == ref.copies
         assert pcm.cache_blocks(pc) == ref.cache_blocks()
         private = sum(pcm.private_blocks(c, pc.held[r], BT, bs) for r, c in ctx.items())
         cached, evictable = pcm.cache_blocks(pc)
-        assert in_use == private + cached - evictable, "KV ledger out of balance"
+        assert in_use == private + cached - evictable + pc.copies.sum(), "KV ledger out of balance"
         assert np.all(pc.refs >= 0) and np.all(pc.refs[~pc.cached] == 0)
     s = pc.stats
     assert (s[pcm.S_INSERTS], s[pcm.S_DEDUPS], s[pcm.S_EVICTIONS]) == (ref.inserts, ref.dedups, ref.evictions)
@@ -109,7 +110,7 @@ def test_requests_sharing_one_prefix_hit_after_the_first():
     first = pcm.match(pc, offsets, prompts, 0)
     assert first == (0, 0, 0)
     pcm.acquire(pc, offsets, 0, 0)
-    pcm.insert(pc, offsets, 0, 3 * BT + 10)
+    pcm.insert(pc, offsets, 0, 3 * BT + 10, False)
     for i in (1, 2, 3):
         k, tokens, idle = pcm.match(pc, offsets, prompts, i)
         assert (k, tokens, idle) == (3, 3 * BT, 0)
@@ -120,7 +121,7 @@ def test_requests_sharing_one_prefix_hit_after_the_first():
 def test_full_prompt_hit_computes_one_token_without_a_new_block():
     pc, _, offsets, prompts = _cache([[5, 6], [5, 6]], [2 * BT, 2 * BT], 16)
     pcm.acquire(pc, offsets, 0, 0)
-    pcm.insert(pc, offsets, 0, 2 * BT)
+    pcm.insert(pc, offsets, 0, 2 * BT, False)
     k, tokens, _ = pcm.match(pc, offsets, prompts, 1)
     assert (k, tokens) == (2, 2 * BT - 1)
     pcm.acquire(pc, offsets, 1, k)
@@ -131,7 +132,7 @@ def test_full_prompt_hit_computes_one_token_without_a_new_block():
 def test_partial_tail_block_is_never_cached():
     pc, _, offsets, prompts = _cache([[7, 8], [7, 8]], [BT + 30, BT + 30], 16)
     pcm.acquire(pc, offsets, 0, 0)
-    pcm.insert(pc, offsets, 0, BT + 30)
+    pcm.insert(pc, offsets, 0, BT + 30, False)
     assert pcm.match(pc, offsets, prompts, 1)[:2] == (1, BT)
 
 
@@ -139,7 +140,7 @@ def test_lru_evicts_least_recently_released_and_chain_tails_first():
     pc, _, offsets, prompts = _cache([[1, 2], [3, 4]], [2 * BT, 2 * BT], 64)
     for i in (0, 1):
         pcm.acquire(pc, offsets, i, 0)
-        pcm.insert(pc, offsets, i, 2 * BT)
+        pcm.insert(pc, offsets, i, 2 * BT, False)
     pcm.release(pc, offsets, 0)
     pcm.release(pc, offsets, 1)
     assert pcm.evict(pc, 1) == 1  # one KV block per entry at kv_block_size = BT
@@ -150,7 +151,7 @@ def test_lru_evicts_least_recently_released_and_chain_tails_first():
 
 def test_an_entry_is_evicted_a_block_at_a_time_and_its_head_still_hits():
     pc, ref, offsets, prompts = _cache([[1, 2], [1, 2]], [2 * BT + 5] * 2, 16)
-    pcm.insert(pc, offsets, 0, 2 * BT)
+    pcm.insert(pc, offsets, 0, 2 * BT, False)
     ref.insert(0, 2 * BT)
     pcm.release(pc, offsets, 0)
     ref.release(0)
@@ -160,13 +161,13 @@ def test_an_entry_is_evicted_a_block_at_a_time_and_its_head_still_hits():
     pcm.acquire(pc, offsets, 1, 1)
     pcm.take_partial(pc, offsets, 1, 1)
     assert pcm.cache_blocks(pc) == (pc.entry_blocks, 0), "the head it took is its own now"
-    assert pcm.insert(pc, offsets, 1, 2 * BT) == 0 and pcm.match(pc, offsets, prompts, 0)[0] == 2
+    assert pcm.insert(pc, offsets, 1, 2 * BT, False) == 0 and pcm.match(pc, offsets, prompts, 0)[0] == 2
 
 
 def test_referenced_entries_are_never_evicted():
     pc, _, offsets, prompts = _cache([[1, 2], [1, 2]], [2 * BT + 1] * 2, 16)
     pcm.acquire(pc, offsets, 0, 0)
-    pcm.insert(pc, offsets, 0, 2 * BT)
+    pcm.insert(pc, offsets, 0, 2 * BT, False)
     assert pcm.evict(pc, 10**6) == 0
     pcm.release(pc, offsets, 0)
     k, _, idle = pcm.match(pc, offsets, prompts, 1)
@@ -180,10 +181,10 @@ def test_dedup_onto_an_idle_entry_frees_nothing():
     entry already counted as free, so taking it back nets the pool to zero (it was a
     double free); onto a referenced entry the request's copy is freed."""
     pc, ref, offsets, _ = _cache([[9], [9], [9]], [BT] * 3, 16)
-    assert pcm.insert(pc, offsets, 0, BT) == ref.insert(0, BT) == 0
+    assert pcm.insert(pc, offsets, 0, BT, False) == ref.insert(0, BT) == 0
     assert pcm.release(pc, offsets, 0) == ref.release(0) == pc.entry_blocks
-    assert pcm.insert(pc, offsets, 1, BT) == ref.insert(1, BT) == 0
-    assert pcm.insert(pc, offsets, 2, BT) == ref.insert(2, BT) == pc.entry_blocks
+    assert pcm.insert(pc, offsets, 1, BT, False) == ref.insert(1, BT) == 0
+    assert pcm.insert(pc, offsets, 2, BT, False) == ref.insert(2, BT) == pc.entry_blocks
     assert pc.stats[pcm.S_EVICTABLE] == 0 and pc.refs[pc.cached].tolist() == [2]
     assert not ref.idle and ref.refs == {9: 2}
 
@@ -193,7 +194,7 @@ def test_own_run_goes_before_the_prefix_it_follows_and_tail_first():
     entries, a block at a time, and what survives is the run's head."""
     pc, ref, offsets, prompts = _cache([[1, 2], [1, 2]], [2 * BT + 100] * 2, 16)
     pcm.acquire(pc, offsets, 0, 0)
-    pcm.insert(pc, offsets, 0, 2 * BT + 100)
+    pcm.insert(pc, offsets, 0, 2 * BT + 100, False)
     pcm.keep_tail(pc, offsets, 0, 6)
     pcm.release(pc, offsets, 0)
     assert pcm.cache_blocks(pc) == (2 * pc.entry_blocks + 6, 2 * pc.entry_blocks + 6)
@@ -204,6 +205,21 @@ def test_own_run_goes_before_the_prefix_it_follows_and_tail_first():
     assert pcm.partial_blocks(pc, offsets, 1, 1) == pc.entry_blocks - 1, "a lookup still hits the entry's head"
     assert pcm.evict(pc, pc.entry_blocks) == pc.entry_blocks and pc.stats[pcm.S_EVICTIONS] == 1
     assert pcm.partial_blocks(pc, offsets, 1, 1) == 0, "own runs are not counted as entry evictions"
+
+
+def test_a_copy_of_a_held_block_is_kept_until_its_request_lets_go():
+    """vLLM keeps a block two requests computed at once twice under one hash: the second
+    request's copy is its own until it lets go, when it is freed."""
+    for keep in (False, True):
+        pc, ref, offsets, _ = _cache([[9], [9]], [BT + 1] * 2, 16)
+        freed = 0 if keep else pc.entry_blocks
+        pcm.insert(pc, offsets, 0, BT, keep)
+        ref.insert(0, BT, keep)
+        assert pcm.insert(pc, offsets, 1, BT, keep) == ref.insert(1, BT, keep) == freed
+        assert pc.copies[1] == ref.copies[1] == (pc.entry_blocks if keep else 0)
+        assert pc.refs[pc.cached].tolist() == [2], "both reference the entry"
+        pcm.release(pc, offsets, 1)
+        assert pc.copies[1] == 0
 
 
 def test_caching_off_grow_is_plain_block_arithmetic():
@@ -222,7 +238,7 @@ def test_clear_returns_a_used_cache_to_empty():
     pc, _, offsets, prompts = _cache([[1, 2, 3], [1, 2, 4]], [3 * BT + 5, 3 * BT + 5], 16)
     fresh, _, _, _ = _cache([[1, 2, 3], [1, 2, 4]], [3 * BT + 5, 3 * BT + 5], 16)
     pcm.acquire(pc, offsets, 0, 0)
-    pcm.insert(pc, offsets, 0, 3 * BT)
+    pcm.insert(pc, offsets, 0, 3 * BT, False)
     k, _, _ = pcm.match(pc, offsets, prompts, 1)
     pcm.acquire(pc, offsets, 1, k)
     pcm.release(pc, offsets, 0)
