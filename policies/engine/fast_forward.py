@@ -91,12 +91,15 @@ def _decode_layout(ri, run, k, cached_held, prompt, hash_tokens, residues):
 
 @njit(cache=True, nogil=True)
 def _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables, cfg, hash_tokens, next_event, next_deadline,
-                  truly_free, start_free, seen_delivery):
+                  truly_free, evictable, start_free, seen_delivery):
     """Run consecutive all-decode steps that the step-by-step loop would form identically.
 
     Applies while every running request is decoding, no delivery, deadline or limit
     (``next_event``) is due at a boundary, the new blocks fit (``truly_free``: free
-    without evicting cached prefixes) and free KV stays below ``start_free``, the level
+    without evicting cached prefixes, then ``evictable`` blocks of idle cached ones, which
+    the step-by-step loop evicts as its decodes need them; eviction takes single blocks
+    from the LRU head, so the caller evicts the stretch's total at once with the same
+    result) and free KV stays below ``start_free``, the level
     at which a waiting request would start (``_head_start_free``; ``NEVER`` if none
     waits). The stretch ends at the latest with the step in which the first requests
     reach their last token (``_end_fast_forward`` ends them). Each step costs one
@@ -108,26 +111,27 @@ def _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables, cfg, hash
     scheduling the next delivery is ``seen_delivery`` instead (``next_event`` is the limit
     alone): a step's formation sees it only once the step before started at or after it
     (``pipeline._visible_until``). Returns the steps taken, their summed seconds, the sum of step index
-    times seconds (KV byte-seconds) and whether the last step finished requests.
+    times seconds (KV byte-seconds), whether the last step finished requests and the cached
+    blocks to evict.
     """
     k = g[N_RUN]
     prefill_first = int(cfg[I_SCHEDULE_MODE]) == PREFILL_FIRST
     if k == 0 or (not prefill_first and k > int(cfg[I_MAX_BATCHED])):
-        return 0, 0.0, 0.0, False
+        return 0, 0.0, 0.0, False, 0
     decode_blocks = 0 if prefill_first else k  # at most, before the layout says
     seen = _visible_until(gf, cfg)
     if (next_event <= gf[CLOCK] or next_deadline <= gf[CLOCK] or seen_delivery <= seen
             or g[FREE] - decode_blocks >= start_free):
-        return 0, 0.0, 0.0, False
+        return 0, 0.0, 0.0, False, 0
     block_size = int(cfg[I_BLOCK_SIZE])
     residues = g[G_RESIDUES:G_RESIDUES + block_size]
     kv, run_len = _decode_layout(ri, run, k, cached_held, prompt, hash_tokens, residues)
     if run_len == 0:
-        return 0, 0.0, 0.0, False
+        return 0, 0.0, 0.0, False, 0
     if not prefill_first:
         decode_blocks = residues[0]
     if g[FREE] - decode_blocks >= start_free:
-        return 0, 0.0, 0.0, False  # free KV only shrinks: checking the first step is enough
+        return 0, 0.0, 0.0, False, 0  # free KV only shrinks: checking the first step is enough
     base = decode_run_base(tables, k)
     ntr = int(cfg[I_ADMISSION]) == ADMIT_NTR
     t = gf[CLOCK]
@@ -142,10 +146,15 @@ def _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables, cfg, hash
     slot = 0  # residue whose requests start a block at step j: -j modulo the block size
     sum_dt = 0.0
     sum_j_dt = 0.0  # for KV byte-seconds: context grows by one token per step
+    evicted = 0
     while j < run_len and next_event > t and next_deadline > t and seen_delivery > seen:
         need = residues[slot]
         if need > truly_free:
-            break
+            if need > truly_free + evictable:
+                break
+            evictable -= need - truly_free
+            evicted += need - truly_free
+            truly_free = need
         truly_free -= need
         free -= need
         used += need
@@ -175,7 +184,7 @@ def _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables, cfg, hash
     g[OUT_OF_RANGE] += out_of_range
     gf[BUSY] = busy
     gf[CLOCK] = t
-    return j, sum_dt, sum_j_dt, j == run_len
+    return j, sum_dt, sum_j_dt, j == run_len, evicted
 
 
 @njit(cache=True, nogil=True)

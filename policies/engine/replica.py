@@ -432,10 +432,13 @@ def _advance(rep, st, tables, cfg, t_limit, through):
                                                   and _is_decode(ri, prompt, run[g[N_RUN] - 1], 1))):
             start_free = _head_start_free(rep, st, cfg) if g[N_WAIT] > 0 else NEVER
             next_deadline = _next_deadline(rep, st) if dheap[0] > 0 else np.inf
-            truly_free = g[FREE] - g[PC_STATS + pcm.S_EVICTABLE]
-            j, sum_dt, sum_j_dt, finished = _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables, cfg,
-                                                          hash_tokens, next_event, next_deadline, truly_free,
-                                                          start_free, seen_delivery)
+            evictable = g[PC_STATS + pcm.S_EVICTABLE]
+            j, sum_dt, sum_j_dt, finished, evict = _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables,
+                                                                 cfg, hash_tokens, next_event, next_deadline,
+                                                                 g[FREE] - evictable, evictable, start_free,
+                                                                 seen_delivery)
+            if evict > 0:
+                pcm.evict(_cache(rep, st), evict)
             if j > 0:
                 _settle_fast_forward(ri, g, gf, run, g[N_RUN], cached_held, st.si, rep.ledger, cfg, hash_tokens, j,
                                      sum_dt, sum_j_dt)
