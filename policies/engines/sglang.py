@@ -5,7 +5,9 @@ admits a prompt while its tokens plus ``new_token_ratio`` x the running requests
 outputs fit the KV pool (the ratio starts at 0.7 x ``schedule-conservativeness`` and
 decays), chunks at most one prompt at a time at ``chunked-prefill-size``, and when decode
 runs out of KV retracts the request with the fewest outputs (with priority scheduling,
-the least urgent). Its radix cache (prefix caching) is on unless ``disable-radix-cache``.
+the least urgent). Its radix cache (prefix caching) is on unless ``disable-radix-cache``:
+a prefix enters it once computed, a duplicate is freed at once, and a retracted request's KV
+is freed without being cached (managers/schedule_batch.py:2388-2389), unlike vLLM's blocks.
 Its overlap schedule (managers/scheduler.py:2061-2134 ``event_loop_overlap``; on unless
 ``disable-overlap-schedule``, arg_groups/fields/schedule.py:193-199) forms each batch while
 the one before runs: a request arriving during a step first runs two steps later, and one

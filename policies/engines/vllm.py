@@ -10,6 +10,17 @@ serve`` runs that loop asynchronously (``async-scheduling``, on unless the file 
 ``no-async-scheduling``): each step is formed while the one before it runs
 (``policies.engine.pipeline``).
 
+Prefix caching (``enable-prefix-caching``, on unless the file says no) follows vLLM's block
+cache (``policies.prefix_cache``; the engine's ``VLLM_CACHE`` rules, which every config that is
+not prefill-first runs): a block is cached when the step computing it is scheduled
+(v1/core/kv_cache_manager.py ``allocate_slots`` -> ``cache_blocks``), so a request scheduled
+later in that step hits it; a freed block keeps its hash until it is reused, blocks are
+evicted one at a time from the free queue's head and a request's are freed tail first
+(v1/core/block_pool.py ``free_blocks``, ``_maybe_evict_cached_block``), so a request
+preempted for recompute finds its own blocks again, generated tokens included
+(kv_cache_manager.py:616-625); a block two requests compute is kept twice
+(``BlockHashToBlockMap``); a lookup hits at most ``(tokens - 1) // block_size`` blocks.
+
 Parallel layouts (``Deployment``; rules in ``VLLM.layout_violations``): the data-parallel
 ranks of a dense model are independent engines behind one API server (replicas:
 v1/engine/core.py:1550-1552); those of a MoE model run as ``DPEngineCoreProc`` (core.py:
