@@ -232,6 +232,17 @@ def _lru_unlink(pc, e):
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _forget(pc, e):
+    """Idle e stops being cached (its blocks count free as before, plain ones now); returns them."""
+    blocks = pc.tab[E_CACHED, e]
+    if blocks > 0:
+        _lru_unlink(pc, e)
+        pc.tab[E_CACHED, e] = 0
+        pc.stats[S_CACHED] -= blocks
+    return blocks
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _ref(pc, e):
     if pc.tab[E_REFS, e] == 0:
         _lru_unlink(pc, e)
@@ -309,9 +320,7 @@ def insert(pc, block_offsets, i, ctx, keep_copies):
             _ref(pc, e)
             pc.stats[S_DEDUPS] += 1
         else:
-            if pc.tab[E_CACHED, e] > 0:  # what eviction left of it (idle, counted free): this copy replaces it
-                _lru_unlink(pc, e)
-                pc.stats[S_CACHED] -= pc.tab[E_CACHED, e]
+            _forget(pc, e)  # what eviction left of it, if anything: this copy replaces it
             pc.tab[E_CACHED, e] = pc.entry_blocks
             pc.tab[E_REFS, e] = 1
             pc.tab[E_BORN, e] = pc.stats[S_INSERTS]
@@ -358,14 +367,13 @@ def evict(pc, kv_blocks_needed):
         blocks = pc.tab[E_CACHED, e]
         take = min(blocks, kv_blocks_needed - freed)
         if take == blocks:
-            _lru_unlink(pc, e)
-            pc.tab[E_CACHED, e] = 0
+            _forget(pc, e)
             if e < own_from:
                 pc.stats[S_EVICTIONS] += 1
         else:
             pc.tab[E_CACHED, e] -= take
             pc.stats[S_EVICTABLE] -= take
-        pc.stats[S_CACHED] -= take
+            pc.stats[S_CACHED] -= take
         freed += take
     return freed
 
@@ -383,14 +391,8 @@ def partial_blocks(pc, block_offsets, i, k):
 def take_partial(pc, block_offsets, i, k):
     """Request i takes the partly evicted entry k (``partial_blocks``) out of the cache: the
     caller makes the blocks it hit private; it enters the cache whole once computed."""
-    if k >= pc.req[R_N_FULL, i]:
-        return
-    e = pc.entry[block_offsets[i] + k]
-    blocks = pc.tab[E_CACHED, e]
-    if blocks > 0:
-        _lru_unlink(pc, e)
-        pc.tab[E_CACHED, e] = 0
-        pc.stats[S_CACHED] -= blocks
+    if k < pc.req[R_N_FULL, i]:
+        _forget(pc, pc.entry[block_offsets[i] + k])
 
 
 # -- own runs (vLLM) -----------------------------------------------------------------------
@@ -441,11 +443,7 @@ def let_copies_go(pc, i):
     copies = pc.req[R_COPIES, i]
     if copies > 0:
         e = copies_column(pc, i)
-        blocks = copies
-        if pc.tab[E_CACHED, e] > 0:  # copies let go before and not evicted yet: one run
-            blocks += pc.tab[E_CACHED, e]
-            _lru_unlink(pc, e)
-            pc.stats[S_CACHED] -= pc.tab[E_CACHED, e]
+        blocks = copies + _forget(pc, e)  # with copies let go before and not evicted yet: one run
         pc.tab[E_CACHED, e] = blocks
         pc.stats[S_CACHED] += blocks
         _lru_append(pc, e)
@@ -457,12 +455,7 @@ def let_copies_go(pc, i):
 def take_own(pc, i):
     """Request i is readmitted: its own run leaves the cache (the caller makes the blocks it
     hit private again; the rest were counted free already)."""
-    e = own_column(pc, i)
-    blocks = pc.tab[E_CACHED, e]
-    if blocks > 0:
-        _lru_unlink(pc, e)
-        pc.tab[E_CACHED, e] = 0
-        pc.stats[S_CACHED] -= blocks
+    _forget(pc, own_column(pc, i))
 
 
 @njit(cache=True, nogil=True)
