@@ -106,7 +106,8 @@ def _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables, cfg, hash
     decode-attention lookup (the token-linear and lm-head parts are the same for the
     whole stretch); blocks come from a histogram of positions modulo the block size.
     Decode blocks never complete a prompt hash block, so the prefix cache only matters
-    through ``truly_free``; ``_settle_fast_forward`` applies the per-request effects.
+    through ``truly_free`` and ``evictable``; ``_settle_fast_forward`` applies the
+    per-request effects.
     Takes only the arrays it reads (each argument costs at every call). Under async
     scheduling the next delivery is ``seen_delivery`` instead (``next_event`` is the limit
     alone): a step's formation sees it only once the step before started at or after it
@@ -149,12 +150,13 @@ def _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables, cfg, hash
     evicted = 0
     while j < run_len and next_event > t and next_deadline > t and seen_delivery > seen:
         need = residues[slot]
-        if need > truly_free:
-            if need > truly_free + evictable:
+        short = need - truly_free
+        if short > 0:
+            if short > evictable:
                 break
-            evictable -= need - truly_free
-            evicted += need - truly_free
-            truly_free = need
+            evictable -= short
+            evicted += short
+            truly_free += short
         truly_free -= need
         free -= need
         used += need
