@@ -57,6 +57,12 @@ def _builtin() -> dict[str, GPUSpec]:
 
 
 _REGISTRY: dict[str, GPUSpec] = _builtin()
+_BUILTIN = tuple(_REGISTRY.values())
+
+
+def builtin_gpus() -> tuple[GPUSpec, ...]:
+    """The GPUs servetune ships op tables for."""
+    return _BUILTIN
 
 
 def register_gpu(spec: GPUSpec) -> None:

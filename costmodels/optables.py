@@ -10,7 +10,10 @@ tables also answer NCCL collectives and hand their fused-MoE and MLA rows to
 A head layout the attention tables lack is read from the nearest measured one at the
 batch with as many (sequence, head) units (``borrow_layout``), else its launch floor is
 kept and the work above it scaled by the KV-head (decode) or query-head (prefill) ratio
-(``scale_work``).
+(``scale_work``). An attention kernel the framework never measured on this GPU at all (SGLang
+has no FP8-KV context attention on any GPU; A100 has head_dim 128 only) is read from its
+nearest measured substitute (``ProfiledOps.kernel``), never from the roofline unsaid; the
+cost model's source names the substitution.
 
 TensorRT-LLM's per-tensor FP8 GEMM table is read with its activation quantization as the
 engine serves it (``one_pass_quantization``), not as the collector timed it.
@@ -29,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from costmodels.costmodel import CostModelError
-from costmodels.gpus import GPUSpec, load_gpu
+from costmodels.gpus import GPUSpec, builtin_gpus, load_gpu
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 FRAMEWORKS = ("vllm", "sglang", "trtllm")
@@ -79,6 +82,7 @@ class ProfiledOps:
         with np.load(path) as z:
             self._z = {key: z[key] for key in z.files}
         self.meta = json.loads(str(self._z["meta"]))
+        self._dir = data_dir
         self._grids: dict[str, tuple[np.ndarray, ...]] = {}
         self.gemm_dtype = gemm_dtype
         self._m = self._grid(gemm_dtype)[0]
@@ -135,25 +139,75 @@ class ProfiledOps:
         """Whether the framework's tables for this GPU hold ``<prefix>_*`` columns."""
         return any(k.startswith(prefix + "_") for k in self._z)
 
+    def kernel(self, prefix: str, head_dim: int, kv_dtype: str) -> tuple[dict[str, np.ndarray], str]:
+        """The measured rows of one attention kernel (``kernel_rows``) and, when this GPU's
+        framework never measured it, how they were substituted ("" when measured).
+
+        In the order that was nearest where the real kernel was measured
+        (``benchmarks/attention_substitutes.py``): this framework's kernel on a GPU of the
+        same chip (equal bf16 FLOPs: H100 and H200), by ``other_gpu_rows``; the same kernel at
+        the other KV dtype on this GPU, by ``other_dtype_rows``; then the kernel on the other
+        chip nearest in HBM bandwidth. Else a CostModelError naming what is missing."""
+        rows = kernel_rows(self._z, prefix, head_dim, kv_dtype)
+        if rows is not None:
+            return rows, ""
+        here = load_gpu(self.meta["gpu"])
+        neighbours = self._neighbours(here)
+        same_chip = [(spec, z) for spec, z in neighbours if spec.bf16_flops == here.bf16_flops]
+        moved = self._from_other_gpu(same_chip, here, prefix, head_dim, kv_dtype)
+        if moved is not None:
+            return moved
+        other = "bf16" if kv_dtype == "fp8" else "fp8"
+        rows = kernel_rows(self._z, prefix, head_dim, other)
+        if rows is not None:
+            how = "at its byte count" if prefix == "gen" else "as measured"
+            return (other_dtype_rows(rows, prefix, other, kv_dtype),
+                    f"{prefix} attention with {kv_dtype} KV read from the measured {other}-KV kernel {how} (unmeasured)")
+        moved = self._from_other_gpu(neighbours, here, prefix, head_dim, kv_dtype)
+        if moved is not None:
+            return moved
+        raise CostModelError(f"{self.label}: no {prefix} attention measured for head_dim={head_dim} at any KV dtype "
+                             f"here, nor at kv_dtype={kv_dtype} on another GPU of {self.meta['framework']}")
+
+    @staticmethod
+    def _from_other_gpu(neighbours, here: GPUSpec, prefix: str, head_dim: int,
+                        kv_dtype: str) -> tuple[dict[str, np.ndarray], str] | None:
+        """The kernel from the first of ``neighbours`` that measured it, carried to ``here``."""
+        for spec, z in neighbours:
+            rows = kernel_rows(z, prefix, head_dim, kv_dtype)
+            if rows is not None:
+                rows, factor = other_gpu_rows(rows, prefix, spec, here)
+                by = "HBM bandwidth" if prefix == "gen" else "bf16 FLOPs"
+                return rows, (f"{prefix} attention (head_dim={head_dim}, {kv_dtype} KV) from {spec.name}'s measured "
+                              f"kernel, its work scaled x{factor:.2f} by {by} (unmeasured here)")
+        return None
+
+    def _neighbours(self, here: GPUSpec) -> list[tuple[GPUSpec, dict[str, np.ndarray]]]:
+        """(spec, tables) of this framework on the other GPUs with tables, nearest in HBM bandwidth first."""
+        out = []
+        for spec in builtin_gpus():
+            path = self._dir / f"{spec.tables}_{self.meta['framework']}.npz"
+            if spec.tables != here.tables and path.is_file():
+                with np.load(path) as z:
+                    out.append((spec, {k: z[k] for k in z.files if k.startswith(("gen_", "ctx_"))}))
+        return sorted(out, key=lambda sz: abs(np.log(sz[0].hbm_bytes_per_s / here.hbm_bytes_per_s)))
+
     def _attention_rows(self, prefix: str, shape: AttentionShape) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(batch, length, seconds) rows for the shape; an unmeasured one is carried from the nearest
-        measured layout by ``borrow_layout``."""
-        z = self._z
-        code = KV_DTYPE_CODE.get(shape.kv_dtype)
-        sel = (z[f"{prefix}_head_dim"] == shape.head_dim) & (z[f"{prefix}_kv_dtype"] == code)
-        if not sel.any():
-            raise CostModelError(f"{self.label}: no {prefix} attention measured for head_dim={shape.head_dim}, "
-                                 f"kv_dtype={shape.kv_dtype}")
-        heads, kvh = z[f"{prefix}_heads"][sel], z[f"{prefix}_kv_heads"][sel]
+        """(batch, length, seconds) rows for the shape: the kernel's (``kernel``), an unmeasured
+        head layout carried from the nearest measured one by ``borrow_layout``."""
+        rows, substituted = self.kernel(prefix, shape.head_dim, shape.kv_dtype)
+        if substituted:
+            self.notes.append(substituted)
+        heads, kvh = rows["heads"], rows["kv_heads"]
         pairs = sorted(set(zip(heads.tolist(), kvh.tolist(), strict=True)))
         # nearest measured (heads, kv_heads): same group size first, then closest in log size
         def distance(p: tuple[int, int]) -> tuple[bool, float]:
             return (p[0] * shape.kv_heads != p[1] * shape.heads,
                     abs(np.log(p[0] / shape.heads)) + abs(np.log(p[1] / shape.kv_heads)))
         best = min(pairs, key=distance)
-        rows = sel & (z[f"{prefix}_heads"] == best[0]) & (z[f"{prefix}_kv_heads"] == best[1])
-        batch, length = z[f"{prefix}_batch"][rows].astype(np.float64), z[f"{prefix}_length"][rows].astype(np.float64)
-        sec = z[f"{prefix}_latency"][rows].astype(np.float64) * MS
+        sel = (heads == best[0]) & (kvh == best[1])
+        batch, length = rows["batch"][sel].astype(np.float64), rows["length"][sel].astype(np.float64)
+        sec = rows["seconds"][sel]
         if best != (shape.heads, shape.kv_heads):
             # decode work reads KV (scales with kv heads); prefill work computes per query head
             want, have = (shape.kv_heads, best[1]) if prefix == "gen" else (shape.heads, best[0])
@@ -291,6 +345,43 @@ def one_pass_quantization(fp8: np.ndarray, bf16: np.ndarray, m: np.ndarray, k: n
     timed = timed_quantization(fp8, bf16)
     served = QUANT_PASS_BYTES * m[:, None] * k[None, :] / hbm_bytes_per_s
     return np.maximum(fp8 - timed[:, None, :], bf16[:, :1, :]) + served[:, None, :]
+
+
+def kernel_rows(z: dict[str, np.ndarray], prefix: str, head_dim: int, kv_dtype: str) -> dict[str, np.ndarray] | None:
+    """The rows of one measured attention kernel (``prefix`` "gen" decode, "ctx" prefill) at a
+    head_dim and KV dtype: heads, kv_heads, batch, length and seconds; None if unmeasured."""
+    if f"{prefix}_head_dim" not in z or kv_dtype not in KV_DTYPE_CODE:
+        return None
+    sel = (z[f"{prefix}_head_dim"] == head_dim) & (z[f"{prefix}_kv_dtype"] == KV_DTYPE_CODE[kv_dtype])
+    if not sel.any():
+        return None
+    rows = {k: z[f"{prefix}_{k}"][sel] for k in ("heads", "kv_heads", "batch", "length")}
+    return rows | {"seconds": z[f"{prefix}_latency"][sel].astype(np.float64) * MS}
+
+
+def other_dtype_rows(rows: dict[str, np.ndarray], prefix: str, measured_kv: str,
+                     wanted_kv: str) -> dict[str, np.ndarray]:
+    """A kernel's rows measured at one KV dtype read for another. Decode streams the cache, so
+    it is read at the same byte count: an FP8 KV at context 2L as the bf16 KV at L. Prefill
+    computes on the fresh K/V and is read as measured. On the 54 decode kernels measured at
+    both dtypes, the byte count is as near as reading them as measured at the median (19% vs
+    18% error) and nearer at the 90th percentile (51% vs 60%): ``benchmarks/attention_substitutes.py``."""
+    if prefix != "gen":
+        return rows
+    per_token = {"bf16": 2.0, "fp8": 1.0}
+    return rows | {"length": rows["length"] * per_token[measured_kv] / per_token[wanted_kv]}
+
+
+def other_gpu_rows(rows: dict[str, np.ndarray], prefix: str, measured_on: GPUSpec,
+                   wanted_on: GPUSpec) -> tuple[dict[str, np.ndarray], float]:
+    """A kernel's rows measured on one GPU carried to another, and the factor used: the work
+    above the launch floor (``scale_work``) scaled by the HBM bandwidth ratio for decode (it
+    streams the KV cache) and by the bf16 FLOPs ratio for prefill (it is compute-bound)."""
+    if prefix == "gen":
+        factor = measured_on.hbm_bytes_per_s / wanted_on.hbm_bytes_per_s
+    else:
+        factor = measured_on.bf16_flops / wanted_on.bf16_flops
+    return rows | {"seconds": scale_work(rows["seconds"], factor)}, factor
 
 
 def borrow_layout(batch: np.ndarray, length: np.ndarray, sec: np.ndarray, heads: int,
