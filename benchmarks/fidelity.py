@@ -121,9 +121,10 @@ def fallback_key(held: pl.DataFrame, train: pl.DataFrame) -> tuple | None:
     for cols in (["gpu", "framework", "model", "gemm_dtype", "path"], ["gpu", "framework", "gemm_dtype", "path"]):
         for key, group in train.group_by(cols, maintain_order=True):
             e = dict(zip(cols, key, strict=True))
-            candidates.append({"model": "*", **e, "kv_dtype": e["gemm_dtype"],
+            candidates.append({"model": "*", **e, "kv_dtype": e["gemm_dtype"], "models": sorted(set(group["model"])),
                                "layouts": fitted_layouts(group.select(list(SETUP)).iter_rows())})
-    entry, _ = match_entry(candidates, model=r["model"], family=load_model(r["model"]).family,
+    arch = load_model(r["model"])
+    entry, _ = match_entry(candidates, model=r["model"], family=arch.family, kind=arch.kind,
                            gpu=load_gpu(r["gpu"]).name, framework=r["framework"], gemm_dtype=r["gemm_dtype"],
                            tp=r["tp"], kv_dtype=r["gemm_dtype"], layout=(r["moe_ep_size"], r["attention_dp_size"]))
     return None if entry is None else entry_key(entry)

@@ -124,6 +124,13 @@ class ModelArch:
                                  f"of num_key_value_heads={self.num_kv_heads}")
 
     @property
+    def kind(self) -> str:
+        """Its architecture class, "dense", "moe", "mla" or "moe+mla": models of one class run the
+        same kernels, so a calibration entry is lent only within a class."""
+        parts = [name for name, has in (("moe", self.moe), ("mla", self.mla)) if has is not None]
+        return "+".join(parts) or "dense"
+
+    @property
     def mlp_width(self) -> int:
         """The MLP width TP splits: the dense MLP's, or for an MoE model without dense
         layers each expert's."""

@@ -144,7 +144,7 @@ def build(
         from costmodels.calibration import apply_calibration
 
         cost = apply_calibration(cost, arch.name, spec.name, framework, gemm_dtype, calibration, kv_dtype,
-                                 family=arch.family, layout=(moe_ep_size, attention_dp_size))
+                                 family=arch.family, layout=(moe_ep_size, attention_dp_size), kind=arch.kind)
     elif calibration not in (None, False):
         raise CostModelError("calibration applies to table-based models; a measured sps_csv is used as is")
     return cost

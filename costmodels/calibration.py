@@ -161,6 +161,7 @@ def _fit_entry(key: dict, sel: list[dict]) -> dict:
     overhead0 = sel[0]["overhead0"]
     overhead, scale = fit(tpot, tpot_s, overhead0)
     return key | fitted_routing(r["cost"] for r in sel) | {
+        "models": sorted({r["model"] for r in sel}),
         "tp": sorted({r["tp"] for r in sel}), "layouts": fitted_layouts(r["layout"] for r in sel),
         "n_runs": int(len(tpot_s)), "fit": "formula",
         "overhead_s": overhead, "scale": scale,
@@ -232,9 +233,34 @@ def entry_family(entry: dict) -> str:
         return ""
 
 
+def entry_models(entry: dict, entries: list[dict]) -> list[str]:
+    """The models an entry was fitted on. A pooled entry written before entries named them
+    pooled the model entries of its file with the same GPU, framework, dtype, path and step
+    source (``calibrate``, ``calibrate_replay``)."""
+    if entry.get("models"):
+        return list(entry["models"])
+    if entry["model"] != "*":
+        return [entry["model"]]
+    key = ("gpu", "framework", "gemm_dtype", "path", "step_source")
+    return sorted({e["model"] for e in entries if e["model"] != "*"
+                   and all(e.get(k) == entry.get(k) for k in key)})
+
+
+def entry_kinds(entry: dict, entries: list[dict]) -> set[str]:
+    """The architecture classes (``Architecture.kind``) of the models an entry was fitted on;
+    "unknown" for a model servetune does not know, or a pool that names none."""
+    kinds = set()
+    for model in entry_models(entry, entries):
+        try:
+            kinds.add(load_model(model).kind)
+        except CostModelError:
+            kinds.add("unknown")
+    return kinds or {"unknown"}
+
+
 def match_entry(entries: list[dict], *, model: str, family: str, gpu: str, framework: str, gemm_dtype: str,
                 tp: int, kv_dtype: str, source: str = "profiled", layout: tuple[int, int] = (1, 1),
-                moe_distribution: str | None = None) -> tuple[dict | None, str]:
+                moe_distribution: str | None = None, kind: str = "") -> tuple[dict | None, str]:
     """The entry for a setup and how it matched (``MATCHES``), within the framework and GEMM
     dtype: the same model on this GPU at this TP, layout (``layout``: EP size, attention-DP
     size; an entry fitted on other layouts of the TP, or one without ``layouts``, which was
@@ -249,12 +275,16 @@ def match_entry(entries: list[dict], *, model: str, family: str, gpu: str, frame
     model, its family, then pooled, this GPU first). (None, "none") when nothing matches.
     Only entries fitted on the same ``source`` of step times count (entries without the
     field were fitted on profiled tables), and for an MoE model (``moe_distribution``, its
-    routing skew) only entries fitted at that skew or on models without MoE layers."""
-    kind = [e for e in entries if e["framework"] == framework and e["gemm_dtype"] == gemm_dtype
-            and e.get("step_source", "profiled") == source
-            and (moe_distribution is None or e.get("moe_distribution") in (moe_distribution, None))]
+    routing skew) only entries fitted at that skew or on models without MoE layers. With
+    ``kind`` (the model's ``Architecture.kind``), only entries fitted on models of that
+    class alone: a dense model's step times are not corrected by a DeepSeek fit (MoE + MLA
+    kernels, other fixed costs), nor the other way round."""
+    usable = [e for e in entries if e["framework"] == framework and e["gemm_dtype"] == gemm_dtype
+              and e.get("step_source", "profiled") == source
+              and (moe_distribution is None or e.get("moe_distribution") in (moe_distribution, None))
+              and (not kind or e["model"] == model or entry_kinds(e, entries) == {kind})]
     path = parallel_path(*layout)
-    same = [e for e in kind if entry_path(e) == path]
+    same = [e for e in usable if entry_path(e) == path]
     for e in same:
         fitted = e.get("layouts", [[t, 1, 1] for t in e.get("tp", [])])
         if e["gpu"] == gpu and e["model"] == model and [tp, *layout] in fitted \
@@ -267,7 +297,7 @@ def match_entry(entries: list[dict], *, model: str, family: str, gpu: str, frame
         found = next((e for e in same if e["gpu"] == gpu and test(e)), None)
         if found is not None:
             return found, how
-    other = _nearest_gpu_first([e for e in kind if entry_path(e) != path], gpu)
+    other = _nearest_gpu_first([e for e in usable if entry_path(e) != path], gpu)
     for pool, how in ((_nearest_gpu_first(same, gpu), "other_gpu"), (other, "other_path")):
         # same: this GPU's entries failed the tiers above
         for test in tiers:
@@ -300,12 +330,13 @@ def _nearest_gpu_first(entries: list[dict], gpu: str) -> list[dict]:
 
 def apply_calibration(cost: CostModel, model: str, gpu: str, framework: str, gemm_dtype: str,
                       calibration: str | Path | bool | None, kv_dtype: str | None = None,
-                      family: str = "", layout: tuple[int, int] = (1, 1)) -> CostModel:
+                      family: str = "", layout: tuple[int, int] = (1, 1), kind: str = "") -> CostModel:
     """``cost`` with a calibrated overhead and scales, and ``cost.calibration`` saying
     which entry (file, match level, its fitted values and stated error) it used. An entry
     of another model lends its terms but not its ``measured_server`` (None): the replay
     fits choose the server's unrecorded settings per model, from that model's runs.
-    ``layout``: the model's (EP size, attention-DP size), for ``match_entry``.
+    ``layout``: the model's (EP size, attention-DP size), and ``kind`` its architecture
+    class, for ``match_entry``.
 
     ``calibration``: a file (an entry must match), None (the bundled file, if it has a
     match; otherwise the model stays uncalibrated and ``source`` says so) or False (never).
@@ -316,9 +347,10 @@ def apply_calibration(cost: CostModel, model: str, gpu: str, framework: str, gem
     if calibration is None and not path.is_file():
         return replace(cost, source=cost.source + "; uncalibrated", calibration={"file": None, "match": "none"})
     kv_dtype = kv_dtype or gemm_dtype
-    entry, how = match_entry(load_calibration(path), model=model, family=family, gpu=gpu, framework=framework,
+    entries = load_calibration(path)
+    entry, how = match_entry(entries, model=model, family=family, gpu=gpu, framework=framework,
                              gemm_dtype=gemm_dtype, tp=cost.tp, kv_dtype=kv_dtype, source=step_source(cost), layout=layout,
-                             moe_distribution=cost.moe_distribution)
+                             moe_distribution=cost.moe_distribution, kind=kind)
     if entry is None:
         if calibration is not None:
             raise CostModelError(f"calibration file {path} has no entry for {model} on {gpu} with "
@@ -335,7 +367,9 @@ def apply_calibration(cost: CostModel, model: str, gpu: str, framework: str, gem
     split += f", communication x{comm_scale:.3f}" if comm_scale != 1.0 else ""
     pinned = list(entry.get("pinned_terms") or [])
     split += f"; {', '.join(pinned)} held at the fit's range limit, not placed by the runs" if pinned else ""
-    used = {"file": label, "match": how, "model": entry["model"], "gpu": entry["gpu"], "tp": entry.get("tp"),
+    models = entry_models(entry, entries)
+    used = {"file": label, "match": how, "model": entry["model"], "models": models, "gpu": entry["gpu"],
+            "tp": entry.get("tp"),
             "measured_server": dict(entry.get("measured_server") or {}) if entry["model"] == model else None,
             "overhead_s": entry["overhead_s"], "scale": entry["scale"], **scales, "prefill_step_s": prefill_step_s,
             "comm_scale": comm_scale,
@@ -343,15 +377,20 @@ def apply_calibration(cost: CostModel, model: str, gpu: str, framework: str, gem
             "error": entry.get("error") or {"in_sample_tpot_mape": entry.get("tpot_mape_after"),
                                             "in_sample_ttft_mape": entry.get("ttft_mape_after"),
                                             "out_of_sample": None}}
-    return replace(cost, tables=tables, calibration=used, source=cost.source + f"; calibrated:{label} {how}{_fitted_on(entry, how)} "
+    return replace(cost, tables=tables, calibration=used, source=cost.source + f"; calibrated:{label} {how}{_fitted_on(entry, how, models)} "
                    f"(overhead {entry['overhead_s'] * 1e3:.2f} ms, scale {entry['scale']:.3f}{split})")
 
 
-def _fitted_on(entry: dict, how: str) -> str:
-    """Where a fallback entry was fitted, for the source label."""
+def _fitted_on(entry: dict, how: str, models: list[str]) -> str:
+    """Where a fallback entry was fitted, for the source label; a pool says what it holds."""
+    if entry["model"] == "*":
+        names = ", ".join(m.split("/")[-1] for m in models) or "none named"
+        held = f"{len(models)} model{'s' if len(models) != 1 else ''}: {names}"
+        fitted = held if how == "pooled" else f"pool of {held}"
+    else:
+        fitted = entry["model"]
     if how == "other_path":
-        fitted = entry["model"] if entry["model"] != "*" else "pooled"
         return f" ({fitted} on {entry['gpu']}, {entry_path(entry)} path)"
-    if how in ("family", "other_gpu") and entry["model"] != "*":
-        return f" ({entry['model']} on {entry['gpu']})" if how == "other_gpu" else f" ({entry['model']})"
-    return f" (pooled on {entry['gpu']})" if how == "other_gpu" else ""
+    if how == "other_gpu":
+        return f" ({fitted} on {entry['gpu']})"
+    return f" ({fitted})" if how in ("family", "pooled") else ""

@@ -774,7 +774,8 @@ def _notes(best: FrozenTrial, recommended: Evaluated, evaluated: Sequence[Evalua
                                  for n, g in at.items()) + ".")
     if calibration is not None:
         which = ("no calibration" if calibration.get("file") is None else
-                 f"calibration {calibration['file']} ({calibration['match']} entry)")
+                 f"calibration {calibration['file']} ({calibration['match']} entry, fitted on "
+                 + ", ".join(calibration.get("models") or [calibration.get("model", "?")]) + ")")
         notes.append(f"Cost model: {which}; its error: {calibration['stated_error']}. Read every gain against it.")
     if not is_feasible(best):
         violated = ", ".join(k for k, v in best.constraints.items() if v > 0)

@@ -329,7 +329,8 @@ def calibrate_replay(runs, *, bench: BenchClient | None = None, ttft_weight: flo
                                                     ttft_weight=ttft_weight, residual_scale=residual_scale,
                                                     builder=builder, max_nfev=max_nfev, comm_scale=comm_scale)
             family = "" if pooled else entry_family({"model": model})
-            entries.append({"gpu": gpu, "framework": fw, "model": model, "family": family, "gemm_dtype": dtype,
+            entries.append({"gpu": gpu, "framework": fw, "model": model, "models": sorted(set(group["model"])),
+                            "family": family, "gemm_dtype": dtype,
                             "kv_dtype": dtype, "path": path,
                             "tp": sorted(set(group["tp"].to_list())),
                             "layouts": fitted_layouts(group.select(list(SETUP)).iter_rows()), "n_runs": len(group), **fitted,

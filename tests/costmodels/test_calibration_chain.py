@@ -3,7 +3,8 @@
 import pytest
 
 from costmodels import CostModelError, build, save_calibration
-from costmodels.calibration import MATCHES, entry_family, match_entry
+from costmodels.architecture import load_model
+from costmodels.calibration import MATCHES, entry_family, entry_kinds, entry_models, match_entry
 
 LLAMA8, LLAMA70, QWEN32 = "meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-70B", "Qwen/Qwen3-32B"
 
@@ -65,7 +66,7 @@ def test_entries_fitted_on_profiled_tables_never_correct_the_roofline(tmp_path):
                          nvlink_bytes_per_s=32e9, pcie_bytes_per_s=32e9))
     path = tmp_path / "calibration.json"
     save_calibration([*ENTRIES, entry("*", gpu="a100_sxm", framework="vllm", overhead_ms=6.0,
-                                      step_source="roofline")], path)
+                                      step_source="roofline", models=[LLAMA8])], path)
     cost = build(LLAMA8, "chaingpu", framework="vllm", calibration=path)
     assert cost.source.startswith("roofline") and cost.calibration["match"] == "other_gpu"
     assert cost.tables.overhead_s == pytest.approx(6e-3)  # the roofline fit, not the profiled ones
@@ -129,3 +130,39 @@ def test_another_gpus_fallback_is_the_nearest_in_memory_bandwidth_whatever_the_f
         found, how = match_entry(order, model="my-model", family="mistral", gpu=gpu, framework="trtllm",
                                  gemm_dtype="bf16", tp=1, kv_dtype="bf16")
         assert (round(found["overhead_s"] * 1e3), how) == (nearest_ms, "other_gpu")
+
+
+DSV3 = "deepseek-ai/DeepSeek-V3"
+
+
+def test_architecture_classes():
+    assert [load_model(m).kind for m in (LLAMA8, "Qwen/Qwen3-235B-A22B-FP8", DSV3)] == ["dense", "moe", "moe+mla"]
+
+
+def test_an_entry_is_lent_only_within_its_architecture_class():
+    # H200's TRT-LLM FP8 pool holds one DeepSeek-V3 fit (MoE + MLA, +144 ms per prompt step):
+    # Llama-3.1-70B gets its own model's B200 entry instead, never the pool
+    pool = entry("*", gpu="h200_sxm", dtype="fp8", overhead_ms=3.0, models=[DSV3])
+    own = entry(LLAMA70, gpu="b200_sxm", dtype="fp8", overhead_ms=1.0)
+    key = dict(model=LLAMA70, family="llama", gpu="h200_sxm", framework="trtllm", gemm_dtype="fp8", tp=4,
+               kv_dtype="fp8")
+    assert match_entry([pool, own], **key) == (pool, "pooled")  # without the class: the pool
+    assert match_entry([pool, own], **key, kind="dense") == (own, "other_gpu")
+    assert match_entry([pool], **key, kind="dense") == (None, "none")
+    assert match_entry([pool], **key | {"model": DSV3, "family": "deepseek_v3"}, kind="moe+mla") == (pool, "pooled")
+    bundled = build(LLAMA70, "h200", tp=4, framework="trtllm", gemm_dtype="fp8")
+    assert bundled.calibration["match"] == "other_gpu" and bundled.calibration["models"] == [LLAMA70]
+
+
+def test_a_pool_says_what_it_holds():
+    cost = build(LLAMA8, "h100", framework="vllm")
+    assert "calibrated:default pooled (1 model: Qwen3-32B)" in cost.source
+    assert cost.calibration["models"] == [QWEN32]
+
+
+def test_a_pool_written_without_its_models_pooled_its_files_model_entries():
+    entries = [entry(LLAMA8, path="tp"), entry(QWEN32, path="tp"), entry("*", path="tp"),
+               entry(DSV3, gpu="h200_sxm", path="tp"), entry("*", gpu="h200_sxm", path="ep")]
+    assert entry_models(entries[2], entries) == sorted([LLAMA8, QWEN32])
+    assert entry_kinds(entries[2], entries) == {"dense"}
+    assert entry_models(entries[4], entries) == [] and entry_kinds(entries[4], entries) == {"unknown"}
