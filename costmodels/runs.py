@@ -16,7 +16,7 @@ import numpy as np
 import polars as pl
 
 from costmodels.architecture import ALIASES, load_model
-from costmodels.costmodel import CostModelError
+from costmodels.costmodel import CostModelError, read_json_file
 
 # canonical column -> accepted spellings (aiconfigurator's silicon CSV first)
 COLUMNS = {
@@ -60,7 +60,8 @@ COUNTS = ("tp", "batch_size", "isl", "osl")  # whole numbers
 NUMBERS = (*COUNTS, "ttft_ms", "tpot_ms")
 
 
-def load_runs(path: str | Path, *, builtin_only: bool = True, bad_rows: str = "raise") -> pl.DataFrame:
+def load_runs(path: str | Path, *, builtin_only: bool = True, bad_rows: str = "raise",
+              model_config: str | Path | None = None) -> pl.DataFrame:
     """Measured runs with canonical columns; CostModelError naming file, row and column on bad data.
 
     ``tp`` is the GPUs of one instance (``costmodels.layout.ParallelLayout.tp``), with its
@@ -74,7 +75,9 @@ def load_runs(path: str | Path, *, builtin_only: bool = True, bad_rows: str = "r
     position, in (0, 1] (blank: not recorded; ``optimizer.inferencex`` then assumes one).
 
     Built-in model names become canonical; others are an error unless ``builtin_only`` is
-    False (validation against a model given by its config.json), when they stay as written.
+    False (validation against a model given by its config.json, ``model_config``, for the
+    model ``config_target`` names), when they stay as written. Whether a model has experts
+    (so whether its MoE layout columns are read) comes from its config, built in or given.
     A bad value (missing, not a positive number, a fractional count) is an error under
     ``bad_rows="raise"`` (calibration: a fit must not silently lose runs); under ``"mark"``
     (validation scores every other row) its row gets an ``error`` column, "row N: column
@@ -97,7 +100,7 @@ def load_runs(path: str | Path, *, builtin_only: bool = True, bad_rows: str = "r
         problems[i].append(f"column 'client': {runs['client'][i]!r} is not one of {', '.join(CLIENT_NAMES)}")
     cleaned = [_check_numbers(path, runs[name], problems) for name in NUMBERS]
     runs = runs.with_columns(cleaned)
-    runs = runs.drop(LAYOUT).with_columns(_layout(runs, problems, _has_experts(runs["model"])))
+    runs = runs.drop(LAYOUT).with_columns(_layout(runs, problems, _has_experts(runs["model"], model_config)))
     if "mtp_acceptance" in raw.columns:  # a run that measured its drafter (optimizer.inferencex)
         runs = runs.with_columns(_acceptance(raw["mtp_acceptance"], problems))
     first = next((i for i, p in enumerate(problems) if p), None)
@@ -186,14 +189,36 @@ def _acceptance(column: pl.Series, problems: list[list[str]]) -> pl.Series:
     return pl.Series("mtp_acceptance", values, dtype=pl.Float64)
 
 
-def _has_experts(models: pl.Series) -> np.ndarray:
-    """Per run, whether its model may have expert layers: False only for a built-in model
-    without (a model servetune does not know gets its MoE columns checked)."""
+def _has_experts(models: pl.Series, model_config: str | Path | None = None) -> np.ndarray:
+    """Per run, whether its model may have expert layers: False for a model whose config
+    (built in, or ``model_config`` for the model ``config_target`` names) has none; a model
+    without a readable config gets its MoE columns checked."""
+    names = models.drop_nulls().unique(maintain_order=True).to_list()
+    target = config_target([m for m in names if m.lower() not in ALIASES], model_config)
     dense = {}
-    for m in models.drop_nulls().unique().to_list():
+    for m in names:
         canonical = ALIASES.get(m.lower())
-        dense[m] = canonical is not None and load_model(canonical).moe is None
+        try:
+            if canonical is not None:
+                dense[m] = load_model(canonical).moe is None
+            elif m == target:
+                dense[m] = load_model(m, model_config).moe is None
+        except CostModelError:  # an unreadable config: its rows say so when they are simulated
+            pass
     return np.array([not dense.get(m, False) for m in models.to_list()], dtype=bool)
+
+
+def config_target(unknown: list[str], model_config: str | Path | None) -> str | None:
+    """The model ``model_config`` describes among ``unknown``: the only one, else the one
+    its ``_name_or_path`` or folder names; None without a config or a unique match."""
+    if model_config is None or not unknown:
+        return None
+    if len(unknown) == 1:
+        return unknown[0]
+    config = read_json_file(model_config, "model config")
+    names = {str(config.get("_name_or_path", "")).lower(), Path(model_config).resolve().parent.name.lower()} - {""}
+    matches = [m for m in unknown if m.lower() in names or m.rsplit("/", 1)[-1].lower() in names]
+    return matches[0] if len(matches) == 1 else None
 
 
 def _layout(runs: pl.DataFrame, problems: list[list[str]], experts: np.ndarray) -> list[pl.Series]:

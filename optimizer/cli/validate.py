@@ -161,9 +161,10 @@ def model_configs(models: list[str], model_config: str | Path | None) -> dict[st
     it goes to the one it names (its ``_name_or_path`` or its folder, as ``org/Name`` or
     ``Name``) and the others' rows are errors naming them."""
     from costmodels.architecture import ALIASES, BUILTIN
+    from costmodels.runs import config_target
 
     unknown = [m for m in models if m.lower() not in ALIASES]
-    target = _config_target(unknown, model_config)
+    target = config_target(unknown, model_config)
     builtin = ", ".join(BUILTIN)
     out: dict[str, Path | str | None] = dict.fromkeys(models)
     for m in unknown:
@@ -177,21 +178,6 @@ def model_configs(models: list[str], model_config: str | Path | None) -> dict[st
             out[m] = (f"unknown model {m!r}; {given}: validate {m!r}'s rows in a file of their own with its "
                       f"config.json (built-in: {builtin})")
     return out
-
-
-def _config_target(unknown: list[str], model_config: str | Path | None) -> str | None:
-    """The model ``model_config`` describes among ``unknown``: the only one, else the one
-    its ``_name_or_path`` or folder names; None without a config or a unique match."""
-    from costmodels.costmodel import read_json_file
-
-    if model_config is None or not unknown:
-        return None
-    if len(unknown) == 1:
-        return unknown[0]
-    config = read_json_file(model_config, "model config")
-    names = {str(config.get("_name_or_path", "")).lower(), Path(model_config).resolve().parent.name.lower()} - {""}
-    matches = [m for m in unknown if m.lower() in names or m.rsplit("/", 1)[-1].lower() in names]
-    return matches[0] if len(matches) == 1 else None
 
 
 def measured_server(cost, framework: str) -> dict:
@@ -399,7 +385,7 @@ def validate_command(
 
     try:
         _check_arguments(model_config, calibration)
-        runs = load_runs(runs_csv, builtin_only=False, bad_rows="mark")
+        runs = load_runs(runs_csv, builtin_only=False, bad_rows="mark", model_config=model_config)
         bench = BenchClient(requests_per_client=requests_per_client, warmup_per_client=warmup_per_client,
                             isl_stddev=isl_stddev, osl_stddev=osl_stddev)
         pred = predict_runs(runs, model_config=model_config, calibration=calibration, bench=bench)

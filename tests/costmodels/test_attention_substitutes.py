@@ -8,7 +8,14 @@ import pytest
 from costmodels import build
 from costmodels.costmodel import CostModelError
 from costmodels.gpus import load_gpu
-from costmodels.optables import DATA_DIR, AttentionShape, ProfiledOps, RooflineOps, kernel_rows, other_dtype_rows
+from costmodels.optables import (
+    DATA_DIR,
+    AttentionShape,
+    ProfiledOps,
+    RooflineOps,
+    kernel_rows,
+    other_dtype_rows,
+)
 
 LLAMA8 = "meta-llama/Llama-3.1-8B"
 GQA = AttentionShape(32, 8, 128)

@@ -289,3 +289,22 @@ def test_report_names_cost_models_kv_dtypes_substituted_tables_and_uncalibrated_
     assert "3 rows uncalibrated" in text
     assert f"{LLAMA} sglang/bf16 on h100_sxm tp1  (1 runs)" in text
     assert f"{LLAMA} sglang/fp8 on h100_sxm tp1  (2 runs)" in text
+
+
+def test_placeholder_moe_columns_of_a_dense_model_given_by_its_config_are_not_read(tmp_path, my_llama):
+    # aiconfigurator's dense rows carry moe_tp_size 1, moe_ep_size 0: for a model servetune
+    # does not know they were a layout error before its config.json was read
+    rows = [good(model="acme/My-Llama", tp_size="2", moe_tp_size="1", moe_ep_size="0"),
+            good(model="acme/My-Llama", tp_size="2", moe_tp_size="1", moe_ep_size="2")]
+    path = write_runs(tmp_path / "runs.csv", rows)
+    blind = load_runs(path, builtin_only=False, bad_rows="mark")
+    assert "column 'moe_ep_size': 0 is not a positive whole number" in blind["error"][0]
+    runs = load_runs(path, builtin_only=False, bad_rows="mark", model_config=my_llama)
+    assert runs["error"].to_list() == [None, None]  # a dense model: its MoE columns are placeholders
+    assert runs.select("tp", "moe_ep_size", "attention_dp_size").rows() == [(2, 1, 1), (2, 1, 1)]
+    # the CLI reads them the same way, and a real inconsistency still names its row
+    bad = good(model="acme/My-Llama", tp_size="2", moe_tp_size="1", moe_ep_size="0", attention_dp_size="x")
+    cli = write_runs(tmp_path / "cli.csv", [rows[0] | {"attention_dp_size": ""}, bad])
+    out = CliRunner().invoke(app, ["validate", str(cli), "--model-config", str(my_llama), *FAST])
+    assert "row 3: column 'attention_dp_size': 'x' is not a positive whole number" in out.stdout
+    assert "1 of 2 runs" in out.stderr
