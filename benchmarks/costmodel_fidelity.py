@@ -14,6 +14,7 @@ import numpy as np
 from costmodels import build, calibrate, load_runs
 from costmodels.calibration import fit, mape, predict
 from costmodels.distil import aic_root, shared_dir
+from costmodels.runs import kv_dtype_of
 from costmodels.steptable import step_seconds
 
 
@@ -22,7 +23,7 @@ def pure_decode_mape(runs) -> dict:
     for (model, fw, dtype), group in runs.group_by(["model", "framework", "gemm_dtype"], maintain_order=True):
         table_s, measured = [], []
         for (tp,), g in group.group_by(["tp"]):
-            t = build(model, "h100", tp=int(tp), framework=fw, gemm_dtype=dtype, kv_dtype=dtype,
+            t = build(model, "h100", tp=int(tp), framework=fw, gemm_dtype=dtype, kv_dtype=kv_dtype_of(dtype),
                       calibration=False).tables._replace(overhead_s=0.0, scale=1.0)
             for b, s, o, tpot in g.select(["batch_size", "isl", "osl", "tpot_ms"]).iter_rows():
                 table_s.append(step_seconds(t, b, b, b, b * (s + o / 2), 0.0)[0])

@@ -85,7 +85,7 @@ from costmodels.costmodel import CostModelError  # noqa: E402
 from costmodels.distil import aic_root, shared_dir  # noqa: E402
 from costmodels.gpus import load_gpu  # noqa: E402
 from costmodels.moeops import DEFAULT_DISTRIBUTION, DISTRIBUTIONS  # noqa: E402
-from costmodels.runs import SETUP, layout_label, with_layout  # noqa: E402
+from costmodels.runs import SETUP, kv_dtype_of, layout_label, with_layout  # noqa: E402
 from optimizer.cli.validate import format_report, predict_runs, scatter_figure, server_label  # noqa: E402
 from optimizer.closedloop import LOCKSTEP, BenchClient  # noqa: E402
 from optimizer.replayfit import RESIDUAL_SCALE, TTFT_WEIGHT, calibrate_replay  # noqa: E402
@@ -121,12 +121,12 @@ def fallback_key(held: pl.DataFrame, train: pl.DataFrame) -> tuple | None:
     for cols in (["gpu", "framework", "model", "gemm_dtype", "path"], ["gpu", "framework", "gemm_dtype", "path"]):
         for key, group in train.group_by(cols, maintain_order=True):
             e = dict(zip(cols, key, strict=True))
-            candidates.append({"model": "*", **e, "kv_dtype": e["gemm_dtype"], "models": sorted(set(group["model"])),
+            candidates.append({"model": "*", **e, "kv_dtype": kv_dtype_of(e["gemm_dtype"]), "models": sorted(set(group["model"])),
                                "layouts": fitted_layouts(group.select(list(SETUP)).iter_rows())})
     arch = load_model(r["model"])
     entry, _ = match_entry(candidates, model=r["model"], family=arch.family, kind=arch.kind,
                            gpu=load_gpu(r["gpu"]).name, framework=r["framework"], gemm_dtype=r["gemm_dtype"],
-                           tp=r["tp"], kv_dtype=r["gemm_dtype"], layout=(r["moe_ep_size"], r["attention_dp_size"]))
+                           tp=r["tp"], kv_dtype=kv_dtype_of(r["gemm_dtype"]), layout=(r["moe_ep_size"], r["attention_dp_size"]))
     return None if entry is None else entry_key(entry)
 
 
@@ -278,7 +278,7 @@ def split_scorable(runs: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
             ["model", "gpu", "framework", "gemm_dtype", "tp", "moe_ep_size", "attention_dp_size"], maintain_order=True):
         model, gpu, fw, dtype, tp, ep, dp = key
         try:
-            build(model, gpu, tp=tp, framework=fw, gemm_dtype=dtype, kv_dtype=dtype, calibration=False,
+            build(model, gpu, tp=tp, framework=fw, gemm_dtype=dtype, kv_dtype=kv_dtype_of(dtype), calibration=False,
                   moe_ep_size=ep, attention_dp_size=dp)
         except CostModelError as exc:
             reasons |= dict.fromkeys(group["row"].to_list(), f"no cost model: {exc}")

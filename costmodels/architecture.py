@@ -25,7 +25,8 @@ from costmodels.costmodel import CostModelError, read_json_file
 
 MODELS_DIR = Path(__file__).resolve().parent / "data" / "models"
 
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}
+#: Bytes per element. NVFP4: 4 bits and one FP8 scale per block of 16.
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4, "nvfp4": 0.5 + 1 / 16}
 _DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32",
                   "float8": "fp8", "fp8_e4m3": "fp8", "auto": "bf16"}
 

@@ -31,6 +31,9 @@ SWAP_BYTES = 4 * 2**30  # vLLM's default swap_space per GPU
 PCIE_EFFICIENCY = 0.8  # achievable share of PCIe bandwidth for pinned host copies
 # Per-step time the op tables do not cover (scheduler, sampling, input prep, launch gaps),
 # used when no calibration matches; calibrated values replace it (see calibration.py).
+#: The GEMM (weight) dtypes with profiled tables (NVFP4 on B200 only) and the KV-cache dtypes.
+GEMM_DTYPES = ("bf16", "fp8", "nvfp4")
+KV_DTYPES = ("bf16", "fp8")
 DEFAULT_OVERHEAD_S = {"vllm": 2.0e-3, "sglang": 1.5e-3, "trtllm": 1.0e-3}
 
 
@@ -96,9 +99,13 @@ def build(
                              f"parallelism of a dense model is replicas), got {moe_ep_size}, {attention_dp_size}")
     spec = load_gpu(gpu)
     gemm_dtype, kv_dtype = normalize_dtype(gemm_dtype), normalize_dtype(kv_dtype)
-    if gemm_dtype not in ("bf16", "fp8") or kv_dtype not in ("bf16", "fp8"):
-        raise CostModelError(f"gemm_dtype and kv_dtype must be bf16 or fp8, got {gemm_dtype}/{kv_dtype}")
-    weight_dtype = "fp8" if gemm_dtype == "fp8" else arch.dtype
+    if gemm_dtype not in GEMM_DTYPES or kv_dtype not in KV_DTYPES:
+        raise CostModelError(f"gemm_dtype must be one of {', '.join(GEMM_DTYPES)} and kv_dtype one of "
+                             f"{', '.join(KV_DTYPES)}, got {gemm_dtype}/{kv_dtype}")
+    if gemm_dtype == "nvfp4" and arch.mla is not None:
+        raise CostModelError(f"{arch.name}: NVFP4 latent-attention projections are not in the MLA tables "
+                             "(they time bf16 and fp8_block only)")
+    weight_dtype = gemm_dtype if gemm_dtype != "bf16" else arch.dtype
     weights = arch.weight_bytes(tp, weight_dtype, attention_dp_size)
     reserve = fixed_reserve_bytes(arch, spec, tp)
     if weights + reserve >= spec.memory_bytes:

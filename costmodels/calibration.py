@@ -30,7 +30,7 @@ from scipy.optimize import least_squares
 from costmodels.architecture import load_model
 from costmodels.compose import with_comm_scale
 from costmodels.costmodel import CostModel, CostModelError, read_json_file
-from costmodels.runs import SETUP, layout_label, with_layout
+from costmodels.runs import SETUP, kv_dtype_of, layout_label, with_layout
 from costmodels.steptable import StepTables, step_seconds
 
 BUNDLED = Path(__file__).resolve().parent / "data" / "calibration.json"
@@ -133,7 +133,7 @@ def calibrate(runs: pl.DataFrame, builder=None) -> list[dict]:
     for (model, gpu, fw, dtype, tp, ep, dp), group in runs.group_by(["model", "gpu", "framework", "gemm_dtype", *SETUP],
                                                                      maintain_order=True):
         try:
-            cost = builder(model, gpu, tp=int(tp), framework=fw, gemm_dtype=dtype, kv_dtype=dtype,
+            cost = builder(model, gpu, tp=int(tp), framework=fw, gemm_dtype=dtype, kv_dtype=kv_dtype_of(dtype),
                            calibration=False, moe_ep_size=int(ep), attention_dp_size=int(dp))
         except CostModelError as exc:
             label = layout_label({"tp": tp, "moe_ep_size": ep, "attention_dp_size": dp})

@@ -35,7 +35,9 @@ from costmodels.moeops import DISTRIBUTIONS as MOE_DISTRIBUTIONS
 DATA_DIR = Path(__file__).resolve().parent / "data"
 GPUS = ("a100_sxm", "h100_sxm", "h200_sxm", "b200_sxm")
 FRAMEWORKS = ("vllm", "sglang", "trtllm")
-GEMM_DTYPES = {"bf16": "bfloat16", "fp8": "fp8"}
+GEMM_DTYPES = {"bf16": "bfloat16", "fp8": "fp8", "nvfp4": "nvfp4"}
+#: GEMM tables measured on other axes than bf16's keep their own (``gemm_<dtype>_{m,n,k}``).
+OWN_AXES = ("nvfp4",)
 KV_DTYPES = {"bfloat16": 0, "fp8": 1}
 HEAD_DIMS = (64, 128, 256)
 # One kernel per (GPU, framework): what the framework runs by default on that GPU.
@@ -46,7 +48,7 @@ ATTENTION_KERNELS = {"vllm": ("vllm_flash_attn_fa3", "vllm_flash_attn", "vllm_fl
 ALLREDUCE_KERNELS = {"vllm": "vLLM_custom_graph", "sglang": "SGLang_CustomAllReduce_graph", "trtllm": "TRTLLM"}
 NCCL_OPS = ("all_gather", "reduce_scatter", "alltoall")
 MAX_GPUS = 16
-MOE_DTYPES = {"bfloat16": 0, "fp8": 1, "fp8_block": 2}
+MOE_DTYPES = {"bfloat16": 0, "fp8": 1, "fp8_block": 2, "nvfp4": 3}
 MLA_GEMM_DTYPES = {"bfloat16": 0, "fp8_block": 2}
 # Preference between MLA kernels measured equally often. vLLM on Hopper: FlashAttention-MLA
 # for a bf16 KV cache, FlashMLA for fp8 (FA-MLA has none); Blackwell FlashInfer-MLA; TRT-LLM one.
@@ -265,7 +267,8 @@ def distil_one(root: Path, gpu: str, fw: str, version: str) -> dict[str, np.ndar
         if (fw, short) in GEMM_KERNELS:
             rows = _pick_kernel(rows, (GEMM_KERNELS[fw, short],), f"{gpu}/{fw} gemm {short}")
         m, n, k, grid = gemm_grid(rows)
-        out["gemm_m"], out["gemm_n"], out["gemm_k"] = m, n, k
+        axes = f"gemm_{short}_" if short in OWN_AXES else "gemm_"
+        out[axes + "m"], out[axes + "n"], out[axes + "k"] = m, n, k
         out[f"gemm_{short}"] = grid
     attn = base / "attention" / fw / version
     for name, fname, length_col in (("gen", "generation_attention_perf", "step"),
@@ -309,6 +312,7 @@ def gpu_specs(root: Path) -> dict[str, dict]:
             "hbm_efficiency": g["mem_bw_empirical_scaling_factor"],
             "bf16_flops": g["bfloat16_tc_flops"],
             "fp8_flops": g.get("fp8_tc_flops", 0),
+            "fp4_flops": g.get("fp4_tc_flops", 0),
             "nvlink_bytes_per_s": node["intra_node_bw"],
             "pcie_bytes_per_s": node["pcie_bw"],
             "gpus_per_node": node["num_gpus_per_node"],

@@ -30,6 +30,7 @@ class GPUSpec:
     nvlink_bytes_per_s: float
     pcie_bytes_per_s: float
     fp8_flops: float = 0.0
+    fp4_flops: float = 0.0  # NVFP4 tensor cores (Blackwell)
     hbm_efficiency: float = 0.8  # achievable fraction of peak HBM bandwidth
     gpus_per_node: int = 8
     nccl_bytes: dict[str, float] = field(default_factory=dict)  # NCCL buffers by TP degree
@@ -42,7 +43,7 @@ class GPUSpec:
 
     def flops(self, gemm_dtype: str) -> float:
         """Peak dense tensor FLOP/s at a GEMM dtype; CostModelError if the GPU lacks it."""
-        value = self.fp8_flops if gemm_dtype == "fp8" else self.bf16_flops
+        value = {"fp8": self.fp8_flops, "nvfp4": self.fp4_flops}.get(gemm_dtype, self.bf16_flops)
         if not value > 0:
             raise CostModelError(f"GPU {self.name} has no {gemm_dtype} tensor cores")
         return value
@@ -86,6 +87,7 @@ def _from_file(path: Path) -> GPUSpec:
         g, node = raw["gpu"], raw.get("node", {})
         raw = {"memory_bytes": g.get("mem_capacity"), "hbm_bytes_per_s": g.get("mem_bw"),
                "bf16_flops": g.get("bfloat16_tc_flops"), "fp8_flops": g.get("fp8_tc_flops", 0.0),
+               "fp4_flops": g.get("fp4_tc_flops", 0.0),
                "hbm_efficiency": g.get("mem_bw_empirical_scaling_factor", 0.8),
                "nvlink_bytes_per_s": node.get("intra_node_bw"), "pcie_bytes_per_s": node.get("pcie_bw")}
     raw.setdefault("name", path.stem)

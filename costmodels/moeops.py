@@ -24,7 +24,7 @@ from costmodels.costmodel import CostModelError
 from costmodels.layout import ParallelLayout
 from costmodels.optables import MS
 
-MOE_DTYPE_CODE = {"bf16": 0, "fp8": 1, "fp8_block": 2}
+MOE_DTYPE_CODE = {"bf16": 0, "fp8": 1, "fp8_block": 2, "nvfp4": 3}
 DISTRIBUTIONS = {"balanced": 0, "power_law_1.01": 1, "power_law_1.2": 2}
 #: Routing skew timed unless asked: real routers load some experts more than others, and
 #: under expert parallelism the busiest rank sets the step. aiconfigurator too times MoE
@@ -44,7 +44,7 @@ class MoEShape:
     experts: int
     moe_tp: int
     moe_ep: int
-    dtype: str  # "bf16", "fp8" (per-tensor scales) or "fp8_block" (128x128 scales)
+    dtype: str  # "bf16", "fp8" (per-tensor scales), "fp8_block" (128x128 scales) or "nvfp4"
     distribution: str = DEFAULT_DISTRIBUTION
 
     def describe(self) -> str:
@@ -60,7 +60,7 @@ def moe_shape(arch: ModelArch, layout: ParallelLayout, gemm_dtype: str,
         raise CostModelError(f"{arch.name} has no MoE layers")
     if distribution not in DISTRIBUTIONS:
         raise CostModelError(f"unknown MoE token distribution {distribution!r}; measured: {', '.join(DISTRIBUTIONS)}")
-    dtype = gemm_dtype if gemm_dtype == "bf16" else (arch.quant if arch.quant in MOE_DTYPE_CODE else "fp8")
+    dtype = gemm_dtype if gemm_dtype in ("bf16", "nvfp4") else (arch.quant if arch.quant in MOE_DTYPE_CODE else "fp8")
     m = arch.moe
     if m.num_experts % layout.moe_ep_size:
         raise CostModelError(f"{arch.name}: moe_ep_size={layout.moe_ep_size} does not divide its "
@@ -80,7 +80,8 @@ def moe_rows(ops, shape: MoEShape) -> tuple[np.ndarray, np.ndarray, str]:
                              f"{shape.inter}, top-k={shape.top_k}, experts={shape.experts}")
     split = same & (t["tp"] == shape.moe_tp) & (t["ep"] == shape.moe_ep) & (t["dist"] == DISTRIBUTIONS[shape.distribution])
     note = ""
-    candidates = [shape.dtype] + ([d for d in ("fp8_block", "fp8") if d != shape.dtype] if shape.dtype != "bf16" else [])
+    fp8 = ("fp8_block", "fp8")
+    candidates = [shape.dtype] + ([d for d in fp8 if d != shape.dtype] if shape.dtype in fp8 else [])
     for dtype in candidates:
         rows = split & (t["dtype"] == MOE_DTYPE_CODE[dtype])
         if rows.any():

@@ -261,6 +261,16 @@ def _layout(runs: pl.DataFrame, problems: list[list[str]], experts: np.ndarray) 
             for name, v in (("tp", gpus), ("moe_ep_size", ep), ("attention_dp_size", dp))]
 
 
+#: The KV-cache dtype of a run that records none, by its GEMM dtype: the weights' own (bf16,
+#: fp8); NVIDIA's NVFP4 checkpoints store the KV cache in FP8 (``kv_cache_quant_algo``).
+ASSUMED_KV_DTYPE = {"bf16": "bf16", "fp8": "fp8", "nvfp4": "fp8"}
+
+
+def kv_dtype_of(gemm_dtype: str, recorded: str | None = None) -> str:
+    """A run's KV-cache dtype: the one it records, else ``ASSUMED_KV_DTYPE``'s."""
+    return recorded or ASSUMED_KV_DTYPE.get(gemm_dtype, gemm_dtype)
+
+
 #: A run's instance layout columns (``load_runs``), in ``ParallelLayout``'s order.
 SETUP = ("tp", "moe_ep_size", "attention_dp_size")
 

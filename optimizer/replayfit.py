@@ -30,7 +30,7 @@ from costmodels.calibration import (
 )
 from costmodels.compose import with_comm_scale
 from costmodels.costmodel import CostModel
-from costmodels.runs import SETUP, with_layout
+from costmodels.runs import SETUP, kv_dtype_of, with_layout
 from optimizer.closedloop import (
     BenchClient,
     ClosedLoopError,
@@ -199,7 +199,7 @@ class ReplayRows:
             key = (r["model"], r["gpu"], r["framework"], r["gemm_dtype"], *(r[c] for c in SETUP))
             if key not in built:
                 built[key] = builder(r["model"], r["gpu"], tp=r["tp"], framework=r["framework"],
-                                     gemm_dtype=r["gemm_dtype"], kv_dtype=r["gemm_dtype"], calibration=False,
+                                     gemm_dtype=r["gemm_dtype"], kv_dtype=kv_dtype_of(r["gemm_dtype"]), calibration=False,
                                      moe_ep_size=r["moe_ep_size"], attention_dp_size=r["attention_dp_size"])
             self._cost.append(built[key])
             self._ctx.append(context_of(built[key], r["gpu"], context_len=0, tp=r["tp"]))
@@ -331,7 +331,7 @@ def calibrate_replay(runs, *, bench: BenchClient | None = None, ttft_weight: flo
             family = "" if pooled else entry_family({"model": model})
             entries.append({"gpu": gpu, "framework": fw, "model": model, "models": sorted(set(group["model"])),
                             "family": family, "gemm_dtype": dtype,
-                            "kv_dtype": dtype, "path": path,
+                            "kv_dtype": kv_dtype_of(dtype), "path": path,
                             "tp": sorted(set(group["tp"].to_list())),
                             "layouts": fitted_layouts(group.select(list(SETUP)).iter_rows()), "n_runs": len(group), **fitted,
                             "error": {"in_sample_tpot_mape": fitted["tpot_mape_after"],

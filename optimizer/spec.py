@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from costmodels.build import GEMM_DTYPES
+from costmodels.build import KV_DTYPES as COST_KV_DTYPES
 from optimizer.drafter import DRAFTER_LABELS, Drafter, drafter_from_mapping, load_drafter
 from optimizer.failplan import FailurePlan
 from optimizer.space import Fleet, SearchSpace, build_space, tp_degrees
@@ -54,8 +56,8 @@ class SpecError(ValueError):
 #: Objective modes: name -> (metric names, directions). See optimizer.objective.
 OBJECTIVE_MODES = ("goodput", "goodput-gpus", "goodput-ttft", "goodput-cost", "capacity")
 SAMPLERS = ("tpe", "nsga2", "random")
-DTYPES = ("bf16", "fp8")  # weights (fp8: the GEMMs too)
-KV_DTYPES = ("auto", "bf16", "fp8")
+DTYPES = GEMM_DTYPES  # weights (fp8, nvfp4: the GEMMs too)
+KV_DTYPES = ("auto", *COST_KV_DTYPES)
 #: On-demand $/GPU-hour used by the cost objective when the spec gives none (indicative).
 GPU_HOUR_USD = {"a100": 2.0, "h100": 3.0, "h200": 3.8}
 #: Fleet knobs a flag fixes for the whole study (baselines included): the deployment's own.
@@ -137,7 +139,7 @@ class StudySpec:
     holdout: float = 0.0  # share of the window, at its end, kept out of tuning and scored after it
     calibration: Path | None = None  # a calibration file (`servetune calibrate`); None: the bundled one
     model_config: Path | None = None  # a HuggingFace config.json for a model servetune does not ship
-    dtype: str = "bf16"  # weights: bf16 or fp8
+    dtype: str = "bf16"  # weights: bf16, fp8 or nvfp4 (B200)
     kv_dtype: str = "auto"  # KV cache: auto (the weights' activation dtype, bf16), bf16 or fp8
     #: the GPU and model the engine resolves its defaults for (built from model and GPU if None)
     context: EngineContext | None = field(default=None, compare=False, repr=False)

@@ -100,7 +100,7 @@ def calibrate_command(
         "--run-dir", help="the run folder of each result, in order (default: the result's own folder)")] = None,
     output: Annotated[Path, typer.Option("-o", "--output", help="calibration file (entries of other setups kept)")] =
     Path("calibration.json"),
-    dtype: Annotated[str, typer.Option("--dtype", help="weights the runs served: bf16 or fp8")] = "bf16",
+    dtype: Annotated[str, typer.Option("--dtype", help="weights the runs served: bf16, fp8 or nvfp4")] = "bf16",
     kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="their KV cache: auto, bf16 or fp8")] = "auto",
 ) -> None:
     """Fit per-step overhead and prefill/decode scales to measured runs, by replaying them."""

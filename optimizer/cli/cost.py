@@ -38,7 +38,7 @@ Model = typer.Option(..., "--model", help="HF id or alias, e.g. meta-llama/Llama
 Gpu = typer.Option(..., "--gpu", help="a100 | h100 | h200 | b200, or a GPU spec YAML")
 Tp = typer.Option(1, "--tp", help="tensor-parallel degree")
 Framework = typer.Option("vllm", "--framework", help="vllm | sglang | trtllm")
-GemmDtype = typer.Option("bf16", "--gemm-dtype", "--dtype", help="weights and GEMMs: bf16 | fp8")
+GemmDtype = typer.Option("bf16", "--gemm-dtype", "--dtype", help="weights and GEMMs: bf16 | fp8 | nvfp4 (B200)")
 KvDtype = typer.Option("bf16", "--kv-dtype", help="bf16 | fp8")
 ModelConfig = typer.Option(None, "--model-config", help="HuggingFace config.json of another model")
 MoeEp = typer.Option(1, "--moe-ep-size", help="expert-parallel degree of the MoE layers (divides --tp)")

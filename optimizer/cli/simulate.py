@@ -80,7 +80,7 @@ def simulate_command(
         "--calibration", help="calibration file from `servetune calibrate` (default: the bundled one)")] = None,
     model_config: Annotated[Path | None, typer.Option(
         "--model-config", help="HuggingFace config.json of a model servetune does not ship (--model names it)")] = None,
-    dtype: Annotated[str, typer.Option("--dtype", help="weights: bf16 or fp8")] = "bf16",
+    dtype: Annotated[str, typer.Option("--dtype", help="weights: bf16, fp8 or nvfp4 (B200)")] = "bf16",
     kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="KV cache: auto (the weights' activations), bf16, fp8")] =
     "auto",
     output_format: Annotated[str, typer.Option("--format", help="table or json")] = "table",

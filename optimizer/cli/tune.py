@@ -97,7 +97,7 @@ def tune_command(
         "--calibration", help="calibration file from `servetune calibrate` (default: the bundled one)")] = None,
     model_config: Annotated[Path | None, typer.Option(
         "--model-config", help="HuggingFace config.json of a model servetune does not ship (--model names it)")] = None,
-    dtype: Annotated[str | None, typer.Option("--dtype", help="weights: bf16 (default) or fp8")] = None,
+    dtype: Annotated[str | None, typer.Option("--dtype", help="weights: bf16 (default), fp8 or nvfp4 (B200)")] = None,
     kv_dtype: Annotated[str | None, typer.Option("--kv-dtype", help="KV cache: auto (default), bf16 or fp8")] = None,
 ) -> None:
     """Search the scheduler knobs for the most weighted goodput on a trace, per engine."""

@@ -30,7 +30,7 @@ import polars as pl
 import typer
 
 from costmodels.costmodel import CostModel, CostModelError
-from costmodels.runs import SETUP, layout_label, with_layout
+from costmodels.runs import SETUP, kv_dtype_of, layout_label, with_layout
 from optimizer.closedloop import (
     BenchClient,
     ClosedLoopError,
@@ -99,7 +99,7 @@ def _predict_row(i: int, row: dict, configs: dict, setups: dict, calibration, be
                  moe_distribution: str | None) -> dict:
     """The ``PREDICTED`` values of row ``i`` (file line ``i + 2``)."""
     recorded = row.get("kv_dtype")
-    kv_dtype = recorded or row["gemm_dtype"]
+    kv_dtype = kv_dtype_of(row["gemm_dtype"], recorded)
     values = dict.fromkeys(PREDICTED) | {"pred_ttft_ms": math.nan, "pred_tpot_ms": math.nan,
                                          "kv_dtype": kv_dtype, "kv_dtype_assumed": recorded is None,
                                          "error": row.get("error")}
