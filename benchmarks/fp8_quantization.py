@@ -1,8 +1,23 @@
-"""TRT-LLM's FP8 GEMMs: the activation quantization the table timed, and what one pass leaves.
+"""FP8 GEMMs per framework: the activation quantization each table timed, and what is served.
 
-Prints, per GPU, the quantization aiconfigurator's TRT-LLM collector timed with each FP8
-GEMM (the FP8-over-bf16 excess at the narrowest GEMMs, ``costmodels.optables``) at decode
-sizes and at a large one, and for Llama-3.1-70B FP8 on 8 B200s at 4 clients, 1k/1k, the
+Prints, per framework and GPU, the quantization aiconfigurator's collector timed with each
+FP8 GEMM (the FP8-over-bf16 excess at the narrowest GEMMs, ``costmodels.optables``) at decode
+sizes and at a large one, beside one served quantization pass at the large one. The
+collectors' source decides how each table is read (``optables.DYNAMIC_QUANT_TABLES``):
+
+- TRT-LLM (``collector/trtllm/collect_gemm.py``) builds each Linear without an input scale,
+  so the table times a per-call dynamic per-tensor quantization: a max-reduction pass and a
+  cast pass (6-13 us at decode sizes). A served FP8 checkpoint has static input scales: one
+  pass. Read with ``one_pass_quantization``.
+- vLLM (``collector/vllm/collect_gemm.py``: ``Fp8Config(activation_scheme="dynamic")``, which
+  vLLM 0.24 runs per token with CUTLASS, ``fp8.py`` 313-320) and SGLang (its collector times
+  ``sgl_per_token_quant_fp8`` then ``fp8_scaled_mm``) time one fused per-token quantization
+  kernel: what both engines serve for dynamic checkpoints and online ``--quantization fp8``,
+  and no more than their one static pass costs. Read as timed: their median excess at decode
+  sizes is a few us, one launch (TRT-LLM's is two passes); where it is larger (the widest k)
+  it is the FP8 GEMM kernel's own time, not quantization.
+
+And for Llama-3.1-70B FP8 on 8 B200s at 4 clients, 1k/1k, the
 layers' token-linear time (GEMMs, collectives, elementwise) read as collected and as served
 beside the measured decode step of that run (``silicon_breadth_dev.csv``), which includes
 everything else too. Writes ``benchmarks/results/fp8_quantization.md``.
@@ -22,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from costmodels import build, optables  # noqa: E402
+from costmodels.gpus import load_gpu  # noqa: E402
 from costmodels.distil import aic_root, shared_dir  # noqa: E402
 
 GPUS = ("h100_sxm", "h200_sxm", "b200_sxm")
@@ -29,13 +45,19 @@ DECODE_M = 16  # decode-sized batches: m <= 16
 LARGE = (16384, 8192)  # (m, k) of a long prompt's projection
 
 
-def timed_quantization(gpu: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def timed_quantization(gpu: str, framework: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(m axis, k axis, seconds[m, k]) of the quantization the table timed."""
-    ops = optables.ProfiledOps(gpu, "trtllm", "fp8")
-    ms, _, ks, _ = ops._grid("fp8")
+    ops = optables.ProfiledOps(gpu, framework, "bf16")
+    ms, _, ks, _ = ops._grid("bf16")
     fp8 = ops._z["gemm_fp8"].astype(np.float64) * optables.MS
     bf16 = ops._z["gemm_bf16"].astype(np.float64) * optables.MS
     return ms, ks, optables.timed_quantization(fp8, bf16)
+
+
+def one_pass_us(gpu: str, m: int, k: int) -> float:
+    """One served quantization pass over an m x k activation at HBM speed, in us."""
+    spec = load_gpu(gpu)
+    return optables.QUANT_PASS_BYTES * m * k / (spec.hbm_bytes_per_s * spec.hbm_efficiency) * 1e6
 
 
 def linear_ms(tokens: int, served: bool) -> float:
@@ -52,13 +74,17 @@ def linear_ms(tokens: int, served: bool) -> float:
 
 
 def main() -> None:
-    lines = ["GPU        timed quantization at m <= 16 (us)   at m x k = 16384 x 8192 (us)"]
-    for gpu in GPUS:
-        ms, ks, q = timed_quantization(gpu)
-        small = q[ms <= DECODE_M]
-        big = q[int(np.searchsorted(ms, LARGE[0])), int(np.searchsorted(ks, LARGE[1]))]
-        lines.append(f"{gpu:<10} {small.min() * 1e6:6.1f} - {small.max() * 1e6:5.1f}"
-                     f"{'':22}{big * 1e6:8.1f}")
+    lines = ["framework GPU        read as      timed quantization at m <= 16, min / median / max over k (us)   "
+             "at 16384 x 8192 (us)   one pass there (us)"]
+    for framework in ("trtllm", "vllm", "sglang"):
+        read = "one pass" if framework in optables.DYNAMIC_QUANT_TABLES else "timed"
+        for gpu in GPUS:
+            ms, ks, q = timed_quantization(gpu, framework)
+            small = q[ms <= DECODE_M]
+            big = q[int(np.searchsorted(ms, LARGE[0])), int(np.searchsorted(ks, LARGE[1]))]
+            lines.append(f"{framework:<9} {gpu:<10} {read:<12} {small.min() * 1e6:6.1f} / "
+                         f"{np.median(small) * 1e6:5.1f} / {small.max() * 1e6:5.1f}{'':40}{big * 1e6:8.1f}"
+                         f"{'':15}{one_pass_us(gpu, *LARGE):6.1f}")
     runs = pl.read_csv(aic_root(shared_dir()) / "systems" / "silicon_breadth_dev.csv", infer_schema_length=10000)
     row = runs.filter((pl.col("system") == "b200_sxm") & (pl.col("gemm_quant_mode") == "fp8") & (pl.col("tp_size") == 8)
                       & (pl.col("batch_size") == 4) & (pl.col("isl") == 1024) & (pl.col("osl") == 1024))
@@ -71,7 +97,7 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     out = ROOT / "benchmarks" / "results" / "fp8_quantization.md"
-    out.write_text(f"# TRT-LLM FP8 GEMMs: timed vs served quantization\n\nCommand: "
+    out.write_text(f"# FP8 GEMMs: the quantization each framework's table timed, and how it is read\n\nCommand: "
                    f"`python benchmarks/fp8_quantization.py`\n\n```\n{text}\n```\n")
 
 

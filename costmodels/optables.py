@@ -44,7 +44,9 @@ MS = 1e-3
 #: excess at the narrowest GEMMs (6-13 us at decode sizes, about two passes over the
 #: activations at large m x k) is that per-call quantization. A served FP8 checkpoint
 #: carries static input scales (a block-scaled one finds each group's scale inside its
-#: cast): one pass.
+#: cast): one pass. The vLLM and SGLang collectors time one fused per-token quantization
+#: kernel, as both engines serve FP8 (no more than their static pass costs): read as timed
+#: (``benchmarks/fp8_quantization.py`` has the sources and the tables' excess per framework).
 DYNAMIC_QUANT_TABLES = frozenset({"trtllm"})
 #: Bytes one quantization pass moves per activation element: read bf16, write fp8.
 QUANT_PASS_BYTES = 3.0

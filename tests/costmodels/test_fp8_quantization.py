@@ -7,7 +7,7 @@ import pytest
 
 from costmodels import build
 from costmodels.gpus import load_gpu
-from costmodels.optables import MS, NARROW, QUANT_PASS_BYTES, ProfiledOps, one_pass_quantization
+from costmodels.optables import MS, NARROW, QUANT_PASS_BYTES, ProfiledOps, one_pass_quantization, timed_quantization
 
 
 def _raw(ops: ProfiledOps, dtype: str) -> np.ndarray:
@@ -40,10 +40,23 @@ def test_a_spiked_narrow_cell_does_not_set_the_quantization():
 
 
 @pytest.mark.parametrize("framework", ["vllm", "sglang"])
-def test_other_frameworks_fp8_tables_are_read_as_measured(framework):
-    ops = ProfiledOps("h100_sxm", framework, "fp8")
+@pytest.mark.parametrize("gpu", ["h100_sxm", "h200_sxm", "b200_sxm"])
+def test_vllm_and_sglang_fp8_tables_are_read_as_timed(framework, gpu):
+    """Their collectors time one fused per-token quantization kernel with each GEMM, as the
+    engines serve FP8: aiconfigurator collector/vllm/collect_gemm.py:107-113 builds
+    Fp8Config(activation_scheme="dynamic"), which vLLM 0.24 runs per token with CUTLASS
+    (vllm/model_executor/layers/quantization/fp8.py:313-320); collector/sglang/collect_gemm.py
+    :280-281 times sgl_per_token_quant_fp8 then fp8_scaled_mm. One launch at decode sizes,
+    against TRT-LLM's two passes."""
+    ops = ProfiledOps(gpu, framework, "fp8")
     assert np.array_equal(ops._grid("fp8")[3], _raw(ops, "fp8"))
     assert ops.notes == []
+    decode = ops._grid("fp8")[0] <= 16
+    timed = timed_quantization(_raw(ops, "fp8"), _raw(ops, "bf16"))[decode]
+    trtllm = ProfiledOps(gpu, "trtllm", "fp8")
+    two_passes = timed_quantization(_raw(trtllm, "fp8"), _raw(trtllm, "bf16"))[decode]
+    assert np.median(timed) < 5e-6
+    assert np.median(two_passes) > 6e-6
 
 
 def test_bf16_tables_are_untouched_and_the_source_says_so():
