@@ -10,6 +10,7 @@ ship with the profiles; any other model of these kinds comes in through its own
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -277,6 +278,8 @@ def load_model(model: str, model_config: str | Path | None = None) -> ModelArch:
         return ModelArch.from_hf_config(path, name=path.resolve().parent.name)
     canonical = ALIASES.get(model.lower())
     if canonical is None:
-        raise CostModelError(f"unknown model {model!r}; built-in: {', '.join(BUILTIN)} "
-                             "(or pass model_config=PATH to a HuggingFace config.json)")
+        near = difflib.get_close_matches(model.lower(), [m.lower() for m in BUILTIN], n=3, cutoff=0.5)
+        hint = f"did you mean {', '.join(next(m for m in BUILTIN if m.lower() == n) for n in near)}? " if near else ""
+        raise CostModelError(f"unknown model {model!r}; {hint}built-in: {', '.join(BUILTIN)} "
+                             "(or give its HuggingFace config.json: --model-config PATH)")
     return ModelArch.from_hf_config(MODELS_DIR / BUILTIN[canonical], name=canonical)

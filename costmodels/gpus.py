@@ -8,6 +8,7 @@ comes from the roofline model.
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,6 +107,9 @@ def load_gpu(gpu: str | Path) -> GPUSpec:
         return _from_file(path)
     spec = _REGISTRY.get(_key(str(gpu)))
     if spec is None:
-        valid = ", ".join(k.removesuffix("_sxm") for k in _REGISTRY)
-        raise CostModelError(f"unknown GPU {gpu!r}; valid: {valid} (or a GPU spec YAML/JSON path)")
+        names = [k.removesuffix("_sxm") for k in _REGISTRY]
+        near = difflib.get_close_matches(str(gpu).lower().removesuffix("_sxm").removesuffix("-sxm"), names, n=1,
+                                         cutoff=0.5)
+        hint = f"did you mean {near[0]}? " if near else ""
+        raise CostModelError(f"unknown GPU {gpu!r}; {hint}valid: {', '.join(names)} (or a GPU spec YAML/JSON path)")
     return spec

@@ -52,6 +52,9 @@ def assert_refused(result, pattern: str) -> str:
 SIMULATE_FLAGS = [
     pytest.param(["--model", "no-such-model"], r"unknown model 'no-such-model'; built-in:", id="unknown-model"),
     pytest.param(["--gpu", "tpu"], r"unknown GPU 'tpu'; valid: a100, h100, h200", id="unknown-gpu"),
+    pytest.param(["--model", "meta-llama/Llama-3.1-7B"], r"unknown model 'meta-llama/Llama-3.1-7B'; did you mean "
+                 r"meta-llama/Llama-3.1-70B, meta-llama/Llama-3.1-8B, .*--model-config PATH\)$", id="model-typo"),
+    pytest.param(["--gpu", "h1000"], r"unknown GPU 'h1000'; did you mean h100\? valid:", id="gpu-typo"),
     pytest.param(["--tp", "3"], r"tp=3 does not divide num_attention_heads=32.*valid tp: \[1, 2, 4, 8\]",
                  id="tp-does-not-divide-heads"),
     pytest.param(["--model", "meta-llama/Llama-3.1-70B", "--gpu", "a100"], r"Llama-3.1-70B needs .* GiB .* more than",
