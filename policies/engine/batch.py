@@ -131,13 +131,16 @@ def _fits_cap(ri, g, gf, tables, prompt, cap_s, r, n):
 def _fit_step_cap(ri, g, gf, tables, prompt, cfg, r, n, may_split):
     """Tokens of r the step-time cap allows (0 = none); decodes are never held back.
 
-    With splitting, the largest chunk that keeps the step under the cap (binary search);
-    an empty batch always takes at least one token (or the whole prompt), so the engine
-    progresses under any cap.
+    With splitting, the largest chunk that keeps the step under the cap (binary search;
+    a request for which one token already breaks it is answered by that one lookup, as a
+    full step meets every waiting request); an empty batch always takes at least one token
+    (or the whole prompt), so the engine progresses under any cap.
     """
     cap_s = cfg[I_STEP_CAP_MS] * 1e-3
     if cap_s <= 0.0 or _is_decode(ri, prompt, r, n):
         return n
+    if may_split and g[B_TOKENS] > 0 and not _fits_cap(ri, g, gf, tables, prompt, cap_s, r, 1):
+        return 0
     if may_split:
         lo = 0
         hi = n
