@@ -41,6 +41,7 @@ from optimizer.closedloop import (
 )
 from optimizer.inferencex import known_server
 from optimizer.replayfit import UNMEASURED_SERVER, run_clients, run_server
+from optimizer.robust.modelerror import model_error
 from optimizer.targets import context_of
 from policies.config import ConfigError
 from policies.engines import EngineContext
@@ -48,7 +49,7 @@ from policies.engines import EngineContext
 GROUP = ["model", "framework", "gemm_dtype"]
 #: the columns ``predict_runs`` adds, with their types
 PREDICTED = {"pred_ttft_ms": pl.Float64, "pred_tpot_ms": pl.Float64, "calibration_match": pl.Utf8,
-             "calibration_pinned": pl.Utf8, "measured_server": pl.Utf8, "cost_source": pl.Utf8, "kv_dtype": pl.Utf8,
+             "calibration_error": pl.Utf8, "calibration_pinned": pl.Utf8, "measured_server": pl.Utf8, "cost_source": pl.Utf8, "kv_dtype": pl.Utf8,
              "kv_dtype_assumed": pl.Boolean, "error": pl.Utf8}
 
 
@@ -114,7 +115,7 @@ def _predict_row(i: int, row: dict, configs: dict, setups: dict, calibration, be
     known = known_server(row)
     server = setup.server if known is None else {"script": known.script, **known.overrides}
     used = setup.cost.calibration or {}
-    values |= {"calibration_match": used.get("match", "none"),
+    values |= {"calibration_match": used.get("match", "none"), "calibration_error": model_error(setup.cost).stated,
                "calibration_pinned": ", ".join(used.get("pinned_terms") or []) or None,
                "measured_server": json.dumps(server), "cost_source": setup.cost.source}
     try:
@@ -291,6 +292,18 @@ def _report_cost_models(pred: pl.DataFrame) -> list[str]:
     return lines
 
 
+def _report_tiers(pred: pl.DataFrame) -> list[str]:
+    """Per (model, framework/dtype, GPU, TP): the calibration tier its rows used and the error
+    stated for that tier, the band ``tune`` would print for the setup (``model_error``)."""
+    rows = _scored(pred)
+    if rows.is_empty():
+        return []
+    groups = rows.group_by(*GROUP, "gpu", "tp", "calibration_match", "calibration_error", maintain_order=True).len()
+    return ["\ncalibration tier per setup, and the error tune's bands take for it:",
+            *(f"  {r['model']} {r['framework']}/{r['gemm_dtype']} on {r['gpu']} tp{r['tp']}: {r['calibration_match']}"
+              f"; {r['calibration_error']}  ({r['len']} runs)" for r in groups.iter_rows(named=True))]
+
+
 def _report_uncalibrated(pred: pl.DataFrame) -> list[str]:
     """The scored rows that ran uncalibrated, per (model, framework/dtype, GPU, TP)."""
     rows = _scored(pred).filter(_uncalibrated())
@@ -341,8 +354,8 @@ def format_report(pred: pl.DataFrame, worst: int = 5) -> str:
     if failed:
         lines.append(f"\n{len(failed)} run(s) not simulated (left out of the MAPE):")
         lines += [f"  {e}" for e in failed]
-    return "\n".join(lines + _report_cost_models(pred) + _report_uncalibrated(pred) + _report_servers(pred)
-                     + _report_pinned(pred))
+    return "\n".join(lines + _report_cost_models(pred) + _report_tiers(pred) + _report_uncalibrated(pred)
+                     + _report_servers(pred) + _report_pinned(pred))
 
 
 def _check_arguments(model_config: Path | None, calibration: Path | None) -> None:

@@ -85,16 +85,17 @@ def test_breadth_rows_servetune_cannot_score_are_kept_with_their_reason(tmp_path
     pl.DataFrame([
         (r1, "h200_sxm", "trtllm", 8, 1, 1, 8, "fp8", 2, 128, 8, 150.0, 20.0),  # scorable
         (r1, "h200_sxm", "trtllm", 64, 1, 8, 8, "fp8", 2, 128, 8, 150.0, 20.0),  # 64 GPUs
-        ("meta-llama/Llama-3.1-70B", "b200_sxm", "trtllm", 2, 1, 2, 1, "nvfp4", 2, 128, 8, 50.0, 9.0),
+        ("meta-llama/Llama-3.1-70B", "b200_sxm", "trtllm", 2, 1, 2, 1, "nvfp4", 2, 128, 8, 50.0, 9.0),  # scorable
+        ("meta-llama/Llama-3.1-70B", "h200_sxm", "trtllm", 2, 1, 2, 1, "nvfp4", 2, 128, 8, 50.0, 9.0),  # no FP4
         (r1, "h200_sxm", "trtllm", 4, 2, 2, 2, "fp8", 2, 128, 8, 150.0, 20.0),  # GPU counts disagree
     ], schema=cols, orient="row").write_csv(path)
     scored, skipped = fidelity.split_scorable(fidelity.load_runs(path, bad_rows="mark").with_row_index("row"))
-    assert scored["row"].to_list() == [0] and "error" not in scored.columns
+    assert scored["row"].to_list() == [0, 2] and "error" not in scored.columns
     reasons = dict(zip(skipped["row"].to_list(), skipped["reason"].to_list(), strict=True))
-    assert sorted(reasons) == [1, 2, 3]
+    assert sorted(reasons) == [1, 3, 4]
     assert reasons[1].startswith("no cost model: ") and "tp=64" in reasons[1]
-    assert "unknown dtype 'nvfp4'" in reasons[2]
-    assert reasons[3] == "row 5: layout: moe_tp_size 2 x moe_ep_size 2 = 4 GPUs, but tp_size 4 x attention_dp_size 2 = 8"
+    assert "h200_sxm has no nvfp4 tensor cores" in reasons[3]
+    assert reasons[4] == "row 6: layout: moe_tp_size 2 x moe_ep_size 2 = 4 GPUs, but tp_size 4 x attention_dp_size 2 = 8"
 
 
 def test_a_run_filed_again_under_another_model_name_is_scored_once(tmp_path):

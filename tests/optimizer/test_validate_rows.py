@@ -127,7 +127,7 @@ def test_validate_scores_the_good_rows_and_names_every_bad_one(tmp_path):
     runs = write_runs(tmp_path / "runs.csv", [
         good(),                                  # line 2
         good(model="acme/Mystery-7B"),           # 3: not built in, no --model-config
-        good(quant="nvfp4"),                 # 4: a dtype without a cost model
+        good(quant="nvfp4"),                     # 4: NVFP4 on a GPU without FP4 tensor cores
         good(backend="tgi"),                     # 5: an unknown framework
         good(osl=-5),                            # 6: a bad value
         good(isl=130000, osl=2000),              # 7: past the model's context
@@ -140,7 +140,7 @@ def test_validate_scores_the_good_rows_and_names_every_bad_one(tmp_path):
     assert_scored(pred[8])
     assert_failed(pred[3], 3, "unknown model 'acme/Mystery-7B'; pass --model-config CONFIG.json for it",
                   "built-in: meta-llama/Llama-3.1-8B")
-    assert_failed(pred[4], 4, "unknown dtype 'nvfp4'", "trtllm/nvfp4")
+    assert_failed(pred[4], 4, "GPU h100_sxm has no nvfp4 tensor cores", "trtllm/nvfp4 (KV fp8)")
     assert_failed(pred[5], 5, "unknown framework 'tgi'")
     assert_failed(pred[6], 6, "column 'osl': -5 is not a positive number")
     assert_failed(pred[7], 7, "130000 + 2000 tokens exceeds max_seq_len=131072 (the model's context length)")
@@ -284,6 +284,12 @@ def test_report_names_cost_models_kv_dtypes_substituted_tables_and_uncalibrated_
     assert table[("all", "all")]["uncalibrated"] == 3
     text = format_report(pred)
     assert "ROOFLINE" not in text and f"{substitute}  (1 runs)" in text
+    # per setup: the tier and the error tune's bands take for it
+    assert pred["calibration_error"][0].startswith("setup calibration entry, out of sample: TTFT")
+    assert pred["calibration_error"][1].startswith("uncalibrated (no calibration entry): TTFT 41%, TPOT 51%")
+    assert "calibration tier per setup, and the error tune's bands take for it:" in text
+    assert (f"  {LLAMA} sglang/fp8 on h100_sxm tp1: none; uncalibrated (no calibration entry): TTFT 41%, TPOT 51%"
+            in text)
     assert "fp8/fp8 (assumed)" in text and "fp8/bf16 " in text
     assert "the runs record no KV dtype" in text
     assert "3 rows uncalibrated" in text
