@@ -37,8 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from costmodels import build, optables  # noqa: E402
-from costmodels.gpus import load_gpu  # noqa: E402
 from costmodels.distil import aic_root, shared_dir  # noqa: E402
+from costmodels.gpus import load_gpu  # noqa: E402
 
 GPUS = ("h100_sxm", "h200_sxm", "b200_sxm")
 DECODE_M = 16  # decode-sized batches: m <= 16

@@ -7,7 +7,14 @@ import pytest
 
 from costmodels import build
 from costmodels.gpus import load_gpu
-from costmodels.optables import MS, NARROW, QUANT_PASS_BYTES, ProfiledOps, one_pass_quantization, timed_quantization
+from costmodels.optables import (
+    MS,
+    NARROW,
+    QUANT_PASS_BYTES,
+    ProfiledOps,
+    one_pass_quantization,
+    timed_quantization,
+)
 
 
 def _raw(ops: ProfiledOps, dtype: str) -> np.ndarray:
