@@ -7,7 +7,8 @@ on another path. This scores that choice on the breadth runs: each DeepSeek setu
 TRT-LLM) is replayed, as ``servetune validate`` replays it, with each entry of the other
 DeepSeek setups (fitted on those setups' runs only, so never on the runs scored), beside
 its leave-one-setup-out figure from ``benchmarks/fidelity.py --part breadth``, which used
-the chain's entry. Reads ``benchmarks/results/fidelity_breadth.csv`` and
+the chain's entry, and with no entry at all (uncalibrated: the candidate every step of the
+chain has). Reads ``benchmarks/results/fidelity_breadth.csv`` and
 ``fidelity_breadth_calibration.json`` (run ``fidelity.py --part breadth`` first); writes
 ``benchmarks/results/fallback_chain.md``.
 
@@ -54,6 +55,10 @@ def main() -> None:
             lines.append(f"{setup:27s}  {'chain (' + held['logo_match'][0] + ')':37s}  "
                          f"{mape(held['logo_ttft_ms'].to_numpy(), measured_ttft):5.1f}%  "
                          f"{mape(held['logo_tpot_ms'].to_numpy(), measured_tpot):5.1f}%")
+            none = predict_runs(held.select(RUN_COLUMNS), calibration=False)
+            lines.append(f"{'':27s}  {'no entry (uncalibrated)':37s}  "
+                         f"{mape(none['pred_ttft_ms'].to_numpy(), measured_ttft):5.1f}%  "
+                         f"{mape(none['pred_tpot_ms'].to_numpy(), measured_tpot):5.1f}%")
             for e in entries:
                 fitted = [layout_label(dict(zip(("tp", "moe_ep_size", "attention_dp_size"), t, strict=True)))
                           for t in e["layouts"]]

@@ -271,8 +271,11 @@ def match_entry(entries: list[dict], *, model: str, family: str, gpu: str, frame
     GPU nearest in memory bandwidth first, ``_nearest_gpu_first``).
     Every tier keeps to the setup's parallel path (``parallel_path``): EP and attention DP
     run other kernels and collectives with other fixed costs, so only when no entry of the
-    path exists anywhere does an entry of another path stand in (``other_path``: the same
-    model, its family, then pooled, this GPU first). (None, "none") when nothing matches.
+    path exists anywhere does an entry of another path stand in, and only the same model's
+    (``other_path``, this GPU first): held out, DeepSeek-V3 TP8 on DeepSeek-R1's EP entries
+    was far worse than on none (TTFT 64.8% / TPOT 89.0% against 44.9% / 12.1%), while the
+    R1 setups on each other's entries mostly beat none (``benchmarks/fallback_chain.py``).
+    (None, "none") when nothing matches.
     Only entries fitted on the same ``source`` of step times count (entries without the
     field were fitted on profiled tables), and for an MoE model (``moe_distribution``, its
     routing skew) only entries fitted at that skew or on models without MoE layers. With
@@ -298,9 +301,9 @@ def match_entry(entries: list[dict], *, model: str, family: str, gpu: str, frame
         if found is not None:
             return found, how
     other = _nearest_gpu_first([e for e in usable if entry_path(e) != path], gpu)
-    for pool, how in ((_nearest_gpu_first(same, gpu), "other_gpu"), (other, "other_path")):
+    for pool, how, tests in ((_nearest_gpu_first(same, gpu), "other_gpu", tiers), (other, "other_path", tiers[:1])):
         # same: this GPU's entries failed the tiers above
-        for test in tiers:
+        for test in tests:
             found = next((e for e in pool if test(e)), None)
             if found is not None:
                 return found, how

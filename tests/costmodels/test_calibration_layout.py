@@ -127,6 +127,10 @@ def test_an_entry_of_another_parallel_path_stands_in_only_when_its_path_has_none
                  moe_ep_size=8, attention_dp_size=8)
     assert cost.calibration["match"] == "other_path"
     assert f"other_path ({R1} on h200_sxm, ep path)" in cost.source
+    # another model's entry of another path is no stand-in, even of the same family: none is
+    v3 = key | {"model": "deepseek-ai/DeepSeek-V3"}
+    assert match_entry([ep], **v3) == (None, "none")
+    assert match_entry([ep, pooled], **v3, kind="moe+mla") == (None, "none")
 
 
 def test_an_entry_whose_layouts_span_another_path_is_refused(tmp_path):
