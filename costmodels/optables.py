@@ -25,6 +25,7 @@ wider than the grid is costed as side-by-side GEMMs of the widest measured n.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,7 +155,7 @@ class ProfiledOps:
         if rows is not None:
             return rows, ""
         here = load_gpu(self.meta["gpu"])
-        neighbours = self._neighbours(here)
+        neighbours = self._neighbours
         same_chip = [(spec, z) for spec, z in neighbours if spec.bf16_flops == here.bf16_flops]
         moved = self._from_other_gpu(same_chip, here, prefix, head_dim, kv_dtype)
         if moved is not None:
@@ -184,9 +185,11 @@ class ProfiledOps:
                               f"kernel, its work scaled x{factor:.2f} by {by} (unmeasured here)")
         return None
 
-    def _neighbours(self, here: GPUSpec) -> list[tuple[GPUSpec, dict[str, np.ndarray]]]:
-        """(spec, tables) of this framework on the other GPUs with tables, nearest in HBM bandwidth first."""
-        out = []
+    @functools.cached_property
+    def _neighbours(self) -> list[tuple[GPUSpec, dict[str, np.ndarray]]]:
+        """(spec, attention tables) of this framework on the other GPUs with tables, nearest in
+        HBM bandwidth first; read once, whichever kernels are substituted."""
+        here, out = load_gpu(self.meta["gpu"]), []
         for spec in builtin_gpus():
             path = self._dir / f"{spec.tables}_{self.meta['framework']}.npz"
             if spec.tables != here.tables and path.is_file():
