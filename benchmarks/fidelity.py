@@ -37,11 +37,16 @@ layout) out, each run replayed on the cost model of one attention-DP group of it
 the figures per model x GPU x framework and per setup go to ``fidelity_breadth.md``,
 ``.json`` and ``.csv``, the entries (with their leave-one-setup-out error) to
 ``fidelity_breadth_calibration.json`` and, with ``--install``, into the bundled file.
-Rows servetune cannot score (64-GPU instances, FP4 GEMMs) and runs the file lists twice under
-two model names (scored once) are listed with the reason. ``--part`` runs one half (the
-dense files are left as they are).
+Rows servetune cannot score (64-GPU instances) and runs the file lists twice under two model
+names (scored once) are listed with the reason.
 
-    python benchmarks/fidelity.py [--runs FILE.csv] [--breadth-runs FILE.csv] [--part both|dense|breadth]
+Last, the **harsher protocols** of ``benchmarks/fidelity_unseen.py`` (leave a whole
+framework/dtype/GPU out, leave a whole model out) score both files together on the entries
+just fitted, beside LOGO, with the error per fallback tier that ``tune`` reads (installed
+with ``--install``). ``--part`` runs one of dense, breadth or unseen (the other parts' files
+are left as they are; unseen reads them).
+
+    python benchmarks/fidelity.py [--runs FILE.csv] [--breadth-runs FILE.csv] [--part both|dense|breadth|unseen]
                                   [--quick] [--jobs 2] [--install] [--client-ingress-ms MS] [--client-jitter-ms MS]
                                   [--ttft-weight W] [--residual-scale S] [--moe-distribution SKEW] [--comm-scale]
 
@@ -78,6 +83,7 @@ from costmodels.calibration import (  # noqa: E402
     entry_key,
     entry_path,
     fitted_layouts,
+    load_tier_errors,
     match_entry,
     with_key_columns,
 )
@@ -113,9 +119,8 @@ def fallback_key(held: pl.DataFrame, train: pl.DataFrame) -> tuple | None:
     """The key (``entry_key``) of the calibration entry ``apply_calibration`` would give the
     held-out setup from entries fitted on the training rows (one per model and parallel
     path across its layouts, one pooled per GPU, framework, dtype and path, as
-    ``calibrate_replay`` fits them), walking the same chain
-    (``costmodels.calibration.match_entry``); None when no training entry matches."""
-    r = with_layout(held).row(0, named=True)
+    ``calibrate_replay`` fits them), walking the same chain (``chain_entry``); None when no
+    training entry matches."""
     train = with_key_columns(train).drop("gpu").rename({"_gpu": "gpu", "_path": "path"})
     candidates = []
     for cols in (["gpu", "framework", "model", "gemm_dtype", "path"], ["gpu", "framework", "gemm_dtype", "path"]):
@@ -123,11 +128,20 @@ def fallback_key(held: pl.DataFrame, train: pl.DataFrame) -> tuple | None:
             e = dict(zip(cols, key, strict=True))
             candidates.append({"model": "*", **e, "kv_dtype": kv_dtype_of(e["gemm_dtype"]), "models": sorted(set(group["model"])),
                                "layouts": fitted_layouts(group.select(list(SETUP)).iter_rows())})
-    arch = load_model(r["model"])
-    entry, _ = match_entry(candidates, model=r["model"], family=arch.family, kind=arch.kind,
-                           gpu=load_gpu(r["gpu"]).name, framework=r["framework"], gemm_dtype=r["gemm_dtype"],
-                           tp=r["tp"], kv_dtype=kv_dtype_of(r["gemm_dtype"]), layout=(r["moe_ep_size"], r["attention_dp_size"]))
+    entry = chain_entry(with_layout(held).row(0, named=True), candidates)
     return None if entry is None else entry_key(entry)
+
+
+def chain_entry(run: dict, entries: list[dict]) -> dict | None:
+    """The entry of ``entries`` that ``apply_calibration``'s fallback chain
+    (``costmodels.calibration.match_entry``) gives the setup of ``run`` (a runs row); None
+    when none matches."""
+    arch = load_model(run["model"])
+    entry, _ = match_entry(entries, model=run["model"], family=arch.family, kind=arch.kind,
+                           gpu=load_gpu(run["gpu"]).name, framework=run["framework"], gemm_dtype=run["gemm_dtype"],
+                           tp=run["tp"], kv_dtype=kv_dtype_of(run["gemm_dtype"]),
+                           layout=(run["moe_ep_size"], run["attention_dp_size"]))
+    return entry
 
 
 def formula_fitter(train: pl.DataFrame, keys=None) -> list[dict]:
@@ -401,8 +415,9 @@ def main() -> None:
                              "(costmodels/data/calibration.json)")
     parser.add_argument("--breadth-runs", type=Path, default=None,
                         help="breadth runs CSV (default: ../shared silicon_breadth_dev.csv)")
-    parser.add_argument("--part", choices=("both", "dense", "breadth"), default="both",
-                        help="score the dense runs, the breadth runs or both (each writes its own files)")
+    parser.add_argument("--part", choices=("both", "dense", "breadth", "unseen"), default="both",
+                        help="score the dense runs, the breadth runs, the harsher protocols on both parts' results, "
+                             "or all three (each writes its own files)")
     parser.add_argument("--client-ingress-ms", type=float, default=0.0,
                         help="BenchClient.ingress_s in ms, for fit and replay (a harness variant; default 0)")
     parser.add_argument("--client-jitter-ms", type=float, default=0.0,
@@ -422,6 +437,10 @@ def main() -> None:
             run_dense(args, pool)
         if args.part in ("both", "breadth"):
             run_breadth(args, pool)
+    if args.part in ("both", "unseen"):  # the harsher protocols, on the entries both parts just fitted
+        import fidelity_unseen
+
+        fidelity_unseen.main(["--results", str(args.out)] + (["--install"] if args.install else []))
 
 
 def fit_options(args) -> dict:
@@ -475,7 +494,7 @@ def install(entries: list[dict], models: set[str]) -> None:
     old = load_calibration(BUNDLED) if BUNDLED.is_file() else []
     kept = [new.pop(entry_key(e)) if entry_key(e) in new else e for e in old
             if entry_key(e) in new or e["model"] not in models]
-    save_calibration(kept + list(new.values()), BUNDLED)
+    save_calibration(kept + list(new.values()), BUNDLED, tier_errors=load_tier_errors(BUNDLED))
 
 
 def run_breadth(args, pool) -> None:

@@ -172,8 +172,24 @@ def _fit_entry(key: dict, sel: list[dict]) -> dict:
     }
 
 
-def save_calibration(entries: list[dict], path: str | Path) -> None:
-    Path(path).write_text(json.dumps({"format": FORMAT, "entries": entries}, indent=1) + "\n")
+def save_calibration(entries: list[dict], path: str | Path, tier_errors: dict | None = None) -> None:
+    """Write ``entries`` and, when given, the measured error per fallback tier
+    (``load_tier_errors``) as a calibration file."""
+    data = {"format": FORMAT, "entries": entries} | ({"tier_errors": tier_errors} if tier_errors else {})
+    Path(path).write_text(json.dumps(data, indent=1) + "\n")
+
+
+def load_tier_errors(path: str | Path) -> dict:
+    """The calibration file's measured error per tier: ``{"method", "command", "tiers": {tier:
+    {"ttft_mape", "tpot_mape", "runs", "setups"}}}``, where a tier is a ``MATCHES`` level,
+    "none" or "roofline", and its error is that of held-out runs which the fallback chain
+    gave that tier (``benchmarks/fidelity_unseen.py``); ``{}`` when the file states none."""
+    data = read_json_file(Path(path), "calibration file")
+    tiers = (data.get("tier_errors") if isinstance(data, dict) else None) or {}
+    for tier, figure in (tiers.get("tiers") or {}).items():
+        if not all(isinstance(figure.get(k), int | float) and figure[k] >= 0 for k in ("ttft_mape", "tpot_mape")):
+            raise CostModelError(f"calibration file {path}: tier_errors for {tier!r} need ttft_mape and tpot_mape >= 0")
+    return tiers
 
 
 def load_calibration(path: str | Path) -> list[dict]:
@@ -203,6 +219,22 @@ def load_calibration(path: str | Path) -> list[dict]:
 
 #: How an entry was chosen for a cost model, most specific first (the fallback chain).
 MATCHES = ("setup", "model", "family", "pooled", "other_gpu", "other_path")
+#: Fewest held-out runs a tier's measured error (``load_tier_errors``) needs to stand for the tier.
+MIN_TIER_RUNS = 10
+
+
+def losing_tiers(tier_errors: dict) -> set[str]:
+    """The tiers whose lent entries did worse on held-out runs than no entry at all did on
+    the same runs (summed TTFT and TPOT MAPE, at least ``MIN_TIER_RUNS`` runs;
+    ``benchmarks/fidelity_unseen.py``): "no entry" is a candidate at every step of the chain,
+    and the chain skips a tier the evidence puts behind it (``match_entry(skip=...)``)."""
+    out = set()
+    for tier, f in (tier_errors.get("tiers") or {}).items():
+        none = (f.get("none_ttft_mape"), f.get("none_tpot_mape"))
+        if f.get("runs", 0) >= MIN_TIER_RUNS and all(isinstance(v, int | float) for v in none) \
+                and sum(none) < f["ttft_mape"] + f["tpot_mape"]:
+            out.add(tier)
+    return out
 
 
 def step_source(cost: CostModel) -> str:
@@ -260,7 +292,8 @@ def entry_kinds(entry: dict, entries: list[dict]) -> set[str]:
 
 def match_entry(entries: list[dict], *, model: str, family: str, gpu: str, framework: str, gemm_dtype: str,
                 tp: int, kv_dtype: str, source: str = "profiled", layout: tuple[int, int] = (1, 1),
-                moe_distribution: str | None = None, kind: str = "") -> tuple[dict | None, str]:
+                moe_distribution: str | None = None, kind: str = "",
+                skip: set[str] | frozenset[str] = frozenset()) -> tuple[dict | None, str]:
     """The entry for a setup and how it matched (``MATCHES``), within the framework and GEMM
     dtype: the same model on this GPU at this TP, layout (``layout``: EP size, attention-DP
     size; an entry fitted on other layouts of the TP, or one without ``layouts``, which was
@@ -281,7 +314,8 @@ def match_entry(entries: list[dict], *, model: str, family: str, gpu: str, frame
     routing skew) only entries fitted at that skew or on models without MoE layers. With
     ``kind`` (the model's ``Architecture.kind``), only entries fitted on models of that
     class alone: a dense model's step times are not corrected by a DeepSeek fit (MoE + MLA
-    kernels, other fixed costs), nor the other way round."""
+    kernels, other fixed costs), nor the other way round. The tiers in ``skip``
+    (``losing_tiers``) lend nothing: the chain walks on past them."""
     usable = [e for e in entries if e["framework"] == framework and e["gemm_dtype"] == gemm_dtype
               and e.get("step_source", "profiled") == source
               and (moe_distribution is None or e.get("moe_distribution") in (moe_distribution, None))
@@ -298,12 +332,12 @@ def match_entry(entries: list[dict], *, model: str, family: str, gpu: str, frame
              lambda e: e["model"] == "*")
     for how, test in zip(("model", "family", "pooled"), tiers, strict=True):
         found = next((e for e in same if e["gpu"] == gpu and test(e)), None)
-        if found is not None:
+        if found is not None and how not in skip:
             return found, how
     other = _nearest_gpu_first([e for e in usable if entry_path(e) != path], gpu)
     for pool, how, tests in ((_nearest_gpu_first(same, gpu), "other_gpu", tiers), (other, "other_path", tiers[:1])):
         # same: this GPU's entries failed the tiers above
-        for test in tests:
+        for test in tests if how not in skip else ():
             found = next((e for e in pool if test(e)), None)
             if found is not None:
                 return found, how
@@ -335,7 +369,8 @@ def apply_calibration(cost: CostModel, model: str, gpu: str, framework: str, gem
                       calibration: str | Path | bool | None, kv_dtype: str | None = None,
                       family: str = "", layout: tuple[int, int] = (1, 1), kind: str = "") -> CostModel:
     """``cost`` with a calibrated overhead and scales, and ``cost.calibration`` saying
-    which entry (file, match level, its fitted values and stated error) it used. An entry
+    which entry (file, match level, its fitted values and stated error) it used, with the
+    file's measured error per tier (``load_tier_errors``). An entry
     of another model lends its terms but not its ``measured_server`` (None): the replay
     fits choose the server's unrecorded settings per model, from that model's runs.
     ``layout``: the model's (EP size, attention-DP size), and ``kind`` its architecture
@@ -350,15 +385,16 @@ def apply_calibration(cost: CostModel, model: str, gpu: str, framework: str, gem
     if calibration is None and not path.is_file():
         return replace(cost, source=cost.source + "; uncalibrated", calibration={"file": None, "match": "none"})
     kv_dtype = kv_dtype or gemm_dtype
-    entries = load_calibration(path)
+    entries, tier_errors = load_calibration(path), load_tier_errors(path)
     entry, how = match_entry(entries, model=model, family=family, gpu=gpu, framework=framework,
                              gemm_dtype=gemm_dtype, tp=cost.tp, kv_dtype=kv_dtype, source=step_source(cost), layout=layout,
-                             moe_distribution=cost.moe_distribution, kind=kind)
+                             moe_distribution=cost.moe_distribution, kind=kind, skip=losing_tiers(tier_errors))
     if entry is None:
         if calibration is not None:
             raise CostModelError(f"calibration file {path} has no entry for {model} on {gpu} with "
                                  f"{framework}/{gemm_dtype}")
-        return replace(cost, source=cost.source + "; uncalibrated", calibration={"file": None, "match": "none"})
+        return replace(cost, source=cost.source + "; uncalibrated",
+                       calibration={"file": None, "match": "none", "tier_errors": tier_errors})
     scales = {k: float(entry.get(k, 1.0)) for k in ("prefill_scale", "decode_scale")}
     prefill_step_s, comm_scale = float(entry.get("prefill_step_s", 0.0)), float(entry.get("comm_scale", 1.0))
     tables = with_comm_scale(cost.tables, cost.comm_s, comm_scale)._replace(
@@ -376,7 +412,7 @@ def apply_calibration(cost: CostModel, model: str, gpu: str, framework: str, gem
             "measured_server": dict(entry.get("measured_server") or {}) if entry["model"] == model else None,
             "overhead_s": entry["overhead_s"], "scale": entry["scale"], **scales, "prefill_step_s": prefill_step_s,
             "comm_scale": comm_scale,
-            "pinned_terms": pinned,
+            "pinned_terms": pinned, "tier_errors": tier_errors,
             "error": entry.get("error") or {"in_sample_tpot_mape": entry.get("tpot_mape_after"),
                                             "in_sample_ttft_mape": entry.get("ttft_mape_after"),
                                             "out_of_sample": None}}

@@ -72,6 +72,7 @@ from optimizer.robust.answer import CANDIDATES, Candidate, robust_answer
 from optimizer.robust.choice import ratio
 from optimizer.robust.deploy import answer_lines, deployed_fleet, flag_name
 from optimizer.robust.fleetsize import MAX_SIZED_REPLICAS, fleet_curve
+from optimizer.robust.modelerror import model_error
 from optimizer.space import Fleet, fleet_of
 from optimizer.study import BOUNDS_ATTR
 from policies.config import FLEET_KNOBS, PolicyConfig
@@ -352,20 +353,11 @@ def provenance(spec, evaluator) -> dict[str, Any]:
 
 
 def residual(cost_model) -> dict[str, Any]:
-    """Which calibration a cost model used and the error it was measured to have: every
-    gain is to be read against it. Out of sample where the entry states it; else said."""
+    """Which calibration a cost model used and the error it was measured to have
+    (``model_error``): every gain is to be read against it."""
     used = dict(cost_model.calibration or {"file": None, "match": "none"})
-    error = used.get("error") or {}
-    held = error.get("leave_one_run_out") or error.get("out_of_sample")
-    if used.get("file") is None:
-        used["stated_error"] = "uncalibrated: no measured error for this setup"
-    elif held:
-        used["stated_error"] = "out of sample: " + ", ".join(f"{k} {v:.1f}%" for k, v in held.items()
-                                                             if isinstance(v, int | float))
-    else:
-        inside = error.get("in_sample") or {k: v for k, v in error.items() if k.startswith("in_sample") and v}
-        used["stated_error"] = ("in sample only (fitted and scored on the same runs): "
-                                + ", ".join(f"{k} {v:.1f}%" for k, v in inside.items() if isinstance(v, int | float)))
+    used.pop("tier_errors", None)  # the file's table; the setup's own figure is stated_error
+    used["stated_error"] = model_error(cost_model).stated
     return used
 
 

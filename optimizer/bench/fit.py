@@ -182,11 +182,11 @@ def calibrate_from_bench(runs: list[MeasuredRun], base_cost, key: dict) -> dict:
 def save_entry(entry: dict, path: str | Path) -> Path:
     """Write ``entry`` into the calibration file at ``path``, replacing an entry of the
     same setup and keeping the others."""
-    from costmodels.calibration import load_calibration, save_calibration
+    from costmodels.calibration import load_calibration, load_tier_errors, save_calibration
 
     path = Path(path)
-    entries = load_calibration(path) if path.is_file() else []
+    entries, tiers = (load_calibration(path), load_tier_errors(path)) if path.is_file() else ([], {})
     same = ("model", "gpu", "framework", "gemm_dtype", "kv_dtype", "tp")
     kept = [e for e in entries if any(e.get(k) != entry.get(k) for k in same)]
-    save_calibration([*kept, entry], path)
+    save_calibration([*kept, entry], path, tier_errors=tiers)
     return path

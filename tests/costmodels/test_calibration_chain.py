@@ -166,3 +166,60 @@ def test_a_pool_written_without_its_models_pooled_its_files_model_entries():
     assert entry_models(entries[2], entries) == sorted([LLAMA8, QWEN32])
     assert entry_kinds(entries[2], entries) == {"dense"}
     assert entry_models(entries[4], entries) == [] and entry_kinds(entries[4], entries) == {"unknown"}
+
+
+def test_a_file_carries_its_measured_error_per_tier_to_every_cost_model_it_builds(tmp_path):
+    from costmodels.calibration import BUNDLED, load_tier_errors
+
+    path = tmp_path / "calibration.json"
+    tiers = {"method": "held out", "tiers": {"family": {"ttft_mape": 30.0, "tpot_mape": 9.0, "runs": 40, "setups": 3}}}
+    save_calibration(ENTRIES, path, tier_errors=tiers)
+    assert load_tier_errors(path) == tiers
+    assert build(LLAMA70, "h100", tp=4, framework="trtllm", calibration=path).calibration["tier_errors"] == tiers
+    save_calibration(ENTRIES, path)
+    assert load_tier_errors(path) == {}
+    # the bundled file's table reaches a setup with no entry at all, whose band needs it most
+    none = build(LLAMA8, "h100", framework="sglang")
+    assert none.calibration["match"] == "none" and none.calibration["tier_errors"] == load_tier_errors(BUNDLED)
+
+
+def test_a_tier_error_without_its_figures_is_refused(tmp_path):
+    import json
+
+    from costmodels.calibration import load_tier_errors
+
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps({"format": "servetune-calibration/1", "entries": [],
+                                "tier_errors": {"tiers": {"none": {"ttft_mape": "x"}}}}))
+    with pytest.raises(CostModelError, match="tier_errors for 'none'"):
+        load_tier_errors(path)
+
+
+def test_a_tier_that_lost_to_no_entry_on_held_out_runs_is_skipped():
+    from costmodels.calibration import MIN_TIER_RUNS, losing_tiers
+
+    def tier(chain, none, runs=MIN_TIER_RUNS):
+        return {"ttft_mape": chain[0], "tpot_mape": chain[1], "runs": runs,
+                "none_ttft_mape": none[0], "none_tpot_mape": none[1]}
+
+    table = {"tiers": {"other_gpu": tier((20.0, 30.0), (25.0, 20.0)),  # 50 against 45: no entry wins
+                       "family": tier((20.0, 10.0), (40.0, 12.0)),  # the entry wins
+                       "pooled": tier((50.0, 50.0), (1.0, 1.0), runs=MIN_TIER_RUNS - 1),  # too few runs to tell
+                       "none": {"ttft_mape": 40.0, "tpot_mape": 12.0, "runs": 100}}}
+    assert losing_tiers(table) == {"other_gpu"}
+    # the same model fitted on A100 is skipped; the chain walks on to no entry
+    found, how = match_entry(ENTRIES, model=LLAMA8, family="llama", gpu="h200_sxm", framework="vllm",
+                             gemm_dtype="bf16", tp=1, kv_dtype="bf16", skip=losing_tiers(table))
+    assert (found, how) == (None, "none")
+    assert match(LLAMA70, "llama") == (1, "family")
+
+
+def test_a_file_whose_evidence_skips_a_tier_builds_the_setup_uncalibrated(tmp_path):
+    path = tmp_path / "calibration.json"
+    lost = {"tiers": {"other_gpu": {"ttft_mape": 30.0, "tpot_mape": 30.0, "runs": 50, "none_ttft_mape": 20.0,
+                                    "none_tpot_mape": 20.0}}}
+    save_calibration(ENTRIES, path, tier_errors=lost)
+    with pytest.raises(CostModelError, match="no entry"):  # a file given by name must match
+        build(LLAMA8, "h200", framework="vllm", calibration=path)
+    save_calibration(ENTRIES, path)
+    assert build(LLAMA8, "h200", framework="vllm", calibration=path).calibration["match"] == "other_gpu"

@@ -254,3 +254,15 @@ def test_a_bench_replay_of_an_attention_dp_file_steps_its_groups_together(tmp_pa
     apart = simulate_fleet(trace, cost, config, seed=4, replicas=2)
     np.testing.assert_array_equal(replayed.finish_s, together.finish_s)
     assert not np.array_equal(replayed.finish_s, apart.finish_s)
+
+
+def test_saving_an_entry_keeps_the_files_measured_error_per_tier(tmp_path):
+    from costmodels.calibration import load_calibration, load_tier_errors, save_calibration
+
+    path = tmp_path / "calibration.json"
+    tiers = {"method": "held out", "tiers": {"none": {"ttft_mape": 40.0, "tpot_mape": 20.0, "runs": 30, "setups": 2}}}
+    save_calibration([], path, tier_errors=tiers)
+    entry = {"model": "meta-llama/Llama-3.1-8B", "gpu": "h100_sxm", "framework": "vllm", "gemm_dtype": "bf16",
+             "kv_dtype": "bf16", "tp": [1], "overhead_s": 1e-3, "scale": 1.0}
+    save_entry(entry, path)
+    assert load_tier_errors(path) == tiers and load_calibration(path) == [entry]
