@@ -37,10 +37,10 @@ from costmodels import build  # noqa: E402
 from optimizer.bench.fit import MeasuredRun, calibrate_from_bench, fit, mape  # noqa: E402
 from optimizer.bench.results import RequestTimes, read_result, write_vllm_result  # noqa: E402
 from optimizer.bench.run import BenchRun  # noqa: E402
-from optimizer.evaluate import Evaluator  # noqa: E402
-from optimizer.outputs import file_replay, write_bench_replay  # noqa: E402
-from optimizer.spec import load_spec  # noqa: E402
-from optimizer.study import create_or_resume  # noqa: E402
+from optimizer.outputs.runfolder import file_replay, write_bench_replay  # noqa: E402
+from optimizer.search.evaluate import Evaluator  # noqa: E402
+from optimizer.search.spec import load_spec  # noqa: E402
+from optimizer.search.study import create_or_resume  # noqa: E402
 from studies.formats import native  # noqa: E402
 from studies.traces import Trace  # noqa: E402
 

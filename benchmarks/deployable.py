@@ -37,10 +37,10 @@ sys.path.insert(0, str(ROOT))
 import optuna  # noqa: E402
 from tuned import tune  # noqa: E402
 
-from optimizer.evaluate import split_holdout  # noqa: E402
-from optimizer.exports import read_engine_file  # noqa: E402
-from optimizer.outputs import ratio  # noqa: E402
-from optimizer.space import Fleet  # noqa: E402
+from optimizer.outputs.exports import read_engine_file  # noqa: E402
+from optimizer.outputs.runfolder import ratio  # noqa: E402
+from optimizer.search.evaluate import split_holdout  # noqa: E402
+from optimizer.search.space import Fleet  # noqa: E402
 from policies.config import FLEET_KNOBS, PolicyConfig  # noqa: E402
 from policies.engines import target  # noqa: E402
 from studies.scenarios import SCENARIOS, build_trace, scenario_slos  # noqa: E402

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from costmodels import build  # noqa: E402
-from optimizer.targets import engine_context  # noqa: E402
+from optimizer.search.targets import engine_context  # noqa: E402
 from policies.engine import simulate  # noqa: E402
 from policies.engines import target  # noqa: E402
 from policies.fleet import simulate_fleet  # noqa: E402

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from costmodels import build  # noqa: E402
-from optimizer.targets import engine_context  # noqa: E402
+from optimizer.search.targets import engine_context  # noqa: E402
 from policies import engine  # noqa: E402
 from policies.engines import preset  # noqa: E402
 from policies.kernel_state import S_ARRIVAL  # noqa: E402

@@ -2,11 +2,11 @@
 
 Replays every row of ``silicon_dense_h100.csv`` (or ``--runs``, any CSV in that format)
 through the engine as the benchmark client that produced it drove the server
-(``optimizer.closedloop.BenchClient``: AIPerf's start-up burst, awaited warm-up, profiled
+(``optimizer.fidelity.closedloop.BenchClient``: AIPerf's start-up burst, awaited warm-up, profiled
 request count; a run from another client, such as the breadth file's InferenceX rows, is
 replayed as that one: ``closedloop.client_for``), with each framework's scheduler: the
 path of ``servetune validate``.
-The cost model is calibrated by replay (``optimizer.replayfit.calibrate_replay``: overhead,
+The cost model is calibrated by replay (``optimizer.fidelity.replayfit.calibrate_replay``: overhead,
 prefill and decode scales and the measured server's token budget, fitted so the closed
 loop reproduces the runs). Two figures per (model, framework, TP) group and overall:
 
@@ -93,8 +93,8 @@ from costmodels.gpus import load_gpu  # noqa: E402
 from costmodels.moeops import DEFAULT_DISTRIBUTION, DISTRIBUTIONS  # noqa: E402
 from costmodels.runs import SETUP, kv_dtype_of, layout_label, with_layout  # noqa: E402
 from optimizer.cli.validate import format_report, predict_runs, scatter_figure, server_label  # noqa: E402
-from optimizer.closedloop import LOCKSTEP, BenchClient  # noqa: E402
-from optimizer.replayfit import RESIDUAL_SCALE, TTFT_WEIGHT, calibrate_replay  # noqa: E402
+from optimizer.fidelity.closedloop import LOCKSTEP, BenchClient  # noqa: E402
+from optimizer.fidelity.replayfit import RESIDUAL_SCALE, TTFT_WEIGHT, calibrate_replay  # noqa: E402
 
 #: A leave-one-out group: one measured setup (the GPU and dtype go with the model here).
 LOGO_KEYS = ["model", "gpu", "framework", "gemm_dtype", "tp"]
@@ -341,7 +341,7 @@ def breadth(path: Path, bench: BenchClient, pool, fit: dict, quick: bool,
     replay calibration, in sample and leaving one setup (``BREADTH_KEYS``) out. Returns the
     report text, its figures and the per-run predictions; rows servetune cannot score are
     listed with their reasons, none dropped unsaid. ``mtp_acceptance``: every MTP run's
-    acceptance per draft position, as if measured (None: ``optimizer.inferencex.MTP_ACCEPTANCE``)."""
+    acceptance per draft position, as if measured (None: ``optimizer.fidelity.inferencex.MTP_ACCEPTANCE``)."""
     runs = load_runs(path, bad_rows="mark").with_row_index("row")
     if mtp_acceptance is not None:
         runs = runs.with_columns(pl.lit(mtp_acceptance, dtype=pl.Float64).alias("mtp_acceptance"))

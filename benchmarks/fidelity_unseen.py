@@ -57,7 +57,7 @@ from costmodels.calibration import (  # noqa: E402
 )
 from costmodels.gpus import load_gpu  # noqa: E402
 from optimizer.cli.validate import predict_runs  # noqa: E402
-from optimizer.closedloop import BenchClient  # noqa: E402
+from optimizer.fidelity.closedloop import BenchClient  # noqa: E402
 from optimizer.robust.modelerror import error_tier  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"

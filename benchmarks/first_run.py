@@ -37,7 +37,7 @@ COMMAND = ["tune", "--trace", "studies/data/mooncake_conversation_300s.parquet",
 # servetune's entry point, stamping the moment the first trial is told
 HOOKED = r"""
 import sys, time
-from optimizer import progress
+from optimizer.search import progress
 _update = progress.TuneProgress.update
 def update(self, trial, stats=None):
     if self._told == 0:

@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 from engine_speed import best_of  # noqa: E402
 
 from costmodels import build  # noqa: E402
-from optimizer.targets import engine_context  # noqa: E402
+from optimizer.search.targets import engine_context  # noqa: E402
 from policies import engine  # noqa: E402
 from policies.config import ROUTERS  # noqa: E402
 from policies.engines import preset  # noqa: E402

@@ -28,7 +28,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from scenarios import tune  # noqa: E402
 
 from costmodels import build  # noqa: E402
-from optimizer.targets import engine_context  # noqa: E402
+from optimizer.search.targets import engine_context  # noqa: E402
 from policies.engine import simulate_many  # noqa: E402
 from policies.engines import preset  # noqa: E402
 from studies.metrics import score  # noqa: E402

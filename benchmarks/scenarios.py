@@ -40,12 +40,18 @@ import numpy as np  # noqa: E402
 import optuna  # noqa: E402
 
 from costmodels import build  # noqa: E402
-from optimizer.evaluate import Evaluator  # noqa: E402
-from optimizer.failplan import FailurePlan  # noqa: E402
-from optimizer.objective import objective_for  # noqa: E402
-from optimizer.spec import StudySpec  # noqa: E402
-from optimizer.study import BOUNDS_ATTR, best_goodput_trial, enqueue_baselines, make_sampler, run  # noqa: E402
-from optimizer.targets import engine_context  # noqa: E402
+from optimizer.search.evaluate import Evaluator  # noqa: E402
+from optimizer.search.failplan import FailurePlan  # noqa: E402
+from optimizer.search.objective import objective_for  # noqa: E402
+from optimizer.search.spec import StudySpec  # noqa: E402
+from optimizer.search.study import (  # noqa: E402
+    BOUNDS_ATTR,
+    best_goodput_trial,
+    enqueue_baselines,
+    make_sampler,
+    run,
+)
+from optimizer.search.targets import engine_context  # noqa: E402
 from policies.config import KNOB_BY_NAME, ConfigError, PolicyConfig, inert_knobs  # noqa: E402
 from policies.engine import simulate_many  # noqa: E402
 from policies.engines import preset  # noqa: E402

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 from matplotlib.figure import Figure  # noqa: E402
 
 from costmodels import build  # noqa: E402
-from optimizer.targets import engine_context  # noqa: E402
+from optimizer.search.targets import engine_context  # noqa: E402
 from policies.engine import simulate_many  # noqa: E402
 from policies.engines import preset  # noqa: E402
 from policies.speculative import AcceptanceModel  # noqa: E402

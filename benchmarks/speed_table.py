@@ -29,10 +29,10 @@ import optuna  # noqa: E402
 from engine_speed import SHARED, TRACES, best_of  # noqa: E402
 
 from costmodels import build  # noqa: E402
-from optimizer.evaluate import Evaluator  # noqa: E402
-from optimizer.spec import load_spec  # noqa: E402
-from optimizer.study import create_or_resume, enqueue_baselines, run  # noqa: E402
-from optimizer.targets import engine_context  # noqa: E402
+from optimizer.search.evaluate import Evaluator  # noqa: E402
+from optimizer.search.spec import load_spec  # noqa: E402
+from optimizer.search.study import create_or_resume, enqueue_baselines, run  # noqa: E402
+from optimizer.search.targets import engine_context  # noqa: E402
 from policies import engine  # noqa: E402
 from policies.engines import preset  # noqa: E402
 from studies.traces import load_trace  # noqa: E402

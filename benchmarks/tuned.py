@@ -2,7 +2,7 @@
 
 Each engine's study is timed with that engine's profiled op tables (the what-if target with
 vLLM's), searched with the CLI's sampler, and its run folder written by
-``optimizer.outputs.write_run_outputs``: the summary is what `tune` prints.
+``optimizer.outputs.runfolder.write_run_outputs``: the summary is what `tune` prints.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from typing import Any
 
 import optuna
 
-from optimizer.evaluate import Evaluator
-from optimizer.objective import objective_for
-from optimizer.outputs import write_run_outputs
-from optimizer.spec import StudySpec
-from optimizer.study import enqueue_baselines, make_sampler, run
+from optimizer.outputs.runfolder import write_run_outputs
+from optimizer.search.evaluate import Evaluator
+from optimizer.search.objective import objective_for
+from optimizer.search.spec import StudySpec
+from optimizer.search.study import enqueue_baselines, make_sampler, run
 
 MODEL, GPU = "meta-llama/Llama-3.1-8B", "h100"
 

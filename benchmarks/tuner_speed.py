@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import optuna
 
-from optimizer.evaluate import Evaluator
-from optimizer.spec import load_spec
-from optimizer.study import create_or_resume, enqueue_baselines, run
+from optimizer.search.evaluate import Evaluator
+from optimizer.search.spec import load_spec
+from optimizer.search.study import create_or_resume, enqueue_baselines, run
 from policies.config import PolicyConfig
 from policies.engine import simulate_many, warmup
 

@@ -5,7 +5,7 @@ Prints, per scenario and loop (``sync``: vLLM's Scheduler as its unit tests driv
 first token and finish fall at the same time as vLLM's, the preemption counts that agree,
 and the steps identical from the first (start, tokens, first tokens, finishes). Scenarios
 come from ``../shared/oracle/vllm-0.33.0/`` and ``tests/fixtures/vllm_oracle/``
-(``optimizer.parity``).
+(``optimizer.fidelity.parity``).
 
 With ``--record OUT`` and a Python that has vLLM 0.33.0 (``--vllm-python``, plus the
 engine-check stub ``libcuda.so.1`` folder ``--stub``), it first records fresh scenarios
@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from optimizer import parity  # noqa: E402
+from optimizer.fidelity import parity  # noqa: E402
 
 SHARED = Path(os.environ.get("SERVETUNE_SHARED", ROOT / ".." / "shared"))
 HARNESS = SHARED / "tools" / "vllm-oracle"

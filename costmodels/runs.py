@@ -4,7 +4,7 @@ A run is one closed-loop benchmark (``batch_size`` clients of ``isl`` prompt and
 output tokens, mean TTFT and TPOT measured) on one instance layout. ``load_runs`` reads
 aiconfigurator's silicon CSVs or a file in canonical names, names the file, row and column
 of every bad value, and gives each run its layout (``SETUP``) and benchmark ``client``.
-Calibration (``costmodels.calibration``, ``optimizer.replayfit``) and validation fit and
+Calibration (``costmodels.calibration``, ``optimizer.fidelity.replayfit``) and validation fit and
 score these rows.
 """
 
@@ -42,7 +42,7 @@ LAYOUT = ("attention_dp_size", "moe_tp_size", "moe_ep_size", "pp_size")
 #: null (not recorded: a caller assumes the GEMM dtype and should say so)
 OPTIONAL = {"gemm_dtype", "kv_dtype", *LAYOUT}
 #: The benchmark clients a run may name (``client``; the closed-loop replay drives each as
-#: its client did: ``optimizer.closedloop.CLIENT_VARIANTS``). A file without the column
+#: its client did: ``optimizer.fidelity.closedloop.CLIENT_VARIANTS``). A file without the column
 #: names it per run from aiconfigurator's ``silicon_data_source`` (``client_column``).
 CLIENT_NAMES = ("aiperf", "inferencex")
 #: ``silicon_data_source`` tags of runs from SemiAnalysis InferenceX's nightly database
@@ -72,7 +72,7 @@ def load_runs(path: str | Path, *, builtin_only: bool = True, bad_rows: str = "r
     ``attention_dp_size`` 8 note ``silicon_concurrency`` = 8 x ``batch_size``).
 
     An optional ``mtp_acceptance`` column gives an MTP run's measured acceptance per draft
-    position, in (0, 1] (blank: not recorded; ``optimizer.inferencex`` then assumes one).
+    position, in (0, 1] (blank: not recorded; ``optimizer.fidelity.inferencex`` then assumes one).
 
     Built-in model names become canonical; others are an error unless ``builtin_only`` is
     False (validation against a model given by its config.json, ``model_config``, for the
@@ -101,7 +101,7 @@ def load_runs(path: str | Path, *, builtin_only: bool = True, bad_rows: str = "r
     cleaned = [_check_numbers(path, runs[name], problems) for name in NUMBERS]
     runs = runs.with_columns(cleaned)
     runs = runs.drop(LAYOUT).with_columns(_layout(runs, problems, _has_experts(runs["model"], model_config)))
-    if "mtp_acceptance" in raw.columns:  # a run that measured its drafter (optimizer.inferencex)
+    if "mtp_acceptance" in raw.columns:  # a run that measured its drafter (optimizer.fidelity.inferencex)
         runs = runs.with_columns(_acceptance(raw["mtp_acceptance"], problems))
     first = next((i for i, p in enumerate(problems) if p), None)
     if first is not None and bad_rows == "raise":

@@ -52,14 +52,14 @@ DRAFT_COST_MODES = ("fraction", "mtp")
 LORA_EVICTION_POLICIES = ("lru", "fifo")  # the indices are policies.adapters LRU, FIFO
 ROUTERS = ("round_robin", "least_outstanding", "least_kv", "cache_aware", "unified", "consistent_hash",
            "vllm_dp", "total_requests", "total_tokens")  # append only: indices are encoded
-#: Most replicas a fleet may have (optimizer.space.Fleet), and most the cache-aware router
+#: Most replicas a fleet may have (optimizer.search.space.Fleet), and most the cache-aware router
 #: tracks: its prefix sets are one bit per replica in a 64-bit mask.
 MAX_REPLICAS = 1024
 MAX_CACHE_AWARE_REPLICAS = 64
 
 # fleet (issue 8): routing across data-parallel replicas, Llumnix migration, prefill/decode
 # disaggregation. They act only with more than one replica; the replica count and TP are
-# the caller's (optimizer.space.Fleet). No engine has them; sglang-router has a few.
+# the caller's (optimizer.search.space.Fleet). No engine has them; sglang-router has a few.
 _FLEET: tuple[Knob, ...] = (
     Knob("router", str, choices=ROUTERS, router="policy",
          help="which replica takes a request: round_robin; least_outstanding (fewest requests); least_kv "

@@ -33,7 +33,7 @@ policies sit behind (default round robin; extra policies may set their own), and
     failures = {windows = ["1@40:80"]}
 
 Only the shape is checked here; the runner parses the failures
-(``optimizer.failplan``) and names the scenario when they are wrong.
+(``optimizer.search.failplan``) and names the scenario when they are wrong.
 """
 
 from __future__ import annotations

@@ -97,7 +97,7 @@ class BenchRun:
         spec = self.spec
         options = {} if spec.speculative is None else {"acceptance": spec.speculative.acceptance}
         deployment = self.manifest["deployment"]
-        # one scheduler per attention-DP group of each replica (optimizer.space.Fleet.schedulers),
+        # one scheduler per attention-DP group of each replica (optimizer.search.space.Fleet.schedulers),
         # the groups of a replica stepping together
         ranks = int(deployment.get("attention_dp", 1))
         replicas = int(deployment["replicas"]) * ranks
@@ -129,8 +129,8 @@ def _target_folder(folder: Path, engine: str | None) -> Path:
 
 
 def _spec(folder: Path):
-    from optimizer.spec import SpecError, spec_from_dict
-    from optimizer.study import MANIFEST as STUDY
+    from optimizer.search.spec import SpecError, spec_from_dict
+    from optimizer.search.study import MANIFEST as STUDY
 
     try:
         stored = json.loads((folder / STUDY).read_text())
@@ -142,7 +142,7 @@ def _spec(folder: Path):
 
 
 def _config(folder: Path, manifest: dict, spec) -> PolicyConfig:
-    from optimizer.exports import ExportError, read_engine_file
+    from optimizer.outputs.exports import ExportError, read_engine_file
     from policies.engines import target
 
     path = folder / manifest["config"]
@@ -168,7 +168,7 @@ def _replayed_trace(folder: Path, manifest: dict, spec) -> tuple[Trace, tuple[st
         raise BenchResultError(f"{path}: {exc}") from None
     replayed = replayed.replace(max_tokens=np.maximum(replayed.output_tokens, 1))
     try:
-        from optimizer.evaluate import load_study_trace
+        from optimizer.search.evaluate import load_study_trace
         from studies.replay import as_replayed
 
         study = as_replayed(load_study_trace(spec))

@@ -114,7 +114,7 @@ def calibrate_command(
         folders = run_dir or [None] * len(from_bench)
         if len(folders) != len(from_bench):
             raise BenchResultError(f"{len(from_bench)} results but {len(folders)} --run-dir; give one per result")
-        from optimizer.spec import DTYPES, KV_DTYPES
+        from optimizer.search.spec import DTYPES, KV_DTYPES
 
         if dtype not in DTYPES or kv_dtype not in KV_DTYPES:
             raise ConfigError(f"--dtype takes {list(DTYPES)} and --kv-dtype {list(KV_DTYPES)}")

@@ -180,15 +180,15 @@ def calibrate_cmd(
 ) -> None:
     """Fit per-step overhead and prefill/decode scales to measured runs; print MAPE before/after.
 
-    The replay fit (``optimizer.replayfit.calibrate_replay``) replays every run through
+    The replay fit (``optimizer.fidelity.replayfit.calibrate_replay``) replays every run through
     the engine as AIPerf drove it and fits TTFT and TPOT together; it takes about a minute
     per (model, framework, dtype) on 2 cores. Entries are per model and parallel path across
     its layouts, plus one pooled per (GPU, framework, dtype, path); ``build`` walks setup,
     model, family, pooled, other GPU, other path (``costmodels.calibration.match_entry``)."""
     from costmodels import CostModelError, calibrate, load_runs, save_calibration
     from costmodels.calibration import entry_path
-    from optimizer.closedloop import ClosedLoopError
-    from optimizer.replayfit import calibrate_replay
+    from optimizer.fidelity.closedloop import ClosedLoopError
+    from optimizer.fidelity.replayfit import calibrate_replay
 
     if fit not in ("replay", "formula"):
         _fail(f"--fit must be replay or formula, got {fit!r}")

@@ -32,7 +32,7 @@ def export_command(
     storage: Annotated[str | None, typer.Option("--storage", help="study storage URL, when it is a database")] = None,
 ) -> None:
     """Write trial N of RUN_DIR (default: the recommended file) as a `<backend> serve --config` YAML file."""
-    from optimizer.exports import BACKENDS, ExportError
+    from optimizer.outputs.exports import BACKENDS, ExportError
 
     try:
         if backend is not None and backend not in BACKENDS:
@@ -53,8 +53,8 @@ def export_command(
 
 
 def _export(run_dir: Path, backend: str | None, number: int | None, storage: str | None) -> str:
-    from optimizer.exports import ExportError, engine_yaml, policy_toml
-    from optimizer.outputs import (
+    from optimizer.outputs.exports import ExportError, engine_yaml, policy_toml
+    from optimizer.outputs.runfolder import (
         deployment_of,
         file_replay,
         find_trial,
@@ -88,7 +88,7 @@ def _export(run_dir: Path, backend: str | None, number: int | None, storage: str
 def _recommended(run_dir: Path, engine) -> str:
     """The file ``tune`` recommended, as written to the run folder (the choice among trials
     needs the traffic variants, so it is read, not redone)."""
-    from optimizer.exports import ExportError
+    from optimizer.outputs.exports import ExportError
 
     name = "policy.toml" if engine.what_if else f"{engine.name}.yaml"
     path = Path(run_dir) / name

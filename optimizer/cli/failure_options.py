@@ -1,4 +1,4 @@
-"""The failure flags ``servetune simulate`` and ``servetune tune`` share (``optimizer.failplan``)."""
+"""The failure flags ``servetune simulate`` and ``servetune tune`` share (``optimizer.search.failplan``)."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ from costmodels.costmodel import CostModelError
 from costmodels.layout import ParallelLayout
 from optimizer.cli.failure_options import FailOption, MtbfOption, RepairOption
 from optimizer.cli.trace import trace_warnings_as_lines
-from optimizer.failplan import FailurePlan
+from optimizer.search.failplan import FailurePlan
 from policies.config import KNOB_BY_NAME, ConfigError, PolicyConfig, check_fleet
 from policies.engines import PRESETS, EngineContext, preset
 from policies.failures import FailureError
@@ -113,7 +113,7 @@ def simulate_command(
         _print_table(Console(), run, report)
     if timeline is not None:
         # matplotlib loads only when a plot is asked for
-        from optimizer.timeline import save_timeline
+        from optimizer.outputs.timeline import save_timeline
 
         title = f"{run['model']} on {run['gpu']} ({run['replicas']} x TP {run['tp']}), {run['config_source']}"
         save_timeline(result, timeline, title)
@@ -135,8 +135,8 @@ def _simulate(trace_path: Path, trace_format: str | None, model: str, gpu: str, 
         raise TraceError(f"--rate-scale: {exc}") from None
     slos = _slos(slo, slo_file)
     # Imported only now: `servetune --help` and bad flags should not wait for the engine.
-    from optimizer.spec import DTYPES, KV_DTYPES, block_size_refusals
-    from optimizer.targets import engine_context
+    from optimizer.search.spec import DTYPES, KV_DTYPES, block_size_refusals
+    from optimizer.search.targets import engine_context
 
     if dtype not in DTYPES or kv_dtype not in KV_DTYPES:
         raise ConfigError(f"--dtype takes {list(DTYPES)} and --kv-dtype {list(KV_DTYPES)}; got {dtype!r}, {kv_dtype!r}")
@@ -222,7 +222,7 @@ def _policy(config_path: Path | None, preset_name: str | None, ctx: EngineContex
     it runs on (an engine file's own; else plain TP of ``ctx.tp`` GPUs) and the replicas an
     engine file deploys (None for a preset or a policy.toml).
 
-    An engine file (``.yaml``) is read as its engine runs it (``optimizer.exports.read_engine_file``);
+    An engine file (``.yaml``) is read as its engine runs it (``optimizer.outputs.exports.read_engine_file``);
     which engine is told by its model key (vLLM ``model``, SGLang ``model-path``)."""
     layout, replicas = ParallelLayout(ctx.tp), None
     if config_path is not None and preset_name is not None:
@@ -298,7 +298,7 @@ def _yaml_engine(data, path: Path) -> str:
 
 
 def _engine_file(path: Path, ctx: EngineContext) -> tuple[PolicyConfig, ParallelLayout, int]:
-    from optimizer.exports import ExportError, read_engine_file
+    from optimizer.outputs.exports import ExportError, read_engine_file
     from policies.engines import EngineError, target
 
     data = _yaml(path)
@@ -351,7 +351,7 @@ def _print_table(console: Console, run: dict, report: Report) -> None:
     console.print(f"cost model: {run['cost_model']} [dim]({run['cost_model_source']})[/]")
     console.print(f"config: {run['config_source']} · SLO: {run['slo']} · seed {run['seed']}")
     if run["replicas"] > 1 or run["failures"] is not None:
-        from optimizer.review import routing_label
+        from optimizer.outputs.review import routing_label
 
         console.print(f"fleet: {routing_label(PolicyConfig.from_mapping(run['config']), run['replicas'])}"
                       + ("" if run["failures"] is None else f" · failures (replica@down:up s): {run['failures']}"))

@@ -73,7 +73,7 @@ def trace_warnings_as_lines() -> Iterator[None]:
     comes as one line, ``warning: ...``, on stderr: its message already names the file, the
     rows and what was done, where Python's own format would add the source line that raised
     it. Other warnings are left alone."""
-    from optimizer.study import StudyWarning
+    from optimizer.search.study import StudyWarning
 
     with warnings.catch_warnings():
         warnings.simplefilter("always", TraceWarning)

@@ -22,8 +22,8 @@ from rich.table import Table
 from costmodels.costmodel import CostModelError
 from optimizer.cli.failure_options import FailOption, MtbfOption, RepairOption
 from optimizer.cli.trace import trace_warnings_as_lines
-from optimizer.spec import SpecError, load_spec
-from optimizer.study import RunStats, StudyError
+from optimizer.search.spec import SpecError, load_spec
+from optimizer.search.study import RunStats, StudyError
 from policies.config import ConfigError
 from policies.engines import ENGINES
 from studies.slo import SLOError
@@ -206,8 +206,8 @@ def _spaces_per_target(space: dict, names: list[str], console: Console) -> dict[
 
 
 def _tune(spec, console: Console, *, resume: bool, outputs: bool, quiet: bool) -> dict | None:
-    from optimizer.evaluate import Evaluator
-    from optimizer.study import create_or_resume, enqueue_baselines
+    from optimizer.search.evaluate import Evaluator
+    from optimizer.search.study import create_or_resume, enqueue_baselines
 
     evaluator = Evaluator(spec)
     _check_tunable(evaluator.full_trace, spec)
@@ -236,7 +236,7 @@ def _tune(spec, console: Console, *, resume: bool, outputs: bool, quiet: bool) -
         console.print("[yellow]--no-outputs: no file written, so no gain is stated (a gain is that of the "
                       "exported file, read back and simulated)[/]")
         return None
-    from optimizer.outputs import OutputError, write_run_outputs
+    from optimizer.outputs.runfolder import OutputError, write_run_outputs
 
     try:
         result = write_run_outputs(spec.run_dir, study, spec, evaluator)
@@ -282,8 +282,8 @@ def worker_command(
     """Join a study and evaluate trials until its shared budget is spent."""
     console = Console()
     try:
-        from optimizer.evaluate import Evaluator
-        from optimizer.study import load_for_worker
+        from optimizer.search.evaluate import Evaluator
+        from optimizer.search.study import load_for_worker
 
         with trace_warnings_as_lines():
             spec, study = load_for_worker(study_name, storage, trace=str(trace) if trace else None,
@@ -301,7 +301,7 @@ def worker_command(
 def warmup_command() -> None:
     """Compile (or load from the cache) the simulator kernels, single replica, fleet and
     closed loop (validate, calibrate), so the first trial is fast."""
-    from optimizer import closedloop
+    from optimizer.fidelity import closedloop
     from policies import engine, fleet
 
     start = time.perf_counter()
@@ -370,8 +370,8 @@ def _counted(study) -> int:
 
 
 def _run(study, spec, evaluator, quiet: bool, done: int) -> RunStats:
-    from optimizer.progress import TuneProgress
-    from optimizer.study import run
+    from optimizer.search.progress import TuneProgress
+    from optimizer.search.study import run
 
     with TuneProgress(spec.trials, done, quiet=quiet) as progress:
         try:
@@ -384,8 +384,8 @@ def _run(study, spec, evaluator, quiet: bool, done: int) -> RunStats:
 
 
 def _print_summary(console: Console, study, spec, stats: RunStats) -> None:
-    from optimizer.outputs import directions, fleet_front, recommend
-    from optimizer.study import baseline_trials, best_goodput_trial
+    from optimizer.outputs.runfolder import directions, fleet_front, recommend
+    from optimizer.search.study import baseline_trials, best_goodput_trial
 
     best = best_goodput_trial(study)
     console.print(f"{stats.told} trials in {stats.wall_s:.1f} s ({stats.trials_per_s:.2f} trials/s); "
@@ -436,7 +436,7 @@ def _pct(value) -> str:
 
 def _print_file_gains(console: Console, summary: dict) -> None:
     """The recommendation's figures: the exported file, replayed; held-out and verdict first."""
-    from optimizer.outputs import ATTENTION_DP_CAVEAT
+    from optimizer.outputs.runfolder import ATTENTION_DP_CAVEAT
 
     rec = summary["recommendation"]
     best = summary["best"]["report"]

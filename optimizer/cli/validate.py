@@ -3,7 +3,7 @@
 Each row of a runs CSV (aiconfigurator's ``silicon_*.csv`` format, or the canonical
 columns of ``costmodels.runs.COLUMNS``) is one benchmark: ``batch_size`` clients,
 ``isl``-token prompts, ``osl`` output tokens, on ``tp_size`` GPUs. Every row is replayed
-through the engine as the benchmark client ran it (``optimizer.closedloop.BenchClient``:
+through the engine as the benchmark client ran it (``optimizer.fidelity.closedloop.BenchClient``:
 AIPerf's start-up burst, warm-up, profiled request count and length draws) with the
 calibrated cost model of its (model, GPU, framework, dtype, TP) and that framework's
 scheduler defaults, and the mean TTFT and TPOT over the profiled requests are compared
@@ -31,7 +31,7 @@ import typer
 
 from costmodels.costmodel import CostModel, CostModelError
 from costmodels.runs import SETUP, kv_dtype_of, layout_label, with_layout
-from optimizer.closedloop import (
+from optimizer.fidelity.closedloop import (
     BenchClient,
     ClosedLoopError,
     ClosedLoopResult,
@@ -39,10 +39,10 @@ from optimizer.closedloop import (
     run_benchmark,
     server_max_seq_len,
 )
-from optimizer.inferencex import known_server
-from optimizer.replayfit import UNMEASURED_SERVER, run_clients, run_server
+from optimizer.fidelity.inferencex import known_server
+from optimizer.fidelity.replayfit import UNMEASURED_SERVER, run_clients, run_server
 from optimizer.robust.modelerror import model_error
-from optimizer.targets import context_of
+from optimizer.search.targets import context_of
 from policies.config import ConfigError
 from policies.engines import EngineContext
 
@@ -64,7 +64,7 @@ class Setup:
     cost: CostModel
     ctx: EngineContext  # the scheduler's context (its KV pool bounds a closed loop's runs)
     server: dict  # the fitted measured-server overrides (``measured_server``)
-    max_seq_len: int | None  # ``optimizer.closedloop.server_max_seq_len``
+    max_seq_len: int | None  # ``optimizer.fidelity.closedloop.server_max_seq_len``
 
 
 def predict_runs(runs: pl.DataFrame, *, model_config: str | Path | None = None, calibration=None,
@@ -183,7 +183,7 @@ def model_configs(models: list[str], model_config: str | Path | None) -> dict[st
 
 def measured_server(cost, framework: str) -> dict:
     """The scheduler overrides a replay fit chose for the runs of ``cost``'s calibration
-    entry (its ``measured_server``; ``optimizer.replayfit.SERVER_CANDIDATES``), {} when the
+    entry (its ``measured_server``; ``optimizer.fidelity.replayfit.SERVER_CANDIDATES``), {} when the
     entry has none (a formula fit), ``UNMEASURED_SERVER`` when no entry of the model applied."""
     server = (cost.calibration or {}).get("measured_server")
     return dict(UNMEASURED_SERVER[framework] if server is None else server)

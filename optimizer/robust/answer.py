@@ -2,7 +2,7 @@
 its range.
 
 ``robust_answer`` takes the search's best candidates (each already the exported file read
-back, ``optimizer.outputs.file_replay``) and the engine's defaults, and:
+back, ``optimizer.outputs.runfolder.file_replay``) and the engine's defaults, and:
 
 1. scores them, and the defaults, under every condition: the traffic variants of the
    tuning part (``variants``) and the whole tuning part with its step times at each corner
@@ -50,7 +50,7 @@ class Candidate:
 
     label: str
     config: Any  # PolicyConfig
-    fleet: Any  # optimizer.space.Fleet
+    fleet: Any  # optimizer.search.space.Fleet
     trial: Any = None  # FrozenTrial
 
 

@@ -91,7 +91,7 @@ class Flag:
     ``key: true`` or ``no-key: true``; a ``key: false`` line is dropped by vLLM's loader).
     ``values`` maps knob values to the engine's spelling for enumerations: only these are
     in the domain. ``unset`` is the knob value the engine spells by leaving the flag out.
-    ``search`` is the default search range (``optimizer.space`` settings), None when the
+    ``search`` is the default search range (``optimizer.search.space`` settings), None when the
     knob stays at the engine's default unless a study opens it.
     """
 
@@ -224,13 +224,13 @@ class Target:
         return tuple(dict.fromkeys(f.knob for f in self.flags))
 
     def search_settings(self, ctx: EngineContext) -> dict[str, dict[str, Any]]:
-        """Default search range per flag knob (``optimizer.space`` settings)."""
+        """Default search range per flag knob (``optimizer.search.space`` settings)."""
         return {f.knob: dict(f.search) for f in self.flags if f.search is not None}
 
     # -- LoRA adapters: searched only for a trace that asks for some ----------------------
     def lora_search_settings(self, adapters: int) -> dict[str, dict[str, Any]]:
         """Search ranges of the adapter-pool knobs for a trace asking for ``adapters``
-        distinct adapters (``optimizer.space``; none for a target without LoRA flags)."""
+        distinct adapters (``optimizer.search.space``; none for a target without LoRA flags)."""
         raise EngineError(f"{self.display} {self.version} has no LoRA flags in servetune")
 
     def resolve(self, config: PolicyConfig, ctx: EngineContext) -> PolicyConfig:

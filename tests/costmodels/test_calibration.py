@@ -44,7 +44,7 @@ def test_calibration_file_round_trip_and_build_applies_it(entries, tmp_path):
 
 def test_bundled_calibration_matches_a_fresh_fit(entries):
     # the bundled file is what build applies; a formula fit in it must match a fresh one (a
-    # replay fit, ``optimizer.replayfit.calibrate_replay``, is checked by benchmarks/fidelity.py)
+    # replay fit, ``optimizer.fidelity.replayfit.calibrate_replay``, is checked by benchmarks/fidelity.py)
     from costmodels.calibration import BUNDLED
 
     cost = build("meta-llama/Llama-3.1-8B", "h100", framework="trtllm")

@@ -8,7 +8,12 @@ from costmodels import CostModelError, build, calibrate, load_runs, save_calibra
 from costmodels.calibration import match_entry
 from costmodels.moeops import DEFAULT_DISTRIBUTION
 from optimizer.cli.validate import predict_runs
-from optimizer.closedloop import TRTLLM_DEFAULT, BenchClient, run_benchmark, server_max_seq_len
+from optimizer.fidelity.closedloop import (
+    TRTLLM_DEFAULT,
+    BenchClient,
+    run_benchmark,
+    server_max_seq_len,
+)
 
 QWEN, R1, LLAMA = "Qwen/Qwen3-235B-A22B-FP8", "deepseek-ai/DeepSeek-R1", "meta-llama/Llama-3.1-8B"
 COLS = ["model_path", "system", "backend", "tp_size", "attention_dp_size", "moe_tp_size", "moe_ep_size", "pp_size",

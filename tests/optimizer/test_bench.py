@@ -16,10 +16,10 @@ from optimizer.bench.fit import MeasuredRun, calibrate_from_bench, save_entry
 from optimizer.bench.results import BenchResultError, RequestTimes, read_result, write_vllm_result
 from optimizer.bench.run import BenchRun
 from optimizer.cli import app
-from optimizer.evaluate import Evaluator
-from optimizer.outputs import file_replay, write_bench_replay
-from optimizer.spec import load_spec
-from optimizer.study import _write_manifest
+from optimizer.outputs.runfolder import file_replay, write_bench_replay
+from optimizer.search.evaluate import Evaluator
+from optimizer.search.spec import load_spec
+from optimizer.search.study import _write_manifest
 from studies.formats import mooncake, native
 from studies.replay import as_replayed
 from studies.traces import Trace

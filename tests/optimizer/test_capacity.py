@@ -2,7 +2,7 @@
 
 import pytest
 
-from optimizer.capacity import capacity, capacity_many
+from optimizer.search.capacity import capacity, capacity_many
 from policies.config import PolicyConfig
 from tests.optimizer.tuning_helpers import fake_report, make_trace
 

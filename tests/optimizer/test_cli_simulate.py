@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from optimizer.cli import app
-from optimizer.timeline import save_timeline, timeline_figure
+from optimizer.outputs.timeline import save_timeline, timeline_figure
 from policies.result import SimResult, State
 from studies.traces import Trace, write_trace
 
@@ -89,7 +89,7 @@ def invoke(*args):
 
 def test_json_report_equals_scoring_the_same_run(trace_file):
     from costmodels import build
-    from optimizer.targets import engine_context
+    from optimizer.search.targets import engine_context
     from policies.engine import simulate
     from policies.engines import preset
     from studies.lengths import Predictor, with_client_caps

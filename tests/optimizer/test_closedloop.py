@@ -12,7 +12,7 @@ from costmodels.costmodel import CostModel
 from costmodels.runs import CLIENT_NAMES
 from costmodels.steptable import linear_tables
 from optimizer.cli import app
-from optimizer.closedloop import (
+from optimizer.fidelity.closedloop import (
     CLIENT_VARIANTS,
     LOCKSTEP,
     TRTLLM_DEFAULT,
@@ -23,7 +23,12 @@ from optimizer.closedloop import (
     framework_config,
     run_benchmark,
 )
-from optimizer.replayfit import SEQS_BELOW_CLIENTS, SERVER_CANDIDATES, for_clients, server_config
+from optimizer.fidelity.replayfit import (
+    SEQS_BELOW_CLIENTS,
+    SERVER_CANDIDATES,
+    for_clients,
+    server_config,
+)
 from policies.config import PolicyConfig
 
 # Step = 2 ms + 0.1 ms per token: a prefill of P tokens takes 2 + 0.1 P ms, a decode step of S sequences 2 + 0.1 S.
@@ -172,7 +177,7 @@ def test_the_finish_horizon_changes_nothing(framework, clients, isl, osl):
     # the driver lets the engine run (fast-forward included) up to a horizon no finish can
     # precede; stepping one engine step at a time must give the same run bit for bit
     cost = build("meta-llama/Llama-3.1-8B", "h100", framework=framework)
-    from optimizer.targets import context_of
+    from optimizer.search.targets import context_of
 
     config = framework_config(framework, context_of(cost, "h100", context_len=0))
     bench = BenchClient(requests_per_client=3, osl_stddev=osl / 10, isl_stddev=isl / 20)
@@ -196,9 +201,9 @@ def test_reproduces_measured_h100_runs_as_well_as_the_calibration_states():
     replays them (AIPerf's harness, the entry's measured-server settings), these runs
     are within it: TPOT within 10% on average, TTFT no worse than the stated error."""
     from optimizer.cli.validate import measured_server
-    from optimizer.closedloop import server_max_seq_len
-    from optimizer.replayfit import server_config
-    from optimizer.targets import context_of
+    from optimizer.fidelity.closedloop import server_max_seq_len
+    from optimizer.fidelity.replayfit import server_config
+    from optimizer.search.targets import context_of
 
     assert LLAMA_TRT.calibration["match"] == "setup"
     server = measured_server(LLAMA_TRT, "trtllm")
@@ -246,9 +251,9 @@ def test_validate_command_prints_mape_and_writes_predictions(tmp_path):
     pred = pl.read_csv(tmp_path / "pred.csv")
     # what validate predicts is the closed loop of the row's setup, as the benchmark drove it
     from optimizer.cli.validate import measured_server
-    from optimizer.closedloop import server_max_seq_len
-    from optimizer.replayfit import server_config
-    from optimizer.targets import context_of
+    from optimizer.fidelity.closedloop import server_max_seq_len
+    from optimizer.fidelity.replayfit import server_config
+    from optimizer.search.targets import context_of
 
     server = measured_server(LLAMA_TRT, "trtllm")
     config = for_clients(server_config("trtllm", context_of(LLAMA_TRT, "h100", context_len=0), server), server, 8)
@@ -342,7 +347,7 @@ def test_uneven_ranks_wait_for_the_slowest():
 @pytest.mark.parametrize("framework", ["trtllm", "vllm"])
 def test_the_finish_horizon_changes_nothing_for_ranks_stepping_together(framework):
     cost = build("Qwen/Qwen3-30B-A3B", "h100", tp=4, framework=framework, moe_ep_size=4, attention_dp_size=4)
-    from optimizer.targets import context_of
+    from optimizer.search.targets import context_of
 
     config = framework_config(framework, context_of(cost, "h100", context_len=0))
     bench = BenchClient(requests_per_client=2, osl_stddev=8, isl_stddev=100)

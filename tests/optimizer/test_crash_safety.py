@@ -20,10 +20,16 @@ from typer.testing import CliRunner
 
 import costmodels
 from optimizer.cli import app
-from optimizer.evaluate import Evaluator
-from optimizer.outputs import OUTPUTS, RunOutputs, open_run, staged_outputs, write_run_outputs
-from optimizer.spec import load_spec
-from optimizer.study import (
+from optimizer.outputs.runfolder import (
+    OUTPUTS,
+    RunOutputs,
+    open_run,
+    staged_outputs,
+    write_run_outputs,
+)
+from optimizer.search.evaluate import Evaluator
+from optimizer.search.spec import load_spec
+from optimizer.search.study import (
     JOURNAL,
     MANIFEST,
     StudyWarning,
@@ -39,7 +45,7 @@ from tests.optimizer.tuning_helpers import FakeEngine, fake_score, make_trace, w
 ASK_AND_DIE = """
 import os, sys, time, optuna
 from optuna.storages.journal import JournalFileBackend
-from optimizer.ownership import OwnedJournalStorage
+from optimizer.search.ownership import OwnedJournalStorage
 study = optuna.load_study(study_name=sys.argv[2], storage=OwnedJournalStorage(JournalFileBackend(sys.argv[1])))
 for _ in range(int(sys.argv[3])):
     study.ask()
@@ -153,7 +159,7 @@ def test_a_failed_write_leaves_the_previous_outputs_whole_and_nothing_behind(tmp
 
 
 def test_write_run_outputs_keeps_the_old_outputs_when_a_writer_fails(tmp_path, monkeypatch):
-    import optimizer.outputs as outputs
+    import optimizer.outputs.runfolder as outputs
 
     run = tmp_path / "run"
 
@@ -215,7 +221,7 @@ def test_a_baseline_claimed_by_a_run_killed_before_it_named_itself_is_run_again(
     trial RUNNING with no owner forever: the study ended a trial short with no baseline, and no
     rerun repaired it. Now such an orphan is failed once its grace has passed (0 s here) and
     its baseline enqueued again; the budget still counts exactly."""
-    monkeypatch.setattr("optimizer.study.ORPHAN_GRACE_S", 0.0)
+    monkeypatch.setattr("optimizer.search.study.ORPHAN_GRACE_S", 0.0)
     spec = make_spec(trace_file, tmp_path)
     study = create_or_resume(spec)
     evaluator = Evaluator(spec, trace=make_trace(), cost_model=COST_MODEL, engine=FakeEngine(), scorer=fake_score)
@@ -236,7 +242,7 @@ def test_an_ownerless_claim_within_its_grace_is_left_alone():
 
     from optuna.trial import create_trial
 
-    from optimizer.study import ORPHAN_GRACE_S, orphaned
+    from optimizer.search.study import ORPHAN_GRACE_S, orphaned
 
     fresh = create_trial(state=TrialState.RUNNING)
     assert not orphaned(fresh)  # just claimed: its owner's stamp may be the next write
@@ -331,7 +337,7 @@ def test_a_lock_left_by_a_kill_is_said_and_taken_over(tmp_path, monkeypatch):
     it is said at once, and taken over once stale (Optuna's grace, shortened here)."""
     import optuna.storages.journal as journal
 
-    from optimizer.study import repair_journal
+    from optimizer.search.study import repair_journal
 
     path = tmp_path / JOURNAL
     path.write_bytes(b'{"op_code":2,"worker_id":"x","study_id":0,"user_attr":{"a":1}}\n')

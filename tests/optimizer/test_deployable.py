@@ -13,12 +13,12 @@ import math
 import optuna
 import pytest
 
-from optimizer.evaluate import Evaluator, split_holdout
-from optimizer.exports import read_engine_file
-from optimizer.outputs import write_run_outputs
-from optimizer.spec import load_spec
-from optimizer.study import create_or_resume, enqueue_baselines, run
-from optimizer.targets import context_of
+from optimizer.outputs.exports import read_engine_file
+from optimizer.outputs.runfolder import write_run_outputs
+from optimizer.search.evaluate import Evaluator, split_holdout
+from optimizer.search.spec import load_spec
+from optimizer.search.study import create_or_resume, enqueue_baselines, run
+from optimizer.search.targets import context_of
 from policies.config import PolicyConfig
 from policies.engines import target
 from tests.optimizer.tuning_helpers import burst_cost_model, make_trace, write_csv_trace

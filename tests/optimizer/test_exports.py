@@ -12,7 +12,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from optimizer.exports import (
+from optimizer.outputs.exports import (
     Deployment,
     ExportError,
     TrafficShape,
@@ -23,7 +23,7 @@ from optimizer.exports import (
     read_engine_file,
     write_exports,
 )
-from optimizer.targets import engine_context
+from optimizer.search.targets import engine_context
 from policies.config import FLEET_KNOBS, KNOBS, SPECULATIVE_KNOBS, PolicyConfig, inert_knobs
 from policies.engines import ENGINES, EngineContext, preset, target
 from policies.engines.vllm import BLOCK_SIZES
@@ -31,7 +31,7 @@ from studies.slo import SLOClass, SLOSet, parse_slo
 from tests.optimizer.test_outputs_fixtures import make_trace
 
 # Long flags `vllm serve` 0.33.0 accepts for the knobs servetune could export
-# (serving-configs.md §1.2-1.3), checked independently of optimizer.exports.
+# (serving-configs.md §1.2-1.3), checked independently of optimizer.outputs.exports.
 VLLM_033_KEYS = frozenset({
     "model", "tensor-parallel-size", "data-parallel-size", "pipeline-parallel-size",
     "max-num-batched-tokens", "max-num-seqs", "max-num-active-seqs", "enable-chunked-prefill",

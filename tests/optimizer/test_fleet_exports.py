@@ -4,7 +4,7 @@ only the engine's own data-parallel routing."""
 import pytest
 import yaml
 
-from optimizer.exports import (
+from optimizer.outputs.exports import (
     Deployment,
     ExportError,
     engine_yaml,
@@ -17,7 +17,7 @@ from optimizer.exports import (
 from policies.config import PolicyConfig, inert_knobs
 from policies.engines import EngineContext, preset, target
 
-# sglang-router 0.3.2 flags (serving-configs.md §3), checked independently of optimizer.exports.
+# sglang-router 0.3.2 flags (serving-configs.md §3), checked independently of optimizer.outputs.exports.
 ROUTER_032_KEYS = frozenset({"policy", "cache-threshold", "balance-abs-threshold", "balance-rel-threshold",
                              "eviction-interval-secs", "max-tree-size", "dp-aware", "max-payload-size",
                              "assignment-mode"})

@@ -14,9 +14,9 @@ from typer.testing import CliRunner
 from costmodels.costmodel import CostModel
 from costmodels.steptable import linear_tables
 from optimizer.cli import app
-from optimizer.evaluate import Evaluator
-from optimizer.space import Fleet
-from optimizer.spec import load_spec
+from optimizer.search.evaluate import Evaluator
+from optimizer.search.space import Fleet
+from optimizer.search.spec import load_spec
 from policies import engine
 from policies.config import PolicyConfig
 from policies.failures import FailureSchedule

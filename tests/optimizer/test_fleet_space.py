@@ -3,7 +3,7 @@
 import optuna
 import pytest
 
-from optimizer.space import Fleet, SpaceError, build_space
+from optimizer.search.space import Fleet, SpaceError, build_space
 from policies.config import FLEET_KNOBS, ROUTERS, PolicyConfig
 from policies.engines import EngineContext, preset
 

@@ -12,13 +12,19 @@ import math
 import numpy as np
 import pytest
 
-from optimizer.evaluate import Evaluator
-from optimizer.exports import Deployment
-from optimizer.failplan import FailurePlan, compressed
-from optimizer.review import ConfigFigures, ReviewInputs, build_review, routing_label, to_markdown
-from optimizer.space import Fleet
-from optimizer.spec import SpecError, load_spec, spec_from_dict
-from optimizer.targets import context_of
+from optimizer.outputs.exports import Deployment
+from optimizer.outputs.review import (
+    ConfigFigures,
+    ReviewInputs,
+    build_review,
+    routing_label,
+    to_markdown,
+)
+from optimizer.search.evaluate import Evaluator
+from optimizer.search.failplan import FailurePlan, compressed
+from optimizer.search.space import Fleet
+from optimizer.search.spec import SpecError, load_spec, spec_from_dict
+from optimizer.search.targets import context_of
 from policies.config import PolicyConfig
 from policies.failures import FailureError, FailureSchedule
 from studies.slo import parse_slo

@@ -7,12 +7,18 @@ import numpy as np
 import optuna
 import pytest
 
-from optimizer.evaluate import Evaluator
-from optimizer.exports import engine_yaml
-from optimizer.outputs import deployment_of, fleet_front, recommend, trial_fleet, write_run_outputs
-from optimizer.space import Fleet, SpaceError, build_space, tp_degrees
-from optimizer.spec import SpecError, load_spec
-from optimizer.study import create_or_resume, enqueue_baselines, gains, run
+from optimizer.outputs.exports import engine_yaml
+from optimizer.outputs.runfolder import (
+    deployment_of,
+    fleet_front,
+    recommend,
+    trial_fleet,
+    write_run_outputs,
+)
+from optimizer.search.evaluate import Evaluator
+from optimizer.search.space import Fleet, SpaceError, build_space, tp_degrees
+from optimizer.search.spec import SpecError, load_spec
+from optimizer.search.study import create_or_resume, enqueue_baselines, gains, run
 from policies.engines import target
 from tests.optimizer.tuning_helpers import make_trace, write_csv_trace
 

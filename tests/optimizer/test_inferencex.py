@@ -9,10 +9,15 @@ from costmodels import build, save_calibration
 from costmodels.costmodel import CostModel
 from costmodels.steptable import linear_tables
 from optimizer.cli.validate import format_report, predict_runs
-from optimizer.closedloop import BenchClient, benchmark_means, client_for, run_benchmark
-from optimizer.inferencex import MTP_ACCEPTANCE, MTP_DRAFT_FRACTION, known_server
-from optimizer.replayfit import SEQS_BELOW_CLIENTS, calibrate_replay, fit_replay, run_server
-from optimizer.targets import context_of
+from optimizer.fidelity.closedloop import BenchClient, benchmark_means, client_for, run_benchmark
+from optimizer.fidelity.inferencex import MTP_ACCEPTANCE, MTP_DRAFT_FRACTION, known_server
+from optimizer.fidelity.replayfit import (
+    SEQS_BELOW_CLIENTS,
+    calibrate_replay,
+    fit_replay,
+    run_server,
+)
+from optimizer.search.targets import context_of
 from policies.config import PolicyConfig
 from policies.speculative import AcceptanceModel
 

@@ -34,7 +34,7 @@ __all__ = ["pg_url"]  # the fixture, shared with the tune CLI tests
 # engine file of the new generation are staged by then, so the swap is what a kill interrupts
 KILL_WHILE_WRITING = """
 import os, signal, sys
-import optimizer.outputs as outputs
+import optimizer.outputs.runfolder as outputs
 def die(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGKILL)
 outputs.trials_frame = die

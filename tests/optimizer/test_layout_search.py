@@ -10,12 +10,17 @@ import pytest
 import yaml
 
 from costmodels.layout import ParallelLayout
-from optimizer.evaluate import Evaluator
-from optimizer.outputs import ATTENTION_DP_CAVEAT, deployment_of, trial_fleet, write_run_outputs
-from optimizer.space import Fleet, SpaceError, build_space, fleet_of
-from optimizer.spec import load_spec
-from optimizer.study import create_or_resume, enqueue_baselines, run
-from optimizer.targets import engine_context
+from optimizer.outputs.runfolder import (
+    ATTENTION_DP_CAVEAT,
+    deployment_of,
+    trial_fleet,
+    write_run_outputs,
+)
+from optimizer.search.evaluate import Evaluator
+from optimizer.search.space import Fleet, SpaceError, build_space, fleet_of
+from optimizer.search.spec import load_spec
+from optimizer.search.study import create_or_resume, enqueue_baselines, run
+from optimizer.search.targets import engine_context
 from policies.config import PolicyConfig
 from policies.engines import target
 from tests.optimizer.test_fleet_tuning import RecordingFleet
@@ -178,7 +183,7 @@ def test_a_per_group_knob_settles_after_one_reading_of_the_file():
     # SGLang scales schedule-conservativeness by 0.3 per attention-DP group
     # (parallel_hook.py:316-321): the file holds value / 0.3 to 6 places, so a searched value
     # reads back rounded; written again from what was read, the file reads back the same
-    from optimizer.exports import engine_yaml, read_engine_file
+    from optimizer.outputs.exports import engine_yaml, read_engine_file
 
     engine, ctx = target("sglang"), engine_context(MOE, "h100", 8, "sglang")
     deployment = deployment_of(SimpleNamespace(model=MOE, gpu="h100", speculative=None), Fleet(8, 1, 8, 4))
@@ -220,7 +225,7 @@ def test_the_review_and_tune_state_the_dp_caveat_exactly_when_a_dp_layout_ran(dp
     from rich.console import Console
 
     from optimizer.cli.tune import _print_file_gains
-    from optimizer.outputs import _notes
+    from optimizer.outputs.runfolder import _notes
 
     fleet, plain = Fleet(8, 1, 8, dp), Fleet(8, 1)
     spec = SimpleNamespace(objective="goodput", fleet=plain, failures=None)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from optimizer.space import build_space
-from optimizer.targets import engine_context
+from optimizer.search.space import build_space
+from optimizer.search.targets import engine_context
 from policies.config import LORA_KNOBS
 from policies.engines import sglang, vllm
 from policies.engines.base import Deployment, EngineError

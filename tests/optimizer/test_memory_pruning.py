@@ -10,11 +10,11 @@ import pytest
 from optuna.trial import TrialState
 
 from costmodels import build
-from optimizer.evaluate import Evaluator
-from optimizer.exports import Deployment, ExportError, engine_yaml
-from optimizer.spec import load_spec
-from optimizer.study import best_goodput_trial, create_or_resume, enqueue_baselines, run
-from optimizer.targets import context_of
+from optimizer.outputs.exports import Deployment, ExportError, engine_yaml
+from optimizer.search.evaluate import Evaluator
+from optimizer.search.spec import load_spec
+from optimizer.search.study import best_goodput_trial, create_or_resume, enqueue_baselines, run
+from optimizer.search.targets import context_of
 from policies.config import PolicyConfig
 from policies.engines import target
 from policies.workspace import room_tokens

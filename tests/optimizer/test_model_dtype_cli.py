@@ -14,11 +14,11 @@ from typer.testing import CliRunner
 
 from costmodels import build
 from optimizer.cli import app
-from optimizer.evaluate import Evaluator
-from optimizer.exports import Deployment, ExportError, engine_yaml, read_engine_file
-from optimizer.outputs import file_replay
-from optimizer.spec import SpecError, load_spec
-from optimizer.targets import engine_context
+from optimizer.outputs.exports import Deployment, ExportError, engine_yaml, read_engine_file
+from optimizer.outputs.runfolder import file_replay
+from optimizer.search.evaluate import Evaluator
+from optimizer.search.spec import SpecError, load_spec
+from optimizer.search.targets import engine_context
 from policies.engines import preset, target
 from studies.traces import Trace, write_trace
 

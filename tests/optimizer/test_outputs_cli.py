@@ -15,9 +15,9 @@ runner = CliRunner()
 
 
 def _study(tmp, engine: str):
-    from optimizer.evaluate import Evaluator
-    from optimizer.spec import load_spec
-    from optimizer.study import create_or_resume, enqueue_baselines, run
+    from optimizer.search.evaluate import Evaluator
+    from optimizer.search.spec import load_spec
+    from optimizer.search.study import create_or_resume, enqueue_baselines, run
     from studies.traces import write_trace
 
     rng = np.random.default_rng(5)
@@ -59,7 +59,7 @@ def test_report_regenerates_the_run_folder(run_dir):
 def test_export_writes_the_requested_trial_for_the_studys_engine(run_dir, sglang_run_dir, tmp_path):
     from optuna.trial import TrialState
 
-    from optimizer.outputs import open_run
+    from optimizer.outputs.runfolder import open_run
 
     _, study = open_run(run_dir, None)
     # a sampled trial the search completed (vLLM's rules prune some, e.g. a budget below max-num-seqs)

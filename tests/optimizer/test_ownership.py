@@ -11,14 +11,14 @@ import pytest
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
-from optimizer.ownership import (
+from optimizer.search.ownership import (
     WORKER_ATTR,
     OwnedJournalStorage,
     OwnedRDBStorage,
     heartbeats,
     worker_id,
 )
-from optimizer.study import _fail_stale, fail_dead_local_trials
+from optimizer.search.study import _fail_stale, fail_dead_local_trials
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -26,7 +26,7 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 ASK_AND_DIE = """
 import os, sys, optuna
 from optuna.storages.journal import JournalFileBackend
-from optimizer.ownership import OwnedJournalStorage, OwnedRDBStorage
+from optimizer.search.ownership import OwnedJournalStorage, OwnedRDBStorage
 url = sys.argv[1]
 storage = (OwnedRDBStorage(url, heartbeat_interval=1, grace_period=1) if "://" in url
            else OwnedJournalStorage(JournalFileBackend(url)))

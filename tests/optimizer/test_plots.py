@@ -6,7 +6,7 @@ import numpy as np
 import optuna
 import pytest
 
-from optimizer.plots import (
+from optimizer.outputs.plots import (
     RateCurve,
     TrialPoint,
     gpus_figure,

@@ -1,4 +1,4 @@
-"""Calibration by replay (``optimizer.replayfit``): the closed loop fitted to runs it must reproduce."""
+"""Calibration by replay (``optimizer.fidelity.replayfit``): the closed loop fitted to runs it must reproduce."""
 
 import json
 
@@ -9,15 +9,15 @@ import pytest
 from costmodels import build
 from costmodels.compose import with_comm_scale
 from optimizer.cli.validate import format_report, predict_runs
-from optimizer.closedloop import BenchClient, ClosedLoopError, benchmark_means
-from optimizer.replayfit import (
+from optimizer.fidelity.closedloop import BenchClient, ClosedLoopError, benchmark_means
+from optimizer.fidelity.replayfit import (
     UNMEASURED_SERVER,
     calibrate_replay,
     fit_replay,
     pinned_terms,
     server_config,
 )
-from optimizer.targets import context_of
+from optimizer.search.targets import context_of
 
 MODEL, GPU = "meta-llama/Llama-3.1-8B", "h100_sxm"
 BENCH = BenchClient(requests_per_client=4)
@@ -117,7 +117,7 @@ def test_the_residual_scale_is_the_soft_l1_scale_of_the_fit(monkeypatch):
 
     import scipy.optimize
 
-    from optimizer.replayfit import PREFILL_STEP_START_MS, RESIDUAL_SCALE
+    from optimizer.fidelity.replayfit import PREFILL_STEP_START_MS, RESIDUAL_SCALE
 
     scales, starts = [], []
 
@@ -146,7 +146,7 @@ def test_only_trtllm_fits_a_prompt_step_time_and_when_asked_a_communication_scal
 
     import scipy.optimize
 
-    from optimizer.replayfit import COMM_SCALE_FRAMEWORKS, PREFILL_STEP_FRAMEWORKS
+    from optimizer.fidelity.replayfit import COMM_SCALE_FRAMEWORKS, PREFILL_STEP_FRAMEWORKS
 
     sizes = []
 
@@ -205,7 +205,7 @@ def test_a_trtllm_fit_recovers_how_far_its_collectives_run_from_their_tables():
 
 
 def test_an_attention_dp_run_is_replayed_on_all_of_its_ranks():
-    from optimizer.replayfit import run_clients
+    from optimizer.fidelity.replayfit import run_clients
 
     # aiconfigurator's batch_size is per attention-DP group: the run's clients are 8 x 16
     assert run_clients({"batch_size": 16, "attention_dp_size": 8}) == (128, 8)

@@ -8,8 +8,8 @@ from html.parser import HTMLParser
 import numpy as np
 import pytest
 
-from optimizer.exports import Deployment
-from optimizer.review import (
+from optimizer.outputs.exports import Deployment
+from optimizer.outputs.review import (
     Capacity,
     ConfigFigures,
     LoadSignals,

@@ -5,7 +5,7 @@ import optuna
 import pytest
 
 from costmodels.costmodel import CostModel
-from optimizer.space import SpaceError, build_space, infeasibility
+from optimizer.search.space import SpaceError, build_space, infeasibility
 from policies.config import KNOBS, PolicyConfig
 from policies.engines import EngineContext, preset
 from policies.engines.servetune import SEARCH

@@ -4,7 +4,13 @@ from pathlib import Path
 
 import pytest
 
-from optimizer.spec import SpecError, StudySpec, default_batch_size, load_spec, spec_from_dict
+from optimizer.search.spec import (
+    SpecError,
+    StudySpec,
+    default_batch_size,
+    load_spec,
+    spec_from_dict,
+)
 from tests.optimizer.tuning_helpers import write_csv_trace
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "studies" / "examples"
@@ -99,7 +105,7 @@ def test_spec_is_a_frozen_value(trace):
 
 def test_a_default_study_name_spells_large_and_small_rates_without_an_exponent():
     """`--target-rps 1000000` built the name ...-1e+06rps, which the name rule refused (issue 50)."""
-    from optimizer.spec import load_spec
+    from optimizer.search.spec import load_spec
     from studies.data import SAMPLE_TRACE
 
     def name(**rate):

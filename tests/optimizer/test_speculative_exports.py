@@ -7,15 +7,15 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from optimizer.drafter import Drafter
-from optimizer.exports import (
+from optimizer.outputs.exports import (
     FILL_IN,
     Deployment,
     ExportError,
     read_engine_file,
 )
-from optimizer.exports import engine_args as _engine_args
-from optimizer.exports import engine_yaml as _engine_yaml
+from optimizer.outputs.exports import engine_args as _engine_args
+from optimizer.outputs.exports import engine_yaml as _engine_yaml
+from optimizer.search.drafter import Drafter
 from policies.config import SPECULATIVE_MODES
 from policies.engines import EngineContext, preset, target
 

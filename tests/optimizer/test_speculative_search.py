@@ -9,10 +9,10 @@ import sys
 import optuna
 import pytest
 
-from optimizer.drafter import Drafter, DrafterError, drafter_from_mapping, load_drafter
-from optimizer.evaluate import Evaluator
-from optimizer.space import build_space
-from optimizer.spec import SpecError, load_spec, spec_from_dict
+from optimizer.search.drafter import Drafter, DrafterError, drafter_from_mapping, load_drafter
+from optimizer.search.evaluate import Evaluator
+from optimizer.search.space import build_space
+from optimizer.search.spec import SpecError, load_spec, spec_from_dict
 from policies.config import SPECULATIVE_MODES
 from policies.speculative import DEFAULT_PROFILE
 from tests.optimizer.tuning_helpers import (

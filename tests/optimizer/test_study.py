@@ -8,9 +8,9 @@ import pytest
 from optuna.trial import TrialState
 
 from costmodels.costmodel import CostModel
-from optimizer.evaluate import Evaluator
-from optimizer.spec import load_spec
-from optimizer.study import (
+from optimizer.search.evaluate import Evaluator
+from optimizer.search.spec import load_spec
+from optimizer.search.study import (
     StudyError,
     baseline_trials,
     best_goodput_trial,
@@ -21,7 +21,7 @@ from optimizer.study import (
     redact,
     run,
 )
-from optimizer.targets import context_of
+from optimizer.search.targets import context_of
 from policies.engines import preset
 from tests.optimizer.tuning_helpers import (
     FakeEngine,

@@ -13,7 +13,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from optimizer.study import open_storage
+from optimizer.search.study import open_storage
 from studies.traces import Trace
 from tests.optimizer.tuning_helpers import make_trace, write_csv_trace
 

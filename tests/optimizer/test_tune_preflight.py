@@ -97,7 +97,7 @@ def test_an_interrupt_while_the_outputs_are_written_says_what_is_kept(tmp_path, 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("optimizer.outputs.write_run_outputs", interrupted)
+    monkeypatch.setattr("optimizer.outputs.runfolder.write_run_outputs", interrupted)
     result, run_dir = _tune(tmp_path, make_trace(60, gap_s=0.1, prompt=500, output=50))
     assert result.exit_code == 130 and "Traceback" not in result.output
     assert "interrupted: every finished trial is kept" in result.output

@@ -3,10 +3,10 @@
 import optuna
 from optuna.trial import TrialState
 
-from optimizer.evaluate import Evaluator
-from optimizer.spec import load_spec
-from optimizer.study import best_goodput_trial, create_or_resume, enqueue_baselines, run
-from optimizer.targets import context_of
+from optimizer.search.evaluate import Evaluator
+from optimizer.search.spec import load_spec
+from optimizer.search.study import best_goodput_trial, create_or_resume, enqueue_baselines, run
+from optimizer.search.targets import context_of
 from tests.optimizer.tuning_helpers import burst_cost_model, burst_trace, write_csv_trace
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -6,7 +6,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from optimizer.closedloop import BenchClient
+from optimizer.fidelity.closedloop import BenchClient
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("fidelity_bench", ROOT / "benchmarks" / "fidelity.py")
@@ -159,7 +159,7 @@ def test_a_client_or_fit_variant_is_fitted_replayed_and_named_in_the_command(mon
     import argparse
 
     from costmodels.moeops import DEFAULT_DISTRIBUTION
-    from optimizer.replayfit import RESIDUAL_SCALE, TTFT_WEIGHT
+    from optimizer.fidelity.replayfit import RESIDUAL_SCALE, TTFT_WEIGHT
 
     defaults = dict(ttft_weight=TTFT_WEIGHT, residual_scale=RESIDUAL_SCALE, moe_distribution=DEFAULT_DISTRIBUTION,
                     mtp_acceptance=None, comm_scale=False)

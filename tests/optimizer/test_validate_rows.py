@@ -26,7 +26,7 @@ from optimizer.cli.validate import (
     predict_runs,
     roofline_reason,
 )
-from optimizer.closedloop import (
+from optimizer.fidelity.closedloop import (
     TRTLLM_DEFAULT,
     BenchClient,
     ClosedLoopError,
@@ -34,8 +34,8 @@ from optimizer.closedloop import (
     run_benchmark,
     server_max_seq_len,
 )
-from optimizer.replayfit import for_clients, server_config
-from optimizer.targets import context_of
+from optimizer.fidelity.replayfit import for_clients, server_config
+from optimizer.search.targets import context_of
 
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA_CONFIG = ROOT / "costmodels" / "data" / "models" / "meta-llama--Meta-Llama-3.1-8B_config.json"

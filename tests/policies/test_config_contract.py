@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from costmodels.costmodel import CostModelError
 from costmodels.gpus import load_gpu
-from optimizer.targets import engine_context
+from optimizer.search.targets import engine_context
 from policies.config import KNOBS, ConfigError, PolicyConfig
 from policies.engines import EngineContext, preset
 

@@ -154,7 +154,7 @@ def test_vllm_blocks_an_mla_model_as_its_attention_backend_takes_them():
 
 
 def test_a_models_context_says_whether_its_attention_is_mla():
-    from optimizer.targets import engine_context
+    from optimizer.search.targets import engine_context
 
     assert engine_context("deepseek-ai/DeepSeek-V3", "h200", 8, dtype="fp8", kv_dtype="fp8").mla
     assert not engine_context(MODEL, "h100").mla

@@ -12,9 +12,9 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from optimizer.exports import Deployment, ExportError, engine_yaml, read_engine_file
-from optimizer.space import build_space
-from optimizer.targets import engine_context
+from optimizer.outputs.exports import Deployment, ExportError, engine_yaml, read_engine_file
+from optimizer.search.space import build_space
+from optimizer.search.targets import engine_context
 from policies.config import PolicyConfig
 from policies.engines import ENGINES, EngineContext, EngineError, preset, target
 
@@ -169,7 +169,7 @@ def test_every_valid_sampled_trial_exports_and_reads_back(h100, name, seed):
 
 
 def test_an_engine_space_refuses_knobs_the_engine_lacks(h100):
-    from optimizer.space import SpaceError
+    from optimizer.search.space import SpaceError
 
     with pytest.raises(SpaceError, match="no flag for"):
         build_space({"admission_mode": {"choices": ["reservation"]}}, target=target("vllm"), context=h100)

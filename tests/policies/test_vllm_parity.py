@@ -1,7 +1,7 @@
 """servetune's vLLM target against vLLM 0.33.0's own scheduler, step for step.
 
 Each recorded scenario (``../shared/oracle/vllm-0.33.0/``, ``tests/fixtures/vllm_oracle/``;
-``optimizer.parity``) is replayed through the vLLM target: every request's first token and
+``optimizer.fidelity.parity``) is replayed through the vLLM target: every request's first token and
 finish at the same time as in vLLM's run, and every step (start, tokens, first tokens,
 finishes) the same, for vLLM's synchronous loop (``no-async-scheduling``) and for its async
 loop (what ``vllm serve`` runs), prefix caching included: blocks cached as scheduled, evicted
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from optimizer import parity
+from optimizer.fidelity import parity
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = Path(os.environ.get("SERVETUNE_SHARED", ROOT / ".." / "shared"))
@@ -56,8 +56,8 @@ def test_every_request_and_step_as_vllm(folder, mode):
 def test_async_scheduling_is_what_a_vllm_file_resolves_to():
     """An exported vLLM file leaves ``async-scheduling`` unset: vLLM 0.33 then runs the async
     loop, and so does the target; ``no-async-scheduling: true`` runs the sync loop."""
-    from optimizer.exports import read_engine_file
-    from optimizer.targets import engine_context
+    from optimizer.outputs.exports import read_engine_file
+    from optimizer.search.targets import engine_context
     from policies.engines import target
 
     ctx = engine_context("meta-llama/Llama-3.1-8B", "h100", 1, "vllm")

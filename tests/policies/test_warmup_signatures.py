@@ -17,8 +17,8 @@ from numba.core.dispatcher import Dispatcher
 
 import costmodels
 from costmodels.jitcache import JIT_PACKAGES
-from optimizer import closedloop, replayfit
-from optimizer.targets import context_of
+from optimizer.fidelity import closedloop, replayfit
+from optimizer.search.targets import context_of
 from policies import engine, fleet
 from policies.config import PolicyConfig
 from studies.traces import Trace, load_trace, write_trace
@@ -27,14 +27,14 @@ from studies.traces import Trace, load_trace, write_trace
 MAIN_KERNELS = {
     "policies.engine.simulate_kernel": engine.simulate_kernel,
     "policies.fleet.fleet_kernel": fleet.fleet_kernel,
-    "optimizer.closedloop._drive": closedloop._drive,
+    "optimizer.fidelity.closedloop._drive": closedloop._drive,
 }
 
 
 def _dispatchers() -> dict[str, Dispatcher]:
     """Every jitted function of the loaded jitted packages (and the closed loop's), by
     module and name."""
-    found = {"optimizer.closedloop._drive": closedloop._drive}
+    found = {"optimizer.fidelity.closedloop._drive": closedloop._drive}
     for name, module in list(sys.modules.items()):
         if module is None or name.split(".")[0] not in JIT_PACKAGES:
             continue

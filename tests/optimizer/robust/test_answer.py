@@ -11,13 +11,13 @@ import optuna
 import pytest
 import yaml
 
-from optimizer.evaluate import Evaluator
-from optimizer.exports import read_engine_file
-from optimizer.outputs import write_run_outputs
+from optimizer.outputs.exports import read_engine_file
+from optimizer.outputs.runfolder import write_run_outputs
 from optimizer.robust.choice import NOISE
 from optimizer.robust.fleetsize import probe
-from optimizer.spec import load_spec
-from optimizer.study import create_or_resume, enqueue_baselines, run
+from optimizer.search.evaluate import Evaluator
+from optimizer.search.spec import load_spec
+from optimizer.search.study import create_or_resume, enqueue_baselines, run
 from policies.engines import target
 from studies.synthetic import Gamma, LogNormal, Tenant, generate
 from studies.traces import write_trace

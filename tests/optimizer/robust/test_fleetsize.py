@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pytest
 
 from optimizer.robust.fleetsize import MAX_SIZED_REPLICAS, fleet_curve, fleet_size
-from optimizer.space import Fleet
+from optimizer.search.space import Fleet
 
 
 @dataclass

@@ -2,10 +2,10 @@
 
 A study is a trace (and its rate transform), a deployment (model, GPU, TP, replicas,
 framework), SLO classes, an objective mode, constraints, a search space, a trial budget
-and a seed; optionally a speculative-decoding drafter (``optimizer.drafter``: the spec's
+and a seed; optionally a speculative-decoding drafter (``optimizer.search.drafter``: the spec's
 ``[speculative]`` table, or ``--speculative drafter.toml``), which opens the verify-budget
 knobs to the search and whose acceptance profile every simulation then uses; and
-optionally a failure plan (``optimizer.failplan``: the ``[failures]`` table, or ``--fail``,
+optionally a failure plan (``optimizer.search.failplan``: the ``[failures]`` table, or ``--fail``,
 ``--mtbf`` and ``--repair``), which every simulation of the fleet then runs through.
 ``--router NAME`` and ``--prefill-replicas P`` fix those fleet knobs (``[space.router]
 value = NAME``), and the baselines run with them too: they describe the deployment's router
@@ -36,10 +36,10 @@ import numpy as np
 
 from costmodels.build import GEMM_DTYPES
 from costmodels.build import KV_DTYPES as COST_KV_DTYPES
-from optimizer.drafter import DRAFTER_LABELS, Drafter, drafter_from_mapping, load_drafter
-from optimizer.failplan import FailurePlan
-from optimizer.space import Fleet, SearchSpace, build_space, tp_degrees
-from optimizer.targets import engine_context
+from optimizer.search.drafter import DRAFTER_LABELS, Drafter, drafter_from_mapping, load_drafter
+from optimizer.search.failplan import FailurePlan
+from optimizer.search.space import Fleet, SearchSpace, build_space, tp_degrees
+from optimizer.search.targets import engine_context
 from policies.engines import ENGINES, TARGETS, EngineContext
 from policies.engines import target as engine_target
 from studies.lengths import Predictor
@@ -53,7 +53,7 @@ class SpecError(ValueError):
     """An inconsistent or incomplete study spec, naming the field and what is valid."""
 
 
-#: Objective modes: name -> (metric names, directions). See optimizer.objective.
+#: Objective modes: name -> (metric names, directions). See optimizer.search.objective.
 OBJECTIVE_MODES = ("goodput", "goodput-gpus", "goodput-ttft", "goodput-cost", "capacity")
 SAMPLERS = ("tpe", "nsga2", "random")
 DTYPES = GEMM_DTYPES  # weights (fp8, nvfp4: the GEMMs too)
@@ -217,7 +217,7 @@ class StudySpec:
         if drafter is None and ("speculative_mode" in self.search_space.names
                                 or self.search_space.base.speculative_mode != "off"):
             raise SpecError("speculative_mode needs a drafter whose acceptance the simulation can use: declare "
-                            "it with --speculative DRAFTER.toml or a [speculative] table (see optimizer.drafter)")
+                            "it with --speculative DRAFTER.toml or a [speculative] table (see optimizer.search.drafter)")
         set_(self, "failures", _failures(self.failures, self.search_space))
         if not self.study_name:
             name = default_study_name(self.trace, self.model, self.gpu)

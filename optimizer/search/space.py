@@ -45,7 +45,7 @@ one replica keeps the base values, which it ignores. ``prefill_replicas`` is sea
 0 (colocated, its off value) or up to the trial's replicas - 1 (one decode replica at least).
 
 Speculative decoding is searched only when the study declares a drafter
-(``optimizer.drafter``), whose acceptance profile every speculative figure depends on:
+(``optimizer.search.drafter``), whose acceptance profile every speculative figure depends on:
 ``build_space(..., drafter_tokens=N)`` then searches ``speculative_mode`` over every
 verify-budget policy and, unless it is off, ``num_speculative_tokens`` from 1 to N (the
 longest draft the drafter proposes). The draft cost is the drafter's and stays fixed.

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from optimizer.drafter import Drafter
+from optimizer.search.drafter import Drafter
 from policies.config import KNOB_BY_NAME, KNOBS, PolicyConfig, active_fleet_knobs
 from policies.engines import ENGINES, EngineContext, EngineError, Target
 from policies.engines import Deployment as EngineDeployment

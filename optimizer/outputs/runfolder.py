@@ -1,10 +1,10 @@
 """The run folder a finished (or interrupted) study leaves behind.
 
 ``write_run_outputs(run_dir, study, spec, evaluator)`` writes, for the recommended trial:
-the engine configs and bench command (``optimizer.exports``), ``summary.json`` (objective
+the engine configs and bench command (``optimizer.outputs.exports``), ``summary.json`` (objective
 values, gains over each baseline, the report, provenance), ``trials.parquet`` (every
-trial, built with polars from ``study.trials``), the plots (``optimizer.plots``) and the
-capacity review (``optimizer.review``). It only reads the study; running it again
+trial, built with polars from ``study.trials``), the plots (``optimizer.outputs.plots``) and the
+capacity review (``optimizer.outputs.review``). It only reads the study; running it again
 regenerates the same files.
 
 The outputs are swapped in whole, so a kill while writing never leaves a file of the new
@@ -45,9 +45,8 @@ import optuna
 import polars as pl
 from optuna.trial import FrozenTrial, TrialState
 
-from optimizer import plots
-from optimizer.capacity import capacity_many
-from optimizer.exports import (
+from optimizer.outputs import plots
+from optimizer.outputs.exports import (
     Deployment,
     TrafficShape,
     engine_yaml,
@@ -56,7 +55,7 @@ from optimizer.exports import (
     read_engine_file,
     write_exports,
 )
-from optimizer.review import (
+from optimizer.outputs.review import (
     Capacity,
     ConfigFigures,
     Diagnosis,
@@ -73,8 +72,9 @@ from optimizer.robust.choice import ratio
 from optimizer.robust.deploy import answer_lines, deployed_fleet, flag_name
 from optimizer.robust.fleetsize import MAX_SIZED_REPLICAS, fleet_curve
 from optimizer.robust.modelerror import model_error
-from optimizer.space import Fleet, fleet_of
-from optimizer.study import BOUNDS_ATTR
+from optimizer.search.capacity import capacity_many
+from optimizer.search.space import Fleet, fleet_of
+from optimizer.search.study import BOUNDS_ATTR
 from policies.config import FLEET_KNOBS, PolicyConfig
 from policies.result import State
 from studies.metrics import json_safe, request_latencies
@@ -329,7 +329,7 @@ def gains(best: Mapping[str, Any], baseline: Mapping[str, Any]) -> dict[str, dic
 
 def provenance(spec, evaluator) -> dict[str, Any]:
     """Where the numbers came from: trace content, cost model, versions, seed, command line."""
-    from optimizer.spec import file_sha256
+    from optimizer.search.spec import file_sha256
 
     versions = {"python": platform.python_version()}
     for package in PACKAGES:
@@ -434,7 +434,7 @@ class FileReplay:
 
 def file_replay(spec, target, config: PolicyConfig, fleet: Fleet, note: str = "",
                 expected: Mapping[str, float] | None = None) -> FileReplay:
-    """Write ``config`` as the study's ``target`` writes it and read it back (``optimizer.exports``)."""
+    """Write ``config`` as the study's ``target`` writes it and read it back (``optimizer.outputs.exports``)."""
     ctx = spec.context
     if target.what_if:
         text = policy_toml(config, note, what_if=True)
@@ -577,7 +577,7 @@ def staged_outputs(run_dir: Path) -> Iterator[Path]:
 
 def _swap_in(run_dir: Path, gen: Path) -> None:
     """Link each of ``gen``'s names from the run folder, then make ``gen`` current in one rename."""
-    from optimizer.study import alive
+    from optimizer.search.study import alive
 
     names = {p.name for p in gen.iterdir()}
     for name in sorted(names):
@@ -871,7 +871,7 @@ def _finite(value: float) -> float | None:
 def target_folders(run_dir: str | Path) -> list[Path]:
     """The run folders below a study folder (``runs/<study>/<target>``), or the folder itself
     when it is one; empty when neither."""
-    from optimizer.study import MANIFEST
+    from optimizer.search.study import MANIFEST
 
     run_dir = Path(run_dir)
     if (run_dir / MANIFEST).is_file():
@@ -906,8 +906,8 @@ def open_run(run_dir: str | Path, storage: str | None = None):
     """
     import os
 
-    from optimizer.spec import spec_from_dict
-    from optimizer.study import JOURNAL, MANIFEST, open_storage
+    from optimizer.search.spec import spec_from_dict
+    from optimizer.search.study import JOURNAL, MANIFEST, open_storage
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():

@@ -7,7 +7,7 @@ scale, so a config the sampler proposes twice is simulated once. Reports are kep
 every config; SimResults (per-request arrays, megabytes on a large trace) only for the
 most recent ``keep_results`` ones.
 
-A fleet is ``replicas`` engines of TP ``tp`` (``optimizer.space.Fleet``; the spec's by
+A fleet is ``replicas`` engines of TP ``tp`` (``optimizer.search.space.Fleet``; the spec's by
 default), each laid out for expert and attention data parallelism when the model is MoE.
 Its cost model is built once per layout (``costmodels.layout.ParallelLayout``); an
 attention-DP instance runs as ``attention_dp`` schedulers on the cost model of one group
@@ -17,7 +17,7 @@ simulator runs ``Fleet.schedulers`` replicas. One scheduler runs the single-repl
 (``policies.engine``); more than one, or any failure plan, runs the fleet kernel
 (``policies.fleet``: the config's router, migration and prefill/decode split under one
 clock, every replica on the run's seed), one ``simulate_fleet_many`` per fleet over the
-batch's configs. The study's failure plan (``optimizer.failplan``) becomes a schedule per
+batch's configs. The study's failure plan (``optimizer.search.failplan``) becomes a schedule per
 (rate scale, replicas), compressed with the trace; the cache key holds that schedule, so
 runs under different failures never share an entry.
 
@@ -39,9 +39,9 @@ from typing import Any
 import numpy as np
 
 from costmodels.costmodel import CostModelError
-from optimizer.failplan import compressed
-from optimizer.space import Fleet, infeasibility
-from optimizer.spec import SpecError, StudySpec
+from optimizer.search.failplan import compressed
+from optimizer.search.space import Fleet, infeasibility
+from optimizer.search.spec import SpecError, StudySpec
 from policies.config import ConfigError, PolicyConfig, check_fleet
 from policies.engines import target as engine_target
 from policies.failures import FailureError, FailureSchedule

@@ -55,7 +55,7 @@ defaults to 10 and is a parameter (10 fits the rows better than 50: ``benchmarks
 comparison; it reproduces that harness's fixed point exactly.
 
 Calibration by replay, which fits the cost model so this loop reproduces measured runs,
-is ``optimizer.replayfit``.
+is ``optimizer.fidelity.replayfit``.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import time
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from optimizer.objective import is_feasible
+from optimizer.search.objective import is_feasible
 
 
 class TuneProgress:

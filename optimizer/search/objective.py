@@ -4,12 +4,12 @@ Objective modes (``StudySpec.objective``):
 
 - ``goodput``: maximise weighted goodput (sum of SLO-class weights of good requests per s);
 - ``goodput-gpus``: that, and minimise GPUs (replicas x TP, both searched: see
-  ``optimizer.space``);
+  ``optimizer.search.space``);
 - ``goodput-ttft``: that, and minimise p99 TTFT;
 - ``goodput-cost``: that, and minimise $ per million good output tokens
   (GPUs x $/GPU-hour / good output tokens per hour);
 - ``capacity``: maximise the highest arrival rate at which SLO attainment stays at or above
-  the target (DistServe's capacity goodput; see ``optimizer.capacity``).
+  the target (DistServe's capacity goodput; see ``optimizer.search.capacity``).
 
 Constraints go through ``trial.set_constraint`` (<= 0 is feasible), so samplers steer
 away from infeasible regions and ``study.best_trials`` returns feasible trials only:
@@ -28,8 +28,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from optimizer.space import Fleet
-from optimizer.spec import Constraints, StudySpec
+from optimizer.search.space import Fleet
+from optimizer.search.spec import Constraints, StudySpec
 from policies.config import PolicyConfig
 
 

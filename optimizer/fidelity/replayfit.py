@@ -3,12 +3,12 @@
 ``fit_replay`` fits ``overhead_s``, ``prefill_scale``, ``decode_scale`` and, for TRT-LLM,
 ``prefill_step_s`` (the fixed time of a step with prompt tokens: ``PREFILL_STEP_FRAMEWORKS``;
 asked, also ``comm_scale``, its collectives against their tables: ``COMM_SCALE_FRAMEWORKS``)
-so that the closed loop of ``optimizer.closedloop``, driven as each run's benchmark client
+so that the closed loop of ``optimizer.fidelity.closedloop``, driven as each run's benchmark client
 drove its server, reproduces the runs' mean TPOT and TTFT. The measured server's step
 token budget and chunking, which a runs file does not record, are chosen among
 ``SERVER_CANDIDATES`` by the same fit and stored in the entry as ``measured_server``, which
 ``servetune validate`` replays them with; where a run's launch script is public,
-``run_server`` serves it with that script's scheduler (``optimizer.inferencex``) instead.
+``run_server`` serves it with that script's scheduler (``optimizer.fidelity.inferencex``) instead.
 A term the fit leaves on a limit of its range is named in the entry (``pinned_terms``).
 ``calibrate_replay`` turns fits into the entries of the calibration fallback chain.
 """
@@ -31,7 +31,7 @@ from costmodels.calibration import (
 from costmodels.compose import with_comm_scale
 from costmodels.costmodel import CostModel
 from costmodels.runs import SETUP, kv_dtype_of, with_layout
-from optimizer.closedloop import (
+from optimizer.fidelity.closedloop import (
     BenchClient,
     ClosedLoopError,
     benchmark_means,
@@ -39,7 +39,7 @@ from optimizer.closedloop import (
     framework_config,
     server_max_seq_len,
 )
-from optimizer.inferencex import known_server
+from optimizer.fidelity.inferencex import known_server
 from policies.config import PolicyConfig
 from policies.engines import EngineContext
 from policies.speculative import AcceptanceModel
@@ -157,7 +157,7 @@ def run_server(framework: str, ctx: EngineContext, fitted: dict | None,
                row: dict) -> tuple[PolicyConfig, AcceptanceModel | None]:
     """The scheduler a measured run (a ``load_runs`` row) is replayed with, and its
     drafter's acceptance when it speculates: the server its script set where that is known
-    (``optimizer.inferencex.known_server``), else the ``fitted`` measured server for its clients."""
+    (``optimizer.fidelity.inferencex.known_server``), else the ``fitted`` measured server for its clients."""
     known = known_server(row)
     if known is not None:
         return framework_config(framework, ctx).replace(**known.overrides), known.acceptance
@@ -184,7 +184,7 @@ class ReplayRows:
 
     def __init__(self, runs, bench: BenchClient | None = None, builder=None):
         from costmodels import build
-        from optimizer.targets import context_of
+        from optimizer.search.targets import context_of
 
         builder = builder or build
         self.bench = bench or BenchClient()

@@ -54,8 +54,8 @@ def scenarios(*roots: Path) -> list[Path]:
 def load(folder: Path, model: str = "meta-llama/Llama-3.1-8B", gpu: str = "h100") -> Scenario:
     """Read a scenario: its trace, a cost model whose KV pool is exactly its ``num_blocks``
     and whose steps take the scenario's rule, and its config file read by the vLLM target."""
-    from optimizer.exports import read_engine_file
-    from optimizer.targets import engine_context
+    from optimizer.outputs.exports import read_engine_file
+    from optimizer.search.targets import engine_context
     from policies.engines import target
 
     meta = json.loads((folder / "scenario.json").read_text())

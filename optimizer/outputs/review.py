@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from optimizer.exports import Deployment
+from optimizer.outputs.exports import Deployment
 from policies.config import KNOBS, PolicyConfig, active_fleet_knobs, inert_knobs
 from policies.result import SimResult
 from studies.slo import SLOSet

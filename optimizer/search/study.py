@@ -14,7 +14,7 @@ killed run loses at most the batch in flight; a run that ran out of activation m
 budget is global: every process counts the study's non-failed trials, so several workers
 share one budget; a trial asked past the budget (two workers racing) is told FAIL with
 ``user_attrs["over_budget"]``. Every trial names its owning process from the moment it is
-written (``optimizer.ownership``); trials left RUNNING by a dead local process (and, on an
+written (``optimizer.search.ownership``); trials left RUNNING by a dead local process (and, on an
 RDB, by a remote worker whose heartbeat went stale) are failed when a process opens the
 study and between batches of every running process, and a baseline among them is enqueued
 again. A process whose share is done waits while other processes' trials run, so the
@@ -40,16 +40,16 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from optimizer import objective as objectives
-from optimizer.capacity import capacity_many
-from optimizer.ownership import (
+from optimizer.search import objective as objectives
+from optimizer.search.capacity import capacity_many
+from optimizer.search.ownership import (
     WORKER_ATTR,
     OwnedJournalStorage,
     OwnedRDBStorage,
     heartbeats,
     worker_id,
 )
-from optimizer.spec import StudySpec, spec_from_dict
+from optimizer.search.spec import StudySpec, spec_from_dict
 from policies.engine import SimulationStalled
 
 MANIFEST = "study.json"
@@ -374,7 +374,7 @@ def fail_dead_local_trials(study: optuna.Study) -> int:
 
 
 #: How long a claimed trial may stand without an owner: claiming an enqueued trial and
-#: stamping its owner are two consecutive writes (``optimizer.ownership``), so one left
+#: stamping its owner are two consecutive writes (``optimizer.search.ownership``), so one left
 #: ownerless longer was claimed by a process killed between them.
 ORPHAN_GRACE_S = 30.0
 

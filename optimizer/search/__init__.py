@@ -1,0 +1,1 @@
+"""The search: a study's question (spec, space, targets, drafter, failure plan), how a trial is scored (evaluate, objective, capacity) and the Optuna loop that runs it (study, ownership, progress)."""
