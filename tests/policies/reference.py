@@ -837,10 +837,12 @@ class Reference:
             self.arrive()
             self.expire()
             if not self.running and not self.waiting:
-                self.ratio = self.init_ratio
                 if self.in_flight is not None:  # nothing in flight: what has arrived by now is seen now
                     self.in_flight = None
                     continue
+                # idle with no step in flight: SGLang re-inits the ratio only then (its overlap loop
+                # processes the last batch's result instead, scheduler.py event_loop_overlap's elif)
+                self.ratio = self.init_ratio
                 if self.inbox and self.inbox[0][0] < t_limit:
                     self.t = self.inbox[0][0]
                     continue

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from policies.config import ConfigError, PolicyConfig
@@ -24,6 +24,7 @@ from policies.failures import FailureSchedule
 from policies.result import Reject, SimResult, State
 from studies.metrics import score
 from studies.slo import parse_slo
+from studies.traces import Trace
 
 from .conftest import cost_model, make_trace
 from .reference import reference_simulate
@@ -171,6 +172,108 @@ def test_requests_wait_in_the_fleet_while_every_replica_is_down(simulator):
 @pytest.mark.parametrize("simulator", SIMULATORS)
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(fleet_traces(), fleet_configs(1), st.sampled_from([300, 800, 3000]), st.integers(0, 2**31))
+# SGLang re-inits new_token_ratio only when idle with no step in flight (event_loop_overlap's elif):
+# a borderline admission of request 17 told the two apart
+@example(
+    trace=Trace(arrival_s=np.array([0.   , 0.   , 0.   , 0.   , 0.   , 0.   , 0.   , 0.002, 0.302,
+            0.302, 0.302, 0.302, 0.302, 0.302, 0.302, 0.302, 0.352, 0.352]),
+     prompt_tokens=np.array([  1,   1,   1,   1,   1,   1,   1,   1,  24,  72, 124,   1,   1,
+              1,   1,   1, 142, 158]),
+     output_tokens=np.array([ 0,  0,  0,  0,  0,  0,  2, 73, 16, 72, 89,  0,  0,  0,  0,  0, 46,
+            79]),
+     max_tokens=np.array([ 1,  1,  1,  1,  1,  1,  2, 74, 21, 82, 89,  1,  1,  1,  1,  1, 46,
+            79]),
+     tenant=np.array([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], dtype=np.int32),
+     priority=np.array([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], dtype=np.int32),
+     slo_class=np.array([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], dtype=np.int32),
+     deadline_s=np.array([math.nan, math.nan, math.nan, math.nan, math.nan, math.nan, math.nan, math.nan, math.nan, math.nan, math.nan, math.nan, math.nan,
+            math.nan, math.nan, math.nan, math.nan, math.nan]),
+     block_offsets=np.array([ 0,  1,  2,  3,  4,  5,  6,  7,  8,  9, 12, 16, 17, 18, 19, 20, 21,
+            26, 31]),
+     block_hashes=np.array([10000, 10010, 10020, 10030, 10040, 10050, 10060, 10070, 10080,
+            10090, 10091, 10092, 10100, 10101, 10102, 10103, 10110, 10120,
+            10130, 10140, 10150, 10160, 10161, 10162, 10163, 10164, 10170,
+            10171, 10172, 10173, 10174]),
+     block_tokens=32,
+     tenant_names=('default',),
+     slo_class_names=('default',),
+     source='',
+     meta={},
+     output_estimate=np.array([ 1,  1,  1,  1,  1,  1,  2, 74, 21, 82, 89,  1,  1,  1,  1,  1, 46,
+            79]),
+     max_tokens_source=np.array([1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1], dtype=np.int8),
+     output_estimator='cap',
+     adapter=np.array([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], dtype=np.int32),
+     adapter_names=('',),
+     model_version=np.array([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], dtype=np.int32),
+     model_version_names=('',),
+     cache_salt=np.array([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], dtype=np.int32),
+     cache_salt_names=('',)),
+    config=PolicyConfig(max_num_batched_tokens=512,
+     max_num_seqs=8,
+     enable_chunked_prefill=False,
+     long_prefill_token_threshold=0,
+     gpu_memory_utilization=1.0,
+     block_size=4,
+     scheduling_policy='fcfs',
+     schedule_mode='decode_first',
+     async_scheduling=True,
+     max_prefill_tokens=16384,
+     step_time_cap_ms=0.0,
+     batch_wait_iters=0,
+     batch_wait_token_ratio=0.0,
+     dp_balance_timeout_iters=0,
+     dp_balance_batching_iters=0,
+     kv_headroom=0.0,
+     admission_mode='new_token_ratio',
+     admission_quantile=0.9,
+     schedule_conservativeness=1.0,
+     preemption_mode='recompute',
+     preemption_victim='newest',
+     max_preemptions=0,
+     max_queue_len=0,
+     max_wait_s=0.0,
+     kv_high_water=1.0,
+     reject_unmeetable_deadline=False,
+     max_model_len=0,
+     enable_prefix_caching=False,
+     fairness_cost_unit='tokens',
+     vtc_input_weight=1.0,
+     vtc_output_weight=2.0,
+     aging_rate=0.0,
+     max_wait_action='reject',
+     deadline_margin_ms=50.0,
+     tenant_kv_quota=1.0,
+     tenant_token_quota=1.0,
+     speculative_mode='off',
+     num_speculative_tokens=4,
+     speculative_draft_cost_mode='fraction',
+     speculative_draft_cost=0.05,
+     enable_lora=False,
+     max_loras=1,
+     max_cpu_loras=0,
+     max_lora_rank=16,
+     lora_eviction_policy='lru',
+     lora_base_slot=False,
+     lora_preload=False,
+     router='round_robin',
+     router_cache_threshold=0.0,
+     router_balance_abs=0,
+     router_balance_rel=1.0,
+     router_queue_weight=0.0,
+     hash_virtual_nodes=1,
+     hash_prefix_blocks=1,
+     hash_by_tenant=False,
+     hash_overflow_factor=1.0,
+     migration=False,
+     migration_threshold=1.0,
+     migration_interval_s=0.01,
+     migration_pause_ms=0.0,
+     interconnect_gbps=0.1,
+     prefill_replicas=0),
+    kv_tokens=800,
+    seed=0,
+)
 def test_one_replica_is_the_single_engine_for_every_router(simulator, trace, config, kv_tokens, seed):
     cost = cost_model(kv_tokens, 64)
     try:
