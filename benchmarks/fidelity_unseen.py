@@ -48,12 +48,13 @@ from fidelity import BREADTH_KEYS, LOGO_KEYS, chain_entry, overall, replay_fitte
 from costmodels import load_calibration, save_calibration  # noqa: E402
 from costmodels.calibration import (  # noqa: E402
     BUNDLED,
+    MATCHES,
     MIN_TIER_RUNS,
     entry_key,
     entry_models,
     load_tier_errors,
     losing_tiers,
-    parallel_path,
+    with_key_columns,
 )
 from costmodels.gpus import load_gpu  # noqa: E402
 from optimizer.cli.validate import predict_runs  # noqa: E402
@@ -71,7 +72,7 @@ LOGO = "leave one setup out (LOGO)"
 #: Targets on the harsher protocols (issue 45): MAPE, %.
 TARGETS = {"dense": {"ttft": 25.0, "tpot": 10.0}, "breadth": {"ttft": 30.0, "tpot": 15.0}}
 #: Tiers in the order the chain walks them.
-TIER_ORDER = ("setup", "model", "family", "pooled", "other_gpu", "other_path", "none", "roofline")
+TIER_ORDER = (*MATCHES, "none", "roofline")
 
 
 def load_part(results: Path, part: str) -> tuple[pl.DataFrame, list[dict]]:
@@ -104,12 +105,9 @@ def without(entries: list[dict], held: pl.DataFrame, columns: list[str], runs: p
             if not rest:
                 continue
             gpu, framework, _, dtype, path = entry_key(e)
-            train = runs.filter(pl.col("model").is_in(sorted(rest)), pl.col("framework") == framework,
-                                pl.col("gemm_dtype") == dtype,
-                                pl.col("gpu").map_elements(lambda g: load_gpu(g).name, return_dtype=pl.Utf8) == gpu,
-                                pl.struct("moe_ep_size", "attention_dp_size").map_elements(
-                                    lambda r: parallel_path(r["moe_ep_size"], r["attention_dp_size"]),
-                                    return_dtype=pl.Utf8) == path)
+            train = with_key_columns(runs).filter(pl.col("model").is_in(sorted(rest)), pl.col("framework") == framework,
+                                                  pl.col("gemm_dtype") == dtype, pl.col("_gpu") == gpu,
+                                                  pl.col("_path") == path)
             kept += replay_fitter(train.select(RUN_COLUMNS), keys=[entry_key(e)], bench=BenchClient())
             refits += 1
             continue
@@ -145,7 +143,7 @@ def run_protocol(runs: pl.DataFrame, entries: list[dict], columns: list[str]) ->
 
 
 #: Tiers whose entry is lent from another model, GPU or path: each is scored against no entry on the same runs.
-LENT = ("family", "pooled", "other_gpu", "other_path")
+LENT = MATCHES[MATCHES.index("family"):]
 
 
 def against_none(pred: pl.DataFrame, runs: pl.DataFrame) -> pl.DataFrame:
