@@ -37,7 +37,7 @@ from costmodels import build  # noqa: E402
 from optimizer.bench.fit import MeasuredRun, calibrate_from_bench, fit, mape  # noqa: E402
 from optimizer.bench.results import RequestTimes, read_result, write_vllm_result  # noqa: E402
 from optimizer.bench.run import BenchRun  # noqa: E402
-from optimizer.outputs.runfolder import file_replay, write_bench_replay  # noqa: E402
+from optimizer.outputs.replay import file_replay, write_bench_replay  # noqa: E402
 from optimizer.search.evaluate import Evaluator  # noqa: E402
 from optimizer.search.spec import load_spec  # noqa: E402
 from optimizer.search.study import create_or_resume  # noqa: E402

@@ -38,7 +38,7 @@ import optuna  # noqa: E402
 from tuned import tune  # noqa: E402
 
 from optimizer.outputs.exports import read_engine_file  # noqa: E402
-from optimizer.outputs.runfolder import ratio  # noqa: E402
+from optimizer.robust.choice import ratio  # noqa: E402
 from optimizer.search.evaluate import split_holdout  # noqa: E402
 from optimizer.search.space import Fleet  # noqa: E402
 from policies.config import FLEET_KNOBS, PolicyConfig  # noqa: E402

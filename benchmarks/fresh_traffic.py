@@ -7,7 +7,7 @@ scores what it wrote on window k+1 (the first window after the last), which no s
 study saw: the exported file against the engine's defaults at x0.8 / x1 / x1.2 of that
 window's rate, and the fleet the file needs there (the fleet kernel, behind the engine's own
 router). Beside it, the same on the trial the search alone would have recommended (the
-in-sample best, ``optimizer.outputs.runfolder.recommend``) with its GPUs scaled from one replica's
+in-sample best, ``optimizer.outputs.trials.recommend``) with its GPUs scaled from one replica's
 capacity: what servetune printed before the robust answer.
 
 Printed (issue 44's four targets):
@@ -42,7 +42,8 @@ sys.path.insert(0, str(ROOT))
 import optuna  # noqa: E402
 from tuned import tune  # noqa: E402
 
-from optimizer.outputs.runfolder import file_replay, recommend, trial_config, trial_fleet  # noqa: E402
+from optimizer.outputs.replay import file_replay  # noqa: E402
+from optimizer.outputs.trials import recommend, trial_config, trial_fleet  # noqa: E402
 from optimizer.robust.choice import ratio  # noqa: E402
 from optimizer.robust.fleetsize import fleet_size  # noqa: E402
 from optimizer.robust.variants import folds  # noqa: E402

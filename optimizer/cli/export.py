@@ -54,15 +54,9 @@ def export_command(
 
 def _export(run_dir: Path, backend: str | None, number: int | None, storage: str | None) -> str:
     from optimizer.outputs.exports import ExportError, engine_yaml, policy_toml
-    from optimizer.outputs.runfolder import (
-        deployment_of,
-        file_replay,
-        find_trial,
-        open_run,
-        target_folder,
-        trial_config,
-        trial_fleet,
-    )
+    from optimizer.outputs.reopen import open_run, target_folder
+    from optimizer.outputs.replay import deployment_of, file_replay
+    from optimizer.outputs.trials import find_trial, trial_config, trial_fleet
     from policies.engines import target
 
     run_dir = target_folder(run_dir, backend)  # a study folder: the backend's target in it

@@ -12,7 +12,7 @@ def user_errors() -> tuple[type[Exception], ...]:
     """What a user can get wrong in a run folder; anything else is a bug and keeps its traceback."""
     from costmodels.costmodel import CostModelError
     from optimizer.outputs.exports import ExportError
-    from optimizer.outputs.runfolder import OutputError
+    from optimizer.outputs.trials import OutputError
     from optimizer.search.spec import SpecError
     from optimizer.search.study import StudyError
     from studies.traces import TraceError
@@ -32,7 +32,7 @@ def report_command(
                                                 "(default: the run folder's journal or SERVETUNE_STORAGE)")] = None,
 ) -> None:
     """Regenerate the configs, plots, capacity review and summary of RUN_DIR from its study."""
-    from optimizer.outputs.runfolder import target_folders
+    from optimizer.outputs.reopen import target_folders
 
     for folder in target_folders(run_dir) or [run_dir]:  # none: the one below names what is missing
         _report(folder, storage)
@@ -40,7 +40,8 @@ def report_command(
 
 def _report(run_dir: Path, storage: str | None) -> None:
     from optimizer.cli.trace import trace_warnings_as_lines
-    from optimizer.outputs.runfolder import open_run, write_run_outputs
+    from optimizer.outputs.reopen import open_run
+    from optimizer.outputs.runfolder import write_run_outputs
     from optimizer.search.evaluate import Evaluator
     from optimizer.search.study import check_fingerprint
 

@@ -1,1 +1,1 @@
-"""What a finished study leaves behind: the run folder (runfolder), the engine files (exports), the capacity review, the plots and the timeline."""
+"""What a finished study leaves behind: the run folder (runfolder, written whole by staging, read back by reopen), the trials it recommends from (trials), the runs behind its figures (measure), summary.json (summary), trials.parquet (frame), the exported file read back (replay), the engine files (exports), the capacity review, the plots (plots, runplots) and the timeline."""

@@ -2,7 +2,7 @@
 its range.
 
 ``robust_answer`` takes the search's best candidates (each already the exported file read
-back, ``optimizer.outputs.runfolder.file_replay``) and the engine's defaults, and:
+back, ``optimizer.outputs.replay.file_replay``) and the engine's defaults, and:
 
 1. scores them, and the defaults, under every condition: the traffic variants of the
    tuning part (``variants``) and the whole tuning part with its step times at each corner

@@ -16,7 +16,7 @@ from optimizer.bench.fit import MeasuredRun, calibrate_from_bench, save_entry
 from optimizer.bench.results import BenchResultError, RequestTimes, read_result, write_vllm_result
 from optimizer.bench.run import BenchRun
 from optimizer.cli import app
-from optimizer.outputs.runfolder import file_replay, write_bench_replay
+from optimizer.outputs.replay import file_replay, write_bench_replay
 from optimizer.search.evaluate import Evaluator
 from optimizer.search.spec import load_spec
 from optimizer.search.study import _write_manifest

@@ -20,13 +20,9 @@ from typer.testing import CliRunner
 
 import costmodels
 from optimizer.cli import app
-from optimizer.outputs.runfolder import (
-    OUTPUTS,
-    RunOutputs,
-    open_run,
-    staged_outputs,
-    write_run_outputs,
-)
+from optimizer.outputs.reopen import open_run
+from optimizer.outputs.runfolder import RunOutputs, write_run_outputs
+from optimizer.outputs.staging import OUTPUTS, staged_outputs
 from optimizer.search.evaluate import Evaluator
 from optimizer.search.spec import load_spec
 from optimizer.search.study import (

@@ -8,13 +8,9 @@ import optuna
 import pytest
 
 from optimizer.outputs.exports import engine_yaml
-from optimizer.outputs.runfolder import (
-    deployment_of,
-    fleet_front,
-    recommend,
-    trial_fleet,
-    write_run_outputs,
-)
+from optimizer.outputs.replay import deployment_of
+from optimizer.outputs.runfolder import write_run_outputs
+from optimizer.outputs.trials import fleet_front, recommend, trial_fleet
 from optimizer.search.evaluate import Evaluator
 from optimizer.search.space import Fleet, SpaceError, build_space, tp_degrees
 from optimizer.search.spec import SpecError, load_spec

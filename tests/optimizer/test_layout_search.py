@@ -10,12 +10,9 @@ import pytest
 import yaml
 
 from costmodels.layout import ParallelLayout
-from optimizer.outputs.runfolder import (
-    ATTENTION_DP_CAVEAT,
-    deployment_of,
-    trial_fleet,
-    write_run_outputs,
-)
+from optimizer.outputs.replay import deployment_of
+from optimizer.outputs.runfolder import ATTENTION_DP_CAVEAT, write_run_outputs
+from optimizer.outputs.trials import trial_fleet
 from optimizer.search.evaluate import Evaluator
 from optimizer.search.space import Fleet, SpaceError, build_space, fleet_of
 from optimizer.search.spec import load_spec

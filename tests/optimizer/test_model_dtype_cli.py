@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from costmodels import build
 from optimizer.cli import app
 from optimizer.outputs.exports import Deployment, ExportError, engine_yaml, read_engine_file
-from optimizer.outputs.runfolder import file_replay
+from optimizer.outputs.replay import file_replay
 from optimizer.search.evaluate import Evaluator
 from optimizer.search.spec import SpecError, load_spec
 from optimizer.search.targets import engine_context

@@ -11,17 +11,16 @@ import optuna
 import polars as pl
 import pytest
 
-from optimizer.outputs.runfolder import (
+from optimizer.outputs.frame import trials_frame
+from optimizer.outputs.measure import sweep_scales
+from optimizer.outputs.runfolder import write_run_outputs
+from optimizer.outputs.summary import gains, redact_url
+from optimizer.outputs.trials import (
     OutputError,
     baseline_trials,
     find_trial,
-    gains,
-    redact_url,
     select_best,
-    sweep_scales,
     trial_config,
-    trials_frame,
-    write_run_outputs,
 )
 from policies.config import KNOBS, PolicyConfig
 from policies.engines import EngineContext

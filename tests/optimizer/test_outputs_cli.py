@@ -59,7 +59,7 @@ def test_report_regenerates_the_run_folder(run_dir):
 def test_export_writes_the_requested_trial_for_the_studys_engine(run_dir, sglang_run_dir, tmp_path):
     from optuna.trial import TrialState
 
-    from optimizer.outputs.runfolder import open_run
+    from optimizer.outputs.reopen import open_run
 
     _, study = open_run(run_dir, None)
     # a sampled trial the search completed (vLLM's rules prune some, e.g. a budget below max-num-seqs)
