@@ -93,9 +93,20 @@ def _warn_beyond_context(trace: Trace, caps: np.ndarray, context_len: int) -> in
         parts = "; ".join(f"{int(mask.sum())} with {what}" for mask, what in kinds if mask.any())
         warnings.warn(
             f"{trace.source or 'trace'}: {count} request(s) need more than the model's context of "
-            f"{context_len:,} tokens (prompt + recorded output; first: request {int(np.argmax(beyond))}): {parts}",
+            f"{context_len:,} tokens (prompt + recorded output; {_named(np.flatnonzero(beyond))}): {parts}",
             TraceWarning, stacklevel=3)
     return count
+
+
+#: How many request indices a warning names before it counts the rest.
+NAMED_REQUESTS = 20
+
+
+def _named(indices: np.ndarray) -> str:
+    """``requests 11, 57, 103`` (trace order, 0-based), the first ``NAMED_REQUESTS`` and a count of the rest."""
+    shown = ", ".join(str(int(i)) for i in indices[:NAMED_REQUESTS])
+    rest = len(indices) - NAMED_REQUESTS
+    return f"request{'s' if len(indices) > 1 else ''} {shown}" + (f" and {rest} more" if rest > 0 else "")
 
 
 @dataclass(frozen=True)

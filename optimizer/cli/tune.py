@@ -211,6 +211,9 @@ def _tune(spec, console: Console, *, resume: bool, outputs: bool, quiet: bool) -
 
     evaluator = Evaluator(spec)
     _check_tunable(evaluator.full_trace, spec)
+    if evaluator.holdout_trace is not None:
+        _check_tunable(evaluator.trace, spec, part=f"its tuning part (the last {spec.holdout:.0%} of the window "
+                                                   "held out: --holdout)")
     study = create_or_resume(spec)
     done = _counted(study)
     if done and not resume:
@@ -236,10 +239,15 @@ def _tune(spec, console: Console, *, resume: bool, outputs: bool, quiet: bool) -
         console.print("[yellow]--no-outputs: no file written, so no gain is stated (a gain is that of the "
                       "exported file, read back and simulated)[/]")
         return None
-    from optimizer.outputs.runfolder import OutputError, write_run_outputs
+    from optimizer.outputs.runfolder import write_run_outputs
+    from optimizer.outputs.trials import OutputError
 
+    console.print("choosing what to deploy (traffic variants, minimal files, error bands, GPUs by fleet runs) and "
+                  "writing the run folder")
     try:
-        result = write_run_outputs(spec.run_dir, study, spec, evaluator)
+        with _spinner(console) as progress:
+            progress.add_task("working on the outputs", total=None)
+            result = write_run_outputs(spec.run_dir, study, spec, evaluator)
     except OutputError as exc:
         raise StudyError(f"{exc}{_why_nothing_ran(study)}") from None
     _print_file_gains(console, result.summary)
@@ -247,14 +255,17 @@ def _tune(spec, console: Console, *, resume: bool, outputs: bool, quiet: bool) -
     return result.summary
 
 
-def _check_tunable(trace, spec) -> None:
-    """Stop before the search on a trace with no arrival rate: a study scales the rate, sizes
-    fleets for it and writes a timed replay, none of which a trace without a time span has."""
+def _check_tunable(trace, spec, part: str = "") -> None:
+    """Stop before the search on a trace (or the ``part`` of it tuned on) with no arrival rate:
+    a study scales the rate, sizes fleets for it and writes a timed replay, none of which a
+    trace without a time span has."""
     span = float(trace.arrival_s[-1] - trace.arrival_s[0]) if trace.n else 0.0
     if trace.n < 2 or not span > 0:
-        raise StudyError(f"{spec.trace}: {trace.n} request(s) arriving over {span:g} s; tuning needs arrivals spread "
+        where = f"{spec.trace}, {part}" if part else str(spec.trace)
+        raise StudyError(f"{where}: {trace.n} request(s) arriving over {span:g} s; tuning needs arrivals spread "
                          "over time (at least 2 requests at different times) to have a rate to scale, size fleets "
-                         "for and replay (`servetune simulate` runs such a trace)")
+                         "for and replay (`servetune simulate` runs such a trace"
+                         + ("; --holdout 0 tunes on the whole trace)" if part else ")"))
 
 
 def _why_nothing_ran(study) -> str:
@@ -346,21 +357,26 @@ def _compile_if_cold(console: Console, *, fleet: bool, speculative: bool) -> Non
     kernels += [fleet_sim.fleet_kernel] if fleet else []
     if not any(_cold(k) for k in kernels):
         return
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
     console.print(f"compiling the simulator kernels (first run of this version on this machine; usually "
                   f"{COLD_COMPILE[fleet]} on 2 cores; cached afterwards)")
     start = time.perf_counter()
     steps = [("the single-replica engine", engine.warmup)] + ([("the fleet kernel (GPUs are sized by fleet runs)",
                                                                  fleet_sim.warmup)] if fleet else [])
-    # the compile blocks this thread; rich redraws the spinner and the clock from its own
-    with Progress(SpinnerColumn(), TextColumn("compiling {task.description}"), TimeElapsedColumn(),
-                  console=console, transient=True) as progress:
+    with _spinner(console) as progress:
         for what, warmup in steps:
-            task = progress.add_task(what, total=None)
+            task = progress.add_task(f"compiling {what}", total=None)
             warmup(speculative)
             progress.remove_task(task)
     console.print(f"kernels compiled in {time.perf_counter() - start:.0f} s")
+
+
+def _spinner(console: Console):
+    """A spinner with the elapsed time for a long step with no progress of its own (a compile,
+    the outputs): the step blocks this thread, rich redraws the clock from its own."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    return Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
+                    transient=True)
 
 
 def _counted(study) -> int:
@@ -384,7 +400,7 @@ def _run(study, spec, evaluator, quiet: bool, done: int) -> RunStats:
 
 
 def _print_summary(console: Console, study, spec, stats: RunStats) -> None:
-    from optimizer.outputs.runfolder import directions, fleet_front, recommend
+    from optimizer.outputs.trials import directions, fleet_front, recommend
     from optimizer.search.study import baseline_trials, best_goodput_trial
 
     best = best_goodput_trial(study)

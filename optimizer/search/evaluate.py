@@ -87,9 +87,11 @@ class Evaluator:
         context = spec.context.context_len if spec.context is not None else 0
         servable = tokens <= context if context > 0 else np.ones(len(tokens), dtype=bool)
         if self.trace.n and not servable.any():
+            prompts_fit = np.asarray(self.trace.prompt_tokens) < context
+            remedy = ("cap the outputs (--max-tokens) or drop the longest requests" if prompts_fit.any() else
+                      "their prompts alone fill it: drop them, or tune a model with a longer context")
             raise SpecError(f"every request of the trace ({self.trace.n}) needs more than the model's {context:,}-token "
-                            "context (prompt + output): no config can serve any of them; cap the outputs "
-                            "(--max-tokens) or drop the longest requests")
+                            f"context (prompt + output): no config can serve any of them; {remedy}")
         self._request_tokens = tokens[servable]
         self._prompt_tokens = np.asarray(self.trace.prompt_tokens)[servable]
 

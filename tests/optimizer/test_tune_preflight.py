@@ -1,5 +1,6 @@
 """`tune` reads what its spec file sets and names a bad deployment before creating anything."""
 
+import numpy as np
 from typer.testing import CliRunner
 
 from optimizer.cli import app
@@ -51,6 +52,22 @@ def test_a_trace_with_no_arrival_rate_stops_before_the_search_with_the_reason(tm
         assert not run_dir.exists()
 
 
+def test_a_tuning_part_with_no_arrival_rate_stops_before_the_search_and_names_the_holdout(tmp_path):
+    """Two requests a second apart, or three at t = 0, 0, 10: the whole trace has a rate, but
+    the part left after the default hold-out has one request, or all at once (it used to run
+    the whole search, then die writing the bench command)."""
+    from tests.optimizer.tuning_helpers import make_trace
+
+    three = make_trace(3).replace(arrival_s=np.array([0.0, 0.0, 10.0]))
+    for name, trace, n in (("two", make_trace(2, gap_s=1.0), 1), ("three", three, 2)):
+        result, run_dir = _tune(tmp_path / name, trace)
+        assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+        assert f"its tuning part (the last 25% of the window held out: --holdout): {n} request(s) arriving over 0 s" \
+            in " ".join(result.output.split())
+        assert "--holdout 0 tunes on the whole trace" in " ".join(result.output.split())
+        assert not run_dir.exists()
+
+
 def test_requests_over_the_context_are_left_to_the_engine_and_the_rest_is_tuned(tmp_path):
     """Two requests of 140,000 tokens on Llama-3.1-8B's 131,072-token context: every config
     refuses them, so they prune no config (they used to prune every one, the defaults too);
@@ -64,13 +81,15 @@ def test_requests_over_the_context_are_left_to_the_engine_and_the_rest_is_tuned(
     prompts[[3, 7]] = 140_000
     result, run_dir = _tune(tmp_path / "some", trace.replace(prompt_tokens=prompts))
     assert result.exit_code == 0, result.output
-    assert "2 request(s) need more than the model's context of 131,072 tokens" in result.output
+    assert "choosing what to deploy" in result.output  # the outputs stage says what it does, not a silent wait
+    assert "2 request(s) need more than the model's context of 131,072 tokens (prompt + recorded output; " \
+        "requests 3, 7)" in " ".join(result.output.split())
     summary = json.loads((run_dir / "vllm" / "summary.json").read_text())
     assert summary["best"]["report"]["n_rejected"] == 2  # both arrive in the tuning part
     result, run_dir = _tune(tmp_path / "all", make_trace(5, gap_s=0.1, prompt=140_000))
     assert result.exit_code == 2 and "Traceback" not in result.output
-    assert "needs more than the model's 131,072-token context (prompt + output): no config can serve any" \
-        in result.output
+    assert "needs more than the model's 131,072-token context (prompt + output): no config can serve any of them; " \
+        "their prompts alone fill it: drop them, or tune a model with a longer context" in " ".join(result.output.split())
 
 
 def test_a_study_where_every_config_was_pruned_says_why_in_one_line():

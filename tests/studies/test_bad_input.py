@@ -467,7 +467,7 @@ def test_outputs_past_the_context_are_counted_in_a_warning(tmp_path):
         trace = with_client_caps(load_trace(path), context_len=4096)
     (message,) = [str(w.message) for w in caught]
     assert message == (f"{path}: 4 request(s) need more than the model's context of 4,096 tokens (prompt + "
-                       "recorded output; first: request 1): 1 with a prompt of the context or more; 2 with their "
+                       "recorded output; requests 1, 2, 3, 4): 1 with a prompt of the context or more; 2 with their "
                        "output cut by their cap to fit; 1 with a cap past it")
     assert trace.meta["client_caps"]["beyond_context"] == 4
     assert trace.max_tokens.tolist() == [3996, 1, 3996, 9000, 50]  # the cap a client without one gets
