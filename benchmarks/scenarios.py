@@ -43,12 +43,12 @@ from costmodels import build  # noqa: E402
 from optimizer.search.evaluate import Evaluator  # noqa: E402
 from optimizer.search.failplan import FailurePlan  # noqa: E402
 from optimizer.search.objective import objective_for  # noqa: E402
+from optimizer.search.samplers import make_sampler  # noqa: E402
 from optimizer.search.spec import StudySpec  # noqa: E402
 from optimizer.search.study import (  # noqa: E402
     BOUNDS_ATTR,
     best_goodput_trial,
     enqueue_baselines,
-    make_sampler,
     run,
 )
 from optimizer.search.targets import engine_context  # noqa: E402

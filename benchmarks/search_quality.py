@@ -31,8 +31,9 @@ import optuna  # noqa: E402
 from costmodels import build  # noqa: E402
 from optimizer.search import objective as objectives  # noqa: E402
 from optimizer.search.evaluate import Evaluator  # noqa: E402
+from optimizer.search.samplers import make_sampler  # noqa: E402
 from optimizer.search.spec import StudySpec  # noqa: E402
-from optimizer.search.study import make_sampler, run  # noqa: E402
+from optimizer.search.study import run  # noqa: E402
 from studies.slo import parse_slo  # noqa: E402
 from studies.traces import load_trace  # noqa: E402
 from studies.transforms import scale_rate, window  # noqa: E402

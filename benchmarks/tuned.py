@@ -17,8 +17,9 @@ import optuna
 from optimizer.outputs.runfolder import write_run_outputs
 from optimizer.search.evaluate import Evaluator
 from optimizer.search.objective import objective_for
+from optimizer.search.samplers import make_sampler
 from optimizer.search.spec import StudySpec
-from optimizer.search.study import enqueue_baselines, make_sampler, run
+from optimizer.search.study import enqueue_baselines, run
 
 MODEL, GPU = "meta-llama/Llama-3.1-8B", "h100"
 

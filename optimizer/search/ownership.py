@@ -18,8 +18,9 @@ import os
 import socket
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import datetime
+from typing import Any
 
 import optuna
 from optuna.storages import JournalStorage, RDBStorage
@@ -53,10 +54,39 @@ class _OwnedTrials:
 
 
 class OwnedJournalStorage(_OwnedTrials, JournalStorage):
-    """A journal file (one host): dead owners are found by pid."""
+    """A journal file (one host): dead owners are found by pid.
+
+    Optuna appends (locks, writes and fsyncs) each record on its own; ``one_append`` gathers
+    the records a body writes into one append at its end: the same records, a fraction of the
+    fsyncs (a trial's params, or its evidence and constraints).
+    """
+
+    _pending: list[dict[str, Any]] | None = None
 
     def create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None) -> int:
         return super().create_new_trial(study_id, self._owned(template_trial))
+
+    def _write_log(self, op_code: int, extra_fields: dict[str, Any]) -> None:
+        if self._pending is None:
+            super()._write_log(op_code, extra_fields)
+        else:
+            self._pending.append({"op_code": op_code, "worker_id": self._replay_result.worker_id, **extra_fields})
+
+    @contextmanager
+    def one_append(self) -> Iterator[None]:
+        """Write the body's records as one append when it ends (also when it raises, as they
+        would have been written one by one). Only for writes whose readers use the trial's
+        own cache until then: params and attributes, never a trial's creation or state.
+        A kill inside the body loses them with the trial, which is then reaped as any other."""
+        self._pending = []
+        try:
+            yield
+        finally:
+            logs, self._pending = self._pending, None
+            if logs:
+                with self._thread_lock:
+                    self._backend.append_logs(logs)
+                    self._sync_with_backend()
 
 
 class OwnedRDBStorage(_OwnedTrials, RDBStorage):
@@ -99,3 +129,9 @@ def heartbeats(study: optuna.Study, trial_ids: Sequence[int]) -> Iterator[None]:
     finally:
         stop.set()
         thread.join()
+
+
+def one_append(study: optuna.Study):
+    """``OwnedJournalStorage.one_append`` on a journal; on other storages, writes as they come."""
+    storage = study._storage  # Optuna exposes no public handle on a study's storage
+    return storage.one_append() if isinstance(storage, OwnedJournalStorage) else nullcontext()

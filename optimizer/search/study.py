@@ -47,8 +47,10 @@ from optimizer.search.ownership import (
     OwnedJournalStorage,
     OwnedRDBStorage,
     heartbeats,
+    one_append,
     worker_id,
 )
+from optimizer.search.samplers import make_sampler
 from optimizer.search.spec import StudySpec, spec_from_dict
 from policies.engine import SimulationStalled
 
@@ -191,17 +193,6 @@ def _whole_record(line: bytes) -> bytes | None:
             continue
         return line[start:]
     return None
-
-
-def make_sampler(spec: StudySpec, seed: int | None):
-    if spec.sampler == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    if spec.sampler == "nsga2":
-        return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(20, spec.batch_size))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, constant_liar=True,
-                                          n_startup_trials=min(10, max(4, spec.trials // 10)))
 
 
 # -- creation and resume -----------------------------------------------------------------
@@ -454,10 +445,11 @@ def run(study: optuna.Study, spec: StudySpec, evaluator, *, on_trial: Callable |
 
 def _tell_pruned(study, trial, config, fleet, reason: str, stats: RunStats, on_trial) -> None:
     t0 = time.perf_counter()
-    trial.set_user_attr("config", config.to_dict())
-    for name, value in fleet.to_dict().items():
-        trial.set_user_attr(name, value)
-    trial.set_user_attr("pruned", reason)
+    with one_append(study):
+        trial.set_user_attr("config", config.to_dict())
+        for name, value in fleet.to_dict().items():
+            trial.set_user_attr(name, value)
+        trial.set_user_attr("pruned", reason)
     frozen = study.tell(trial, state=TrialState.PRUNED)
     stats.optuna_s += time.perf_counter() - t0
     stats.told += 1
@@ -503,11 +495,12 @@ def _ask(study, spec, baselines, k) -> list[tuple[Any, Any, Any]]:
             trial.set_user_attr("duplicate_baseline", True)
             study.tell(trial, state=TrialState.FAIL)
             continue
-        if name in baselines:
-            config, fleet = baselines[name], spec.fleet
-            spec.search_space.record(trial, config, fleet)
-        else:
-            config, fleet = spec.search_space.suggest(trial), spec.search_space.suggest_fleet(trial)
+        with one_append(study):
+            if name in baselines:
+                config, fleet = baselines[name], spec.fleet
+                spec.search_space.record(trial, config, fleet)
+            else:
+                config, fleet = spec.search_space.suggest(trial), spec.search_space.suggest_fleet(trial)
         batch.append((trial, config, fleet))
     return batch
 
@@ -539,7 +532,8 @@ def _evaluate_and_tell(study, spec, evaluator, batch, limits, stats: RunStats, o
             _tell_pruned(study, trial, config, fleet, f"{evaluator.target.display} {oom}", stats, on_trial)
             continue
         t0 = time.perf_counter()
-        values = objectives.record(trial, spec, config, report, limits, fleet=fleet, capacity=capacity)
+        with one_append(study):
+            values = objectives.record(trial, spec, config, report, limits, fleet=fleet, capacity=capacity)
         frozen = study.tell(trial, values)
         stats.optuna_s += time.perf_counter() - t0
         stats.told += 1
