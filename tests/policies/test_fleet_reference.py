@@ -38,7 +38,7 @@ def kernel_fleet(trace, costs, config, seed=0, failures=None):
     return simulate_fleet(trace, costs, config, seed=seed, failures=failures)
 
 
-#: The jitted fleet is checked as soon as policies/fleet.py exists.
+#: The jitted fleet is checked as soon as policies/fleet exists.
 NO_KERNEL = pytest.mark.xfail(importlib.util.find_spec("policies.fleet") is None, run=False,
                               reason="policies.fleet (the jitted fleet kernel) is not written yet")
 SIMULATORS = [pytest.param(reference_fleet, id="reference"), pytest.param(kernel_fleet, id="kernel", marks=NO_KERNEL)]
