@@ -9,7 +9,10 @@ DeepSeek setups (fitted on those setups' runs only, so never on the runs scored)
 its leave-one-setup-out figure from ``benchmarks/fidelity.py --part breadth``, which used
 the chain's entry, and with no entry at all (uncalibrated: the candidate every step of the
 chain has). Reads ``benchmarks/results/fidelity_breadth.csv`` and
-``fidelity_breadth_calibration.json`` (run ``fidelity.py --part breadth`` first); writes
+``fidelity_breadth_calibration.json`` (run ``fidelity.py --part breadth`` first). Then it
+prints every tier of the chain as the bundled calibration's table states it (each tier's
+held-out error, and the same runs' with no entry, from ``fidelity_unseen.py``): the table
+the chain follows, since a tier no entry beats is skipped. Writes
 ``benchmarks/results/fallback_chain.md``.
 
     python benchmarks/fallback_chain.py
@@ -28,7 +31,10 @@ import polars as pl
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from fidelity_unseen import tier_table_lines  # noqa: E402
+
 from costmodels import save_calibration  # noqa: E402
+from costmodels.calibration import BUNDLED, load_tier_errors  # noqa: E402
 from costmodels.runs import layout_label  # noqa: E402
 from optimizer.cli.validate import predict_runs  # noqa: E402
 
@@ -69,6 +75,10 @@ def main() -> None:
                 label = f"{e['model'].split('/')[1]} {', '.join(fitted)} ({pred['calibration_match'][0]})"
                 lines.append(f"{'':27s}  {label:37s}  {mape(pred['pred_ttft_ms'].to_numpy(), measured_ttft):5.1f}%  "
                              f"{mape(pred['pred_tpot_ms'].to_numpy(), measured_tpot):5.1f}%")
+    lines += ["", f"every tier of the chain, scored on held-out runs (the bundled calibration's table, written by "
+              f"`python benchmarks/fidelity_unseen.py --install`; {BUNDLED.name}):"]
+    stored = load_tier_errors(BUNDLED)
+    lines += tier_table_lines(stored) if stored else ["  none stored: run fidelity_unseen.py --install"]
     text = "\n".join(lines)
     print(text)
     (RESULTS / "fallback_chain.md").write_text(

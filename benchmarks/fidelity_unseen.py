@@ -50,6 +50,7 @@ from costmodels.calibration import (  # noqa: E402
     BUNDLED,
     MATCHES,
     MIN_TIER_RUNS,
+    SKIP_MARGIN,
     entry_key,
     entry_models,
     load_tier_errors,
@@ -231,6 +232,20 @@ def _figures_with_none(rows: pl.DataFrame) -> dict:
     return figures(rows) | dict(zip(("none_ttft_mape", "none_tpot_mape"), overall(none), strict=True))
 
 
+def tier_table_lines(stored: dict) -> list[str]:
+    """The per-tier table ``tune`` reads (``load_tier_errors``), with the tiers the chain skips."""
+    skipped = losing_tiers(stored)
+    lines = [f"the table tune reads (each run once per tier over the three protocols; a tier with fewer than "
+             f"{MIN_TIER_RUNS} runs is not read; the chain skips a tier whose runs did better with no entry by more "
+             f"than {SKIP_MARGIN:.0%}: {sorted(skipped) or 'none'}):"]
+    for tier, f in stored["tiers"].items():
+        none = (f"; the same runs with no entry: TTFT {pct(f['none_ttft_mape'])}  TPOT {pct(f['none_tpot_mape'])}"
+                if "none_ttft_mape" in f else "")
+        lines.append(f"  {tier:12s} TTFT {pct(f['ttft_mape'])}  TPOT {pct(f['tpot_mape'])}  over {f['runs']} runs of "
+                     f"{f['setups']} setups{none}" + ("  (skipped)" if tier in skipped else ""))
+    return lines
+
+
 def pct(v) -> str:
     return "    -" if v is None else f"{v:5.1f}%"
 
@@ -266,13 +281,7 @@ def report(pred: pl.DataFrame, served: pl.DataFrame, skipped: set[str], refits: 
         "profiled")).height
     substituted = pred.filter(pl.col("cost_source").str.contains("unmeasured")).height
     lines += ["", f"predictions on roofline step times: {roofline}; on a substituted attention kernel: {substituted}",
-              "", f"the table tune reads (each run once per tier over the three protocols; a tier with fewer than "
-              f"{MIN_TIER_RUNS} runs is not read):"]
-    for tier, f in stored["tiers"].items():
-        none = (f"; the same runs with no entry: TTFT {pct(f['none_ttft_mape'])}  TPOT {pct(f['none_tpot_mape'])}"
-                if "none_ttft_mape" in f else "")
-        lines.append(f"  {tier:12s} TTFT {pct(f['ttft_mape'])}  TPOT {pct(f['tpot_mape'])}  over {f['runs']} runs of "
-                     f"{f['setups']} setups{none}")
+              "", *tier_table_lines(stored)]
     lines += ["", *decided_apart(pred)]
     worst = (pred.filter(pl.col("protocol") != LOGO, pl.col("error").is_null())
              .group_by("protocol", "model", "gpu", "framework", "gemm_dtype", "tier", maintain_order=True)
