@@ -35,12 +35,14 @@ COLUMNS = {
     "moe_tp_size": ("moe_tp_size",),
     "moe_ep_size": ("moe_ep_size",),
     "pp_size": ("pp_size",),
+    "framework_version": ("backend_version", "framework_version"),
 }
 #: the parallel layout columns (``_layout``): absent or empty, a run is plain TP
 LAYOUT = ("attention_dp_size", "moe_tp_size", "moe_ep_size", "pp_size")
 #: columns a runs file may lack: a missing GEMM dtype is bf16; a missing KV dtype stays
-#: null (not recorded: a caller assumes the GEMM dtype and should say so)
-OPTIONAL = {"gemm_dtype", "kv_dtype", *LAYOUT}
+#: null (not recorded: a caller assumes the GEMM dtype and should say so); a missing
+#: framework version is the pinned engine's (its defaults, e.g. vLLM's loop, are assumed)
+OPTIONAL = {"gemm_dtype", "kv_dtype", "framework_version", *LAYOUT}
 #: The benchmark clients a run may name (``client``; the closed-loop replay drives each as
 #: its client did: ``optimizer.fidelity.closedloop.CLIENT_VARIANTS``). A file without the column
 #: names it per run from aiconfigurator's ``silicon_data_source`` (``client_column``).

@@ -73,6 +73,7 @@ from policies import fairness as fm
 from policies.config import PolicyConfig
 from policies.engine import O_FINISH, O_FIRST_TOKEN, O_GENERATED, O_REASON, O_STATE
 from policies.engines import EngineContext, preset
+from policies.engines.vllm import async_by_default
 from policies.kernel_state import (
     C_ERROR,
     C_N_SAMPLES,
@@ -108,8 +109,12 @@ class ClosedLoopError(ValueError):
     """A closed loop that cannot run: bad sizes, requests that never finish."""
 
 
-def framework_config(framework: str, ctx: EngineContext) -> PolicyConfig:
-    """The scheduler a measured run used: each framework's serving defaults on ``ctx``."""
+def framework_config(framework: str, ctx: EngineContext, version: str | None = None) -> PolicyConfig:
+    """The scheduler a measured run used: each framework's serving defaults on ``ctx``, as
+    its ``version`` set them (None: the pinned version's); a vLLM before async scheduling
+    was the default ran the synchronous loop."""
+    if framework == "vllm" and not async_by_default(version):
+        return preset("vllm-default", ctx).replace(async_scheduling=False)
     if framework in ("vllm", "sglang"):
         return preset(f"{framework}-default", ctx)
     if framework == "trtllm":

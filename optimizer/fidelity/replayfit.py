@@ -138,10 +138,11 @@ def pinned_terms(x, terms: list[int] | None = None) -> list[str]:
     return [FIT_TERMS[terms[i]] for i in np.flatnonzero(on_floor | (hi - x <= near))]
 
 
-def server_config(framework: str, ctx: EngineContext, overrides: dict | None = None) -> PolicyConfig:
+def server_config(framework: str, ctx: EngineContext, overrides: dict | None = None,
+                  version: str | None = None) -> PolicyConfig:
     """``framework_config`` with a fitted measured-server override (``SERVER_CANDIDATES``);
     a limit relative to the run's clients is applied per run (``for_clients``)."""
-    config = framework_config(framework, ctx)
+    config = framework_config(framework, ctx, version)
     fixed = {k: v for k, v in (overrides or {}).items() if k != SEQS_BELOW_CLIENTS}
     return config.replace(**fixed) if fixed else config
 
@@ -159,9 +160,10 @@ def run_server(framework: str, ctx: EngineContext, fitted: dict | None,
     drafter's acceptance when it speculates: the server its script set where that is known
     (``optimizer.fidelity.inferencex.known_server``), else the ``fitted`` measured server for its clients."""
     known = known_server(row)
+    version = row.get("framework_version")
     if known is not None:
-        return framework_config(framework, ctx).replace(**known.overrides), known.acceptance
-    return for_clients(server_config(framework, ctx, fitted), fitted, row["batch_size"]), None
+        return framework_config(framework, ctx, version).replace(**known.overrides), known.acceptance
+    return for_clients(server_config(framework, ctx, fitted, version), fitted, row["batch_size"]), None
 
 
 def run_clients(row: dict) -> tuple[int, int]:

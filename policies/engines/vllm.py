@@ -49,6 +49,7 @@ Source references are to the installed vLLM 0.33.0 package (``site-packages/vllm
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from costmodels.costmodel import CostModelError
@@ -84,6 +85,21 @@ BLOCK_SIZES = (1, 8, 16, 32, 64, 128)  # vllm/config/cache.py BlockSize literal
 #: methods: they run on the V1 model runner (config/vllm.py:3066-3068), which cannot overlap
 #: them (vllm.py:1651-1663). Pipeline parallelism would too; servetune models none.
 SYNC_ONLY_SPECULATIVE_METHODS = ("suffix", "custom_class")
+#: The first release whose unset ``async-scheduling`` resolves on (v0.14.0 release notes,
+#: "Async scheduling is now enabled by default", vllm#27614); servers before it ran the
+#: synchronous loop unless told otherwise, as the measured runs of ``fidelity.py`` did.
+ASYNC_DEFAULT_SINCE = (0, 14)
+
+
+def async_by_default(version: str | None) -> bool:
+    """Whether a vLLM server of ``version`` (e.g. "0.12.0"; None: the pinned one) ran the
+    async loop with its defaults."""
+    if version is None:
+        return True
+    digits = re.findall(r"\d+", version)
+    if len(digits) < 2:
+        raise ValueError(f"vLLM version {version!r}: expected MAJOR.MINOR[.PATCH]")
+    return (int(digits[0]), int(digits[1])) >= ASYNC_DEFAULT_SINCE
 
 SCHEDULING_POLICIES = {"fcfs": "fcfs", "priority": "priority"}  # vllm/config/scheduler.py SchedulerPolicy
 #: LoRA (vllm/config/lora.py:27-45, flags vllm/engine/arg_utils.py:1609-1624): max_lora_rank's

@@ -27,6 +27,7 @@ from optimizer.fidelity.replayfit import (
     SEQS_BELOW_CLIENTS,
     SERVER_CANDIDATES,
     for_clients,
+    run_server,
     server_config,
 )
 from policies.config import PolicyConfig
@@ -356,3 +357,36 @@ def test_the_finish_horizon_changes_nothing_for_ranks_stepping_together(framewor
     np.testing.assert_array_equal(fast.finish_s, exact.finish_s)
     assert benchmark_means(cost, config, 16, 1500, 60, bench, ranks=4) == pytest.approx(
         (fast.mean_ttft_ms, fast.mean_tpot_ms), rel=1e-12)
+
+
+def test_a_vllm_run_is_replayed_with_the_loop_its_version_ran():
+    """vLLM turned async scheduling on by default in v0.14.0 (its release notes, vllm#27614):
+    the 90 measured vLLM 0.12.0 runs ran the synchronous loop; an unversioned run is the
+    pinned engine's, as is a TRT-LLM or SGLang run of any version."""
+    from optimizer.search.targets import context_of
+    from policies.engines.vllm import async_by_default
+
+    assert [async_by_default(v) for v in ("0.12.0", "0.13.0", "0.14.0rc1", "0.14.0", "0.33.0", None)] == \
+        [False, False, True, True, True, True]
+    with pytest.raises(ValueError, match="MAJOR.MINOR"):
+        async_by_default("nightly")
+    ctx = context_of(build("meta-llama/Llama-3.1-8B", "h100", framework="vllm"), "h100", context_len=0)
+    assert not framework_config("vllm", ctx, "0.12.0").async_scheduling
+    assert framework_config("vllm", ctx, "0.12.0") == framework_config("vllm", ctx).replace(async_scheduling=False)
+    assert framework_config("vllm", ctx, "0.33.0") == framework_config("vllm", ctx)
+    assert framework_config("vllm", ctx).async_scheduling
+    row = {"framework": "vllm", "framework_version": "0.12.0", "batch_size": 8, "client": "aiperf"}
+    config, _ = run_server("vllm", ctx, {"max_num_batched_tokens": 4096}, row)
+    assert not config.async_scheduling and config.max_num_batched_tokens == 4096
+    assert run_server("vllm", ctx, None, {**row, "framework_version": None})[0].async_scheduling
+
+
+def test_the_runs_file_names_the_framework_version(tmp_path):
+    from costmodels.runs import load_runs
+
+    header = "model,gpu,framework,tp,batch_size,isl,osl,ttft_ms,tpot_ms"
+    row = "meta-llama/Llama-3.1-8B,h100_sxm,vllm,1,8,1024,128,100,10"
+    (tmp_path / "with.csv").write_text(f"{header},backend_version\n{row},0.12.0\n")
+    (tmp_path / "without.csv").write_text(f"{header}\n{row}\n")
+    assert load_runs(tmp_path / "with.csv")["framework_version"].to_list() == ["0.12.0"]
+    assert load_runs(tmp_path / "without.csv")["framework_version"].to_list() == [None]
