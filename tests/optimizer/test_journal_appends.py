@@ -86,3 +86,28 @@ def test_other_storages_write_as_they_come():
     with one_append(study):
         trial.set_user_attr("config", {"budget": 1})
         assert study._storage.get_trial(trial._trial_id).user_attrs["config"] == {"budget": 1}
+
+
+def test_a_seeded_tpe_asks_the_same_trials_when_params_are_written_in_one_append(tmp_path):
+    """Buffering a trial's param records until its suggestions end changes no sampling:
+    the sampler reads the trial being asked from its own cache, and the others from the file."""
+    from types import SimpleNamespace
+
+    from optimizer.search.samplers import make_sampler
+
+    def asked(path, batched: bool) -> list[dict]:
+        storage = OwnedJournalStorage(JournalFileBackend(str(path)))
+        spec = SimpleNamespace(sampler="tpe", trials=40, batch_size=2)
+        study = optuna.create_study(storage=storage, study_name="s", sampler=make_sampler(spec, 5))
+        for _ in range(20):
+            pair = [study.ask(), study.ask()]  # a batch in flight: the constant liar reads the other
+            for trial in pair:
+                with one_append(study) if batched else _nothing():
+                    trial.suggest_int("budget", 256, 16384, log=True)
+                    if trial.suggest_categorical("gate", [False, True]):
+                        trial.suggest_int("threshold", 64, 8192)
+            for trial in pair:
+                study.tell(trial, -abs(trial.params["budget"] - 3000) + trial.params.get("threshold", 0))
+        return [t.params for t in study.trials]
+
+    assert asked(tmp_path / "one.journal", True) == asked(tmp_path / "many.journal", False)
