@@ -72,9 +72,12 @@ def main() -> None:
                     continue  # fitted on the runs it would score
                 save_calibration([e], path)
                 pred = predict_runs(held.select(RUN_COLUMNS), calibration=path)
-                label = f"{e['model'].split('/')[1]} {', '.join(fitted)} ({pred['calibration_match'][0]})"
-                lines.append(f"{'':27s}  {label:37s}  {mape(pred['pred_ttft_ms'].to_numpy(), measured_ttft):5.1f}%  "
-                             f"{mape(pred['pred_tpot_ms'].to_numpy(), measured_tpot):5.1f}%")
+                match = pred["calibration_match"][0]
+                label = f"{e['model'].split('/')[1]} {', '.join(fitted)} ({match or 'not lent'})"
+                figures = (f"{mape(pred['pred_ttft_ms'].to_numpy(), measured_ttft):5.1f}%  "
+                           f"{mape(pred['pred_tpot_ms'].to_numpy(), measured_tpot):5.1f}%") if match else \
+                    "another model's other path: the chain does not lend it"
+                lines.append(f"{'':27s}  {label:37s}  {figures}")
     lines += ["", f"every tier of the chain, scored on held-out runs (the bundled calibration's table, written by "
               f"`python benchmarks/fidelity_unseen.py --install`; {BUNDLED.name}):"]
     stored = load_tier_errors(BUNDLED)
