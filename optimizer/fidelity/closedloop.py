@@ -113,10 +113,11 @@ def framework_config(framework: str, ctx: EngineContext, version: str | None = N
     """The scheduler a measured run used: each framework's serving defaults on ``ctx``, as
     its ``version`` set them (None: the pinned version's); a vLLM before async scheduling
     was the default ran the synchronous loop."""
-    if framework == "vllm" and not async_by_default(version):
-        return preset("vllm-default", ctx).replace(async_scheduling=False)
-    if framework in ("vllm", "sglang"):
-        return preset(f"{framework}-default", ctx)
+    if framework == "vllm":
+        config = preset("vllm-default", ctx)
+        return config if async_by_default(version) else config.replace(async_scheduling=False)
+    if framework == "sglang":
+        return preset("sglang-default", ctx)
     if framework == "trtllm":
         return TRTLLM_DEFAULT
     raise ClosedLoopError(f"unknown framework {framework!r}; valid: vllm, sglang, trtllm")
