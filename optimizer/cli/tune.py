@@ -74,7 +74,7 @@ def tune_command(
     trials: Annotated[int | None, typer.Option("--trials", help="trial budget, shared by all workers")] = None,
     batch_size: Annotated[int | None, typer.Option("--batch-size", help="trials simulated in parallel")] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="sampler and simulation seed")] = None,
-    sampler: Annotated[str | None, typer.Option("--sampler", help="tpe, nsga2 or random")] = None,
+    sampler: Annotated[str | None, typer.Option("--sampler", help="tpe (bounded history past 525 trials), tpe-full, nsga2 or random")] = None,
     study_name: Annotated[str | None, typer.Option("--study-name", help="default: <trace>-<model>-<gpu>")] = None,
     storage: Annotated[str | None, typer.Option("--storage", envvar="SERVETUNE_STORAGE",
                                                 help="Optuna RDB URL or journal path")] = None,
@@ -405,8 +405,8 @@ def _print_summary(console: Console, study, spec, stats: RunStats) -> None:
 
     best = best_goodput_trial(study)
     console.print(f"{stats.told} trials in {stats.wall_s:.1f} s ({stats.trials_per_s:.2f} trials/s); "
-                  f"engine {_share(stats.engine_s, stats.wall_s)}, Optuna {_share(stats.optuna_s, stats.wall_s)}, "
-                  f"other {_share(stats.other_s, stats.wall_s)} of wall time"
+                  f"engine busy {_share(stats.engine_s, stats.wall_s)} of wall time, Optuna "
+                  f"{_share(stats.optuna_s, stats.wall_s)} (asking the next batch while the engine runs)"
                   + (f"; {stats.pruned} pruned before simulating" if stats.pruned else ""))
     if best is None:
         console.print("[yellow]no feasible trial yet: every config broke a constraint or was pruned[/]")

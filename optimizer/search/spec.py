@@ -55,7 +55,7 @@ class SpecError(ValueError):
 
 #: Objective modes: name -> (metric names, directions). See optimizer.search.objective.
 OBJECTIVE_MODES = ("goodput", "goodput-gpus", "goodput-ttft", "goodput-cost", "capacity")
-SAMPLERS = ("tpe", "nsga2", "random")
+SAMPLERS = ("tpe", "tpe-full", "nsga2", "random")
 DTYPES = GEMM_DTYPES  # weights (fp8, nvfp4: the GEMMs too)
 KV_DTYPES = ("auto", *COST_KV_DTYPES)
 #: On-demand $/GPU-hour used by the cost objective when the spec gives none (indicative).

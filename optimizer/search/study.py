@@ -32,6 +32,8 @@ import socket
 import time
 import warnings
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -74,16 +76,12 @@ class RunStats:
     told: int = 0
     pruned: int = 0
     wall_s: float = 0.0
-    optuna_s: float = 0.0  # ask, suggest, tell, budget checks
+    optuna_s: float = 0.0  # ask, suggest, tell, budget checks (beside the engine's batch in flight)
     engine_s: float = 0.0  # simulate + score
 
     @property
     def trials_per_s(self) -> float:
         return self.told / self.wall_s if self.wall_s > 0 else 0.0
-
-    @property
-    def other_s(self) -> float:
-        return max(0.0, self.wall_s - self.optuna_s - self.engine_s)
 
 
 # -- storage ---------------------------------------------------------------------------
@@ -389,13 +387,19 @@ def alive(pid: int) -> bool:
 
 
 def run(study: optuna.Study, spec: StudySpec, evaluator, *, on_trial: Callable | None = None,
-        stop: Callable[[], bool] | None = None) -> RunStats:
+        stop: Callable[[], bool] | None = None, overlap: bool = True) -> RunStats:
     """Run batches until the study holds ``spec.trials`` finished trials (global budget).
 
-    Between batches, dead owners' trials are failed (their baselines enqueued again) and
-    their slots asked anew; with nothing left to ask while other processes' trials run,
-    it waits for them, since their owner may die. ``on_trial(frozen_trial, stats)`` is
-    called after each tell (progress display).
+    A batch is simulated on a worker thread while the next batch is asked (the kernels
+    release the GIL, so TPE's ask runs beside them instead of after them); the evaluator is
+    touched only by that thread and the study only by this one, and the next ask sees the
+    batch in flight as running trials (TPE's constant liar). Between batches, dead owners'
+    trials are failed (their baselines enqueued again) and their slots asked anew; with
+    nothing left to ask while other processes' trials run, it waits for them, since their
+    owner may die. ``on_trial(frozen_trial, stats)`` is called after each tell (progress
+    display). An error or interrupt fails the trials not yet told (at most two batches).
+    ``overlap=False`` evaluates and tells each batch before asking the next (the loop
+    ``benchmarks/tuner_speed.py`` and ``search_quality.py`` compare against).
     """
     stats = RunStats()
     start = time.perf_counter()
@@ -404,43 +408,143 @@ def run(study: optuna.Study, spec: StudySpec, evaluator, *, on_trial: Callable |
     baselines = evaluator.baselines()
     me = worker_id()
     waited = False
-    while not (stop and stop()):
-        t0 = time.perf_counter()
-        if reap(study):
-            enqueue_baselines(study, spec, baselines)
-        trials = study.get_trials(deepcopy=False)
-        waiting = sum(t.state == TrialState.WAITING for t in trials)
-        counted = sum(t.state != TrialState.FAIL for t in trials)
-        k = min(spec.batch_size, max(0, spec.trials - counted) + waiting)
-        if k == 0:
-            # another process's trials, or one claimed without an owner yet (failed once orphaned)
-            elsewhere = [t for t in trials if t.state == TrialState.RUNNING and t.user_attrs.get(WORKER_ATTR) != me]
-            stats.optuna_s += time.perf_counter() - t0
-            if not elsewhere:
-                break
-            if not waited:  # said once: the budget is spent here, the rest is other processes' trials
-                waited = True
-                owners = sorted({str(t.user_attrs.get(WORKER_ATTR, "no owner yet")) for t in elsewhere})
-                warnings.warn(f"waiting for {len(elsewhere)} trial(s) other processes are running ({', '.join(owners)}):"
-                              " a dead owner's are failed and asked again here (a local pid at once, a remote worker "
-                              f"once its heartbeat is {3 * HEARTBEAT_S:g} s stale, an unclaimed one after "
-                              f"{ORPHAN_GRACE_S:g} s)", StudyWarning, stacklevel=2)
-            time.sleep(POLL_S)  # their owner may die: its trials are then failed and asked again
-            continue
-        batch = _ask(study, spec, baselines, k)
-        stats.optuna_s += time.perf_counter() - t0
-        if not batch:
-            break
-        try:
-            with heartbeats(study, [trial._trial_id for trial, *_ in batch]):
-                _evaluate_and_tell(study, spec, evaluator, batch, limits, stats, on_trial)
-        except BaseException:
-            for trial, *_ in batch:  # told trials are skipped; nothing completed is undone
-                study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
-            raise
+    batch: list = []
+    flight: _Flight | None = None
+    lane = ThreadPoolExecutor(1, thread_name_prefix="servetune-evaluate") if overlap else None
+    try:
+        while True:
+            stopping = stop is not None and stop()
+            batch, k = [], 0
+            if not stopping:
+                t0 = time.perf_counter()
+                if reap(study):
+                    enqueue_baselines(study, spec, baselines)
+                trials = study.get_trials(deepcopy=False)
+                waiting = sum(t.state == TrialState.WAITING for t in trials)
+                counted = sum(t.state != TrialState.FAIL for t in trials)
+                k = min(spec.batch_size, max(0, spec.trials - counted) + waiting)
+                if k:
+                    batch = _ask(study, spec, baselines, k)
+                stats.optuna_s += time.perf_counter() - t0
+            if flight is not None:
+                flight.land(study, spec, limits, stats, on_trial)
+                flight = None
+                if not batch:
+                    continue  # count again: the budget may be met, or a told trial freed a slot
+            if not batch:
+                if stopping or k:
+                    break  # stopped, or the last slots went to another process
+                # another process's trials, or one claimed without an owner yet (failed once orphaned)
+                elsewhere = [t for t in trials if t.state == TrialState.RUNNING and t.user_attrs.get(WORKER_ATTR) != me]
+                if not elsewhere:
+                    break
+                if not waited:  # said once: the budget is spent here, the rest is other processes' trials
+                    waited = True
+                    owners = sorted({str(t.user_attrs.get(WORKER_ATTR, "no owner yet")) for t in elsewhere})
+                    warnings.warn(f"waiting for {len(elsewhere)} trial(s) other processes are running "
+                                  f"({', '.join(owners)}): a dead owner's are failed and asked again here (a local "
+                                  f"pid at once, a remote worker once its heartbeat is {3 * HEARTBEAT_S:g} s stale, "
+                                  f"an unclaimed one after {ORPHAN_GRACE_S:g} s)", StudyWarning, stacklevel=2)
+                time.sleep(POLL_S)  # their owner may die: its trials are then failed and asked again
+                continue
+            flight = _Flight.launch(lane, study, spec, evaluator, batch)
+            batch = []
+            if lane is None:
+                flight.land(study, spec, limits, stats, on_trial)
+                flight = None
+    except BaseException:
+        for trial, *_ in batch + (flight.batch if flight is not None else []):
+            study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)  # told trials are skipped
+        raise
+    finally:
+        if flight is not None:
+            flight.beats.close()
+        if lane is not None:
+            lane.shutdown(wait=True)
     stats.engine_s = evaluator.engine_seconds - engine_before
     stats.wall_s = time.perf_counter() - start
     return stats
+
+
+@dataclass
+class _Outcome:
+    """What the evaluator made of one trial: pruned (with the reason) or scored."""
+
+    trial: Any
+    config: Any
+    fleet: Any
+    pruned: str | None = None
+    report: Any = None
+    capacity: float | None = None
+
+
+@dataclass
+class _Flight:
+    """A batch being evaluated on the worker thread, its trials kept alive by heartbeats."""
+
+    batch: list
+    future: Future
+    beats: ExitStack
+
+    @classmethod
+    def launch(cls, lane: ThreadPoolExecutor | None, study, spec, evaluator, batch) -> _Flight:
+        """Start evaluating ``batch`` on ``lane`` (None: here, before returning)."""
+        beats = ExitStack()
+        beats.enter_context(heartbeats(study, [trial._trial_id for trial, *_ in batch]))
+        if lane is not None:
+            return cls(batch, lane.submit(_evaluate, spec, evaluator, batch), beats)
+        future: Future = Future()
+        try:
+            future.set_result(_evaluate(spec, evaluator, batch))
+        except BaseException:
+            beats.close()
+            raise
+        return cls(batch, future, beats)
+
+    def land(self, study, spec, limits, stats: RunStats, on_trial) -> None:
+        """Wait for the batch's outcomes and tell them."""
+        try:
+            outcomes = self.future.result()
+        finally:
+            self.beats.close()
+        for o in outcomes:
+            if o.pruned is not None:
+                _tell_pruned(study, o.trial, o.config, o.fleet, o.pruned, stats, on_trial)
+                continue
+            t0 = time.perf_counter()
+            with one_append(study):
+                values = objectives.record(o.trial, spec, o.config, o.report, limits, fleet=o.fleet,
+                                           capacity=o.capacity)
+            frozen = study.tell(o.trial, values)
+            stats.optuna_s += time.perf_counter() - t0
+            stats.told += 1
+            if on_trial:
+                on_trial(frozen, stats)
+
+
+def _evaluate(spec, evaluator, batch) -> list[_Outcome]:
+    """Each trial of ``batch`` pruned or scored; touches the evaluator, never the study."""
+    outcomes, runnable = [], []
+    for trial, config, fleet in batch:
+        reason = evaluator.infeasibility(config, fleet)
+        if reason is None:
+            runnable.append((trial, config, fleet))
+        else:
+            outcomes.append(_Outcome(trial, config, fleet, pruned=reason))
+    runnable = _drop_stalled(evaluator, runnable, outcomes)
+    if not runnable:
+        return outcomes
+    configs, fleets = [c for _, c, _ in runnable], [f for _, _, f in runnable]
+    reports = evaluator.reports(configs, fleets=fleets)
+    capacities = capacity_many(evaluator, configs, spec.capacity_target, fleets=fleets) \
+        if spec.objective == "capacity" else [None] * len(configs)
+    for (trial, config, fleet), report, capacity in zip(runnable, reports, capacities, strict=True):
+        oom = evaluator.out_of_memory(config, fleet)
+        if oom is not None:  # the engine would have died mid-run: not a config to recommend
+            outcomes.append(_Outcome(trial, config, fleet, pruned=f"{evaluator.target.display} {oom}"))
+        else:
+            outcomes.append(_Outcome(trial, config, fleet, report=report, capacity=capacity))
+    return outcomes
 
 
 def _tell_pruned(study, trial, config, fleet, reason: str, stats: RunStats, on_trial) -> None:
@@ -458,7 +562,7 @@ def _tell_pruned(study, trial, config, fleet, reason: str, stats: RunStats, on_t
         on_trial(frozen, stats)
 
 
-def _drop_stalled(study, evaluator, runnable, stats: RunStats, on_trial) -> list:
+def _drop_stalled(evaluator, runnable, outcomes: list[_Outcome]) -> list:
     """``runnable`` less the configs whose simulation stalls (a servetune defect, named in
     the trial, which is pruned so that it counts against the budget and the study goes on)."""
     try:
@@ -472,7 +576,7 @@ def _drop_stalled(study, evaluator, runnable, stats: RunStats, on_trial) -> list
             evaluator.reports([config], fleets=[fleet])
             kept.append((trial, config, fleet))
         except SimulationStalled as exc:
-            _tell_pruned(study, trial, config, fleet, f"internal error, please report it: {exc}", stats, on_trial)
+            outcomes.append(_Outcome(trial, config, fleet, pruned=f"internal error, please report it: {exc}"))
     return kept
 
 
@@ -509,36 +613,6 @@ def _duplicate_baseline(study, number: int, name: str) -> bool:
     """Whether an earlier trial of baseline ``name`` ran, runs or waits (not failed)."""
     return any(t.number < number and t.user_attrs.get("baseline") == name and t.state != TrialState.FAIL
                for t in study.get_trials(deepcopy=False))
-
-
-def _evaluate_and_tell(study, spec, evaluator, batch, limits, stats: RunStats, on_trial) -> None:
-    runnable = []
-    for trial, config, fleet in batch:
-        reason = evaluator.infeasibility(config, fleet)
-        if reason is None:
-            runnable.append((trial, config, fleet))
-        else:
-            _tell_pruned(study, trial, config, fleet, reason, stats, on_trial)
-    runnable = _drop_stalled(study, evaluator, runnable, stats, on_trial)
-    if not runnable:
-        return
-    configs, fleets = [c for _, c, _ in runnable], [f for _, _, f in runnable]
-    reports = evaluator.reports(configs, fleets=fleets)
-    capacities = capacity_many(evaluator, configs, spec.capacity_target, fleets=fleets) \
-        if spec.objective == "capacity" else [None] * len(configs)
-    for (trial, config, fleet), report, capacity in zip(runnable, reports, capacities, strict=True):
-        oom = evaluator.out_of_memory(config, fleet)
-        if oom is not None:  # the engine would have died mid-run: not a config to recommend
-            _tell_pruned(study, trial, config, fleet, f"{evaluator.target.display} {oom}", stats, on_trial)
-            continue
-        t0 = time.perf_counter()
-        with one_append(study):
-            values = objectives.record(trial, spec, config, report, limits, fleet=fleet, capacity=capacity)
-        frozen = study.tell(trial, values)
-        stats.optuna_s += time.perf_counter() - t0
-        stats.told += 1
-        if on_trial:
-            on_trial(frozen, stats)
 
 
 def _fail_stale(study: optuna.Study) -> int:

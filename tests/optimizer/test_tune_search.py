@@ -13,8 +13,10 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 #: max_num_seqs = 50 is a needle on a log range (40-48 tie one wave worse): 40 trials found it
 #: only for some sampler seeds (seed 0 before the engine targets, not after; seed 1 neither),
-#: 80 finds it for each of seeds 0-5.
-TRIAL_BUDGET = 80
+#: 80 for each of seeds 0-5 while each batch was told before the next was asked. Asked beside
+#: the batch in flight (``run``'s overlap), TPE sees one batch less per ask: 80 trials find it
+#: for 1 of seeds 0-5, 100 for 5, 120 for all 6.
+TRIAL_BUDGET = 120
 
 
 def test_search_finds_the_largest_batch_under_the_tpot_bound(tmp_path):
