@@ -432,20 +432,9 @@ def run(study: optuna.Study, spec: StudySpec, evaluator, *, on_trial: Callable |
                 if not batch:
                     continue  # count again: the budget may be met, or a told trial freed a slot
             if not batch:
-                if stopping or k:
-                    break  # stopped, or the last slots went to another process
-                # another process's trials, or one claimed without an owner yet (failed once orphaned)
-                elsewhere = [t for t in trials if t.state == TrialState.RUNNING and t.user_attrs.get(WORKER_ATTR) != me]
-                if not elsewhere:
-                    break
-                if not waited:  # said once: the budget is spent here, the rest is other processes' trials
-                    waited = True
-                    owners = sorted({str(t.user_attrs.get(WORKER_ATTR, "no owner yet")) for t in elsewhere})
-                    warnings.warn(f"waiting for {len(elsewhere)} trial(s) other processes are running "
-                                  f"({', '.join(owners)}): a dead owner's are failed and asked again here (a local "
-                                  f"pid at once, a remote worker once its heartbeat is {3 * HEARTBEAT_S:g} s stale, "
-                                  f"an unclaimed one after {ORPHAN_GRACE_S:g} s)", StudyWarning, stacklevel=2)
-                time.sleep(POLL_S)  # their owner may die: its trials are then failed and asked again
+                if stopping or k or not _wait_for_others(trials, me, warn=not waited):
+                    break  # stopped, the last slots went to another process, or no trial runs elsewhere
+                waited = True
                 continue
             flight = _Flight.launch(lane, study, spec, evaluator, batch)
             batch = []
@@ -464,6 +453,23 @@ def run(study: optuna.Study, spec: StudySpec, evaluator, *, on_trial: Callable |
     stats.engine_s = evaluator.engine_seconds - engine_before
     stats.wall_s = time.perf_counter() - start
     return stats
+
+
+def _wait_for_others(trials, me: str, *, warn: bool) -> bool:
+    """Whether trials run in other processes (or were claimed without an owner yet, failed
+    once orphaned); if so, wait ``POLL_S``, since their owner may die and its trials are then
+    failed and asked again here. ``warn``: say so (once per run)."""
+    elsewhere = [t for t in trials if t.state == TrialState.RUNNING and t.user_attrs.get(WORKER_ATTR) != me]
+    if not elsewhere:
+        return False
+    if warn:  # the budget is spent here, the rest is other processes' trials
+        owners = sorted({str(t.user_attrs.get(WORKER_ATTR, "no owner yet")) for t in elsewhere})
+        warnings.warn(f"waiting for {len(elsewhere)} trial(s) other processes are running ({', '.join(owners)}): "
+                      "a dead owner's are failed and asked again here (a local pid at once, a remote worker once "
+                      f"its heartbeat is {3 * HEARTBEAT_S:g} s stale, an unclaimed one after {ORPHAN_GRACE_S:g} s)",
+                      StudyWarning, stacklevel=3)
+    time.sleep(POLL_S)
+    return True
 
 
 @dataclass
