@@ -114,8 +114,8 @@ def old_loop():
         samplers.vectorise_tpe_log_ndtr = samplers_vectorise
 
 
-def study(trace: Path, rate_scale: float | None, trials: int, folder: Path, *, before: bool = False,
-          ) -> tuple[Outcome, Evaluator]:
+def study(trace: Path, rate_scale: float | None, trials: int, folder: Path,
+          *, before: bool = False) -> tuple[Outcome, Evaluator]:
     spec = load_spec(trace=trace, model="meta-llama/Llama-3.1-8B", gpu="h100", slo="ttft:2000,tpot:100",
                      rate_scale=rate_scale, trials=trials, run_dir=folder, engine="vllm",
                      sampler="tpe-full" if before else "tpe")

@@ -54,7 +54,7 @@ def make_sampler(spec: StudySpec, seed: int | None) -> optuna.samplers.BaseSampl
 
 
 class BoundedHistoryTPESampler(optuna.samplers.TPESampler):
-    """TPE whose densities come from a bounded history (``BestAndLatest``).
+    """TPE whose densities come from a bounded history (``BoundedHistory``).
 
     Every entry point TPE reads the study through gets a view of it cut to that history;
     the trials TPE records into (``before_trial``, ``after_trial``) are the study's own.
@@ -64,7 +64,7 @@ class BoundedHistoryTPESampler(optuna.samplers.TPESampler):
 
     def __init__(self, *, keep_best: int, keep_latest: int, keep_spread: int = 0, **tpe_options) -> None:
         super().__init__(**tpe_options)
-        self._history = BestAndLatest(keep_best, keep_latest, keep_spread)
+        self._history = BoundedHistory(keep_best, keep_latest, keep_spread)
         self._objectives = 1
         # Optuna deprecates the ``gamma`` argument (4.9) but still reads the attribute; an
         # Optuna without it sizes the good set from the view, which only makes it smaller
@@ -89,7 +89,7 @@ class BoundedHistoryTPESampler(optuna.samplers.TPESampler):
         return super().sample_independent(self._view(study), trial, param_name, param_distribution)
 
 
-class BestAndLatest:
+class BoundedHistory:
     """Which finished trials a bounded-history sampler sees: the ``keep_best`` best feasible
     complete ones (by value; by non-domination rank, then the first value, with several
     objectives), the ``keep_latest`` latest and ``keep_spread`` spread evenly over the older
@@ -139,9 +139,10 @@ class BestAndLatest:
                 losses = np.array([loss for loss, _ in self._ranked])
                 order = np.lexsort((losses[:, 0], _fast_non_domination_rank(losses)))  # the last key sorts first
                 best = [self._ranked[i][1] for i in order[:self.keep_best]]
-            older = self._finished[:-self.keep_latest]
+            cut = len(self._finished) - self.keep_latest
+            older, latest = self._finished[:cut], self._finished[cut:]
             spread = [older[i] for i in np.linspace(0, len(older) - 1, min(self.keep_spread, len(older))).astype(int)]
-            self._kept = set(self._finished[-self.keep_latest:]) | set(best) | set(spread)
+            self._kept = set(latest) | set(best) | set(spread)
             self._dirty = False
         return self._kept
 
@@ -159,10 +160,10 @@ _COMPLETE, _PRUNED, _RUNNING, _WAITING = TrialState.COMPLETE, TrialState.PRUNED,
 
 
 class _StudyView:
-    """A study whose trial lists are cut to what a ``BestAndLatest`` keeps; everything else
+    """A study whose trial lists are cut to what a ``BoundedHistory`` keeps; everything else
     (directions, storage, the ids TPE checks) is the study's own."""
 
-    def __init__(self, study: optuna.Study, history: BestAndLatest) -> None:
+    def __init__(self, study: optuna.Study, history: BoundedHistory) -> None:
         self._study, self._history = study, history
 
     def __getattr__(self, name: str):

@@ -9,7 +9,7 @@ import pytest
 from optuna.samplers._tpe import _truncnorm
 
 from optimizer.search.samplers import (
-    BestAndLatest,
+    BoundedHistory,
     BoundedHistoryTPESampler,
     make_sampler,
     vectorise_tpe_log_ndtr,
@@ -120,13 +120,13 @@ def _history(study, rows):
 def test_the_best_are_feasible_complete_trials_ranked_as_tpe_ranks_them():
     single = optuna.create_study(direction="minimize")
     rows = [([v], v != 0.0) for v in (5.0, 0.0, 3.0, 1.0, 4.0, 9.0, 8.0, 7.0)]  # 0.0 breaks a constraint
-    kept = BestAndLatest(keep_best=2, keep_latest=3).select(single, _history(single, rows))
+    kept = BoundedHistory(keep_best=2, keep_latest=3).select(single, _history(single, rows))
     assert [t.number for t in kept] == [2, 3, 5, 6, 7, 8]  # best 3.0 and 1.0, latest 5-7, the running trial 8
     assert kept[-1].state == optuna.trial.TrialState.RUNNING
 
     pareto = optuna.create_study(directions=["maximize", "minimize"])
     rows = [([1.0, 1.0], True), ([3.0, 5.0], True), ([2.0, 9.0], True), ([0.5, 0.1], True),
             ([9.0, 9.0], False), ([0.0, 0.0], True), ([0.0, 0.0], True)]
-    kept = BestAndLatest(keep_best=3, keep_latest=2).select(pareto, _history(pareto, rows))
+    kept = BoundedHistory(keep_best=3, keep_latest=2).select(pareto, _history(pareto, rows))
     # the first front is 0, 1 and 3 (2 is dominated by 1; 4 is infeasible); 5 and 6 are the latest
     assert [t.number for t in kept] == [0, 1, 3, 5, 6, 7]
