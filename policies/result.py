@@ -131,3 +131,29 @@ def step_time_bin_values() -> np.ndarray:
 #: Relative error bound of a time read from an inner bin (see ``step_time_bin_values``).
 STEP_HIST_REL_ERROR = 10.0 ** (1.0 / (2 * STEP_HIST_PER_DECADE)) - 1.0
 STEP_HIST_LOG_MIN = math.log10(STEP_HIST_MIN_S)
+
+
+def step_time_bin(dt: float) -> int:
+    """The histogram bin of a step of dt seconds, by the definition above (the kernels
+    count a step by ``STEP_HIST_EDGES``, which this defines)."""
+    if not dt >= STEP_HIST_MIN_S:
+        return 0
+    return min(1 + int((math.log10(dt) - STEP_HIST_LOG_MIN) * STEP_HIST_PER_DECADE), STEP_HIST_BINS - 1)
+
+
+def _bin_edges() -> np.ndarray:
+    """The shortest step time of each bin from 1 on, exactly as ``step_time_bin`` rounds (a
+    neighbour of the analytic edge when log10 rounds across it): a step's bin is the number
+    of edges at or below its time, a search instead of a logarithm at every step."""
+    edges = np.empty(STEP_HIST_BINS - 1)
+    for k in range(1, STEP_HIST_BINS):
+        x = STEP_HIST_MIN_S * 10.0 ** ((k - 1) / STEP_HIST_PER_DECADE)
+        while step_time_bin(x) < k:
+            x = math.nextafter(x, math.inf)
+        while step_time_bin(math.nextafter(x, 0.0)) >= k:
+            x = math.nextafter(x, 0.0)
+        edges[k - 1] = x
+    return edges
+
+
+STEP_HIST_EDGES = _bin_edges()

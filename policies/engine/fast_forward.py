@@ -89,9 +89,20 @@ def _decode_layout(ri, run, k, cached_held, prompt, hash_tokens, residues):
     return kv, run_len
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _stretch_opens(g, gf, cfg, k, next_event, next_deadline, seen_delivery):
+    """Whether a decode stretch whose first step decodes k requests may start at the clock:
+    they fit the token budget (decode-first) and no delivery, deadline or limit is due at
+    this boundary (``_fast_forward``)."""
+    if k == 0 or (int(cfg[I_SCHEDULE_MODE]) != PREFILL_FIRST and k > int(cfg[I_MAX_BATCHED])):
+        return False
+    t = gf[CLOCK]
+    return next_event > t and next_deadline > t and seen_delivery > _visible_until(gf, cfg)
+
+
 @njit(cache=True, nogil=True)
 def _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables, cfg, hash_tokens, next_event, next_deadline,
-                  truly_free, evictable, start_free, seen_delivery):
+                  truly_free, evictable, start_free, seen_delivery, ghost_decodes, ghost_kv):
     """Run consecutive all-decode steps that the step-by-step loop would form identically.
 
     Applies while every running request is decoding, no delivery, deadline or limit
@@ -111,19 +122,18 @@ def _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables, cfg, hash
     Takes only the arrays it reads (each argument costs at every call). Under async
     scheduling the next delivery is ``seen_delivery`` instead (``next_event`` is the limit
     alone): a step's formation sees it only once the step before started at or after it
-    (``pipeline._visible_until``). Returns the steps taken, their summed seconds, the sum of step index
-    times seconds (KV byte-seconds), whether the last step finished requests and the cached
-    blocks to evict.
+    (``pipeline._visible_until``). The first step also carries ``ghost_decodes`` thrown-away
+    decodes reading ``ghost_kv`` KV tokens (requests that lingered for it and left as it was
+    formed: ``pipeline._ghosts_change_nothing``; the caller checked ``_stretch_opens`` for
+    it). Returns the steps taken, their summed seconds, the sum of step index times seconds
+    (KV byte-seconds), whether the last step finished requests and the cached blocks to evict.
     """
     k = g[N_RUN]
     prefill_first = int(cfg[I_SCHEDULE_MODE]) == PREFILL_FIRST
-    if k == 0 or (not prefill_first and k > int(cfg[I_MAX_BATCHED])):
-        return 0, 0.0, 0.0, False, 0
     decode_blocks = 0 if prefill_first else k  # at most, before the layout says
-    seen = _visible_until(gf, cfg)
-    if (next_event <= gf[CLOCK] or next_deadline <= gf[CLOCK] or seen_delivery <= seen
-            or g[FREE] - decode_blocks >= start_free):
+    if not _stretch_opens(g, gf, cfg, k, next_event, next_deadline, seen_delivery) or g[FREE] - decode_blocks >= start_free:
         return 0, 0.0, 0.0, False, 0
+    seen = _visible_until(gf, cfg)
     block_size = int(cfg[I_BLOCK_SIZE])
     residues = g[G_RESIDUES:G_RESIDUES + block_size]
     kv, run_len = _decode_layout(ri, run, k, cached_held, prompt, hash_tokens, residues)
@@ -161,7 +171,11 @@ def _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables, cfg, hash
         free -= need
         used += need
         peak = max(peak, used)
-        dt, oor = decode_run_step(tables, base, kv)
+        if j == 0 and ghost_decodes > 0:
+            n = k + ghost_decodes
+            dt, oor = step_seconds(tables, n, n, n, kv + ghost_kv, 0)
+        else:
+            dt, oor = decode_run_step(tables, base, kv)
         t_sample = _book_stretch_step(g, gf, series, t, dt, used, t_sample)
         if oor:
             out_of_range += 1
@@ -177,7 +191,7 @@ def _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables, cfg, hash
         j += 1
         slot = slot - 1 if slot > 0 else block_size - 1
     if j > 0:
-        _note_step_tokens(g, gf, k)  # every step of the stretch decodes the k running requests
+        _note_step_tokens(g, gf, k + ghost_decodes)  # every step decodes the k running requests, the first more
         gf[PIPELINE_T] = t_last  # the step in flight when the next is formed (async scheduling)
     g[FREE] = free
     g[USED] = used

@@ -35,10 +35,12 @@ import math
 import numpy as np
 from numba import njit
 
+from policies import fairness as fm
 from policies import prefix_cache as pcm
 from policies.engine.codes import (
     I_ASYNC,
     I_BLOCK_SIZE,
+    I_COST_UNIT,
     I_SCHEDULE_MODE,
     PREFILL_FIRST,
     R_NONE,
@@ -161,30 +163,43 @@ def _release_ghosts(rep, st):
 
 @njit(cache=True, nogil=True)
 def _ghosts_change_nothing(rep, st, cfg):
-    """The new blocks the coming step's decodes take if the lingering requests can leave
-    before it is formed without changing it (so that a fast-forwarded stretch may start),
-    else -1: nobody waits (no admission to hold back), each ended on its output cap (no
-    decode past a stop), every running request decodes (no prefill chunk whose
-    long-prefill threshold counts them) and their blocks fit without eviction (no
-    preemption to choose a victim for). The caller checked that nothing waits."""
+    """(blocks, decodes, KV tokens) the lingering requests add to the coming step if they
+    can leave before a fast-forwarded stretch starts with it; blocks is -1 when they cannot.
+
+    The coming step takes every running request's decode, and one more decode of each
+    lingering request that stopped short of its output cap (``_decodes_past_stop``),
+    computed and thrown away: the stretch's first step carries those (``_fast_forward``'s
+    ``ghost_decodes`` and ``ghost_kv``) and the blocks they take at its formation, which
+    leave with them, count in the KV peak. They can leave when nobody waits (no admission
+    to hold back), every running request decodes (no prefill chunk whose long-prefill
+    threshold counts them), the blocks fit without eviction (no preemption to choose a
+    victim for) and tokens are the cost unit (a step's GPU time is shared by its tokens,
+    the thrown-away ones too). The caller checked that nothing waits."""
     ri, g = rep.ri, rep.g
     prompt = st.si[S_PROMPT]
     run = rep.lists[L_RUN]
     block_size = int(cfg[I_BLOCK_SIZE])
     cached_held = ri[PC_REQ + pcm.R_HELD]
     if g[QUOTAS] != 0:
-        return -1
+        return -1, 0, 0
     need = 0
+    decodes = 0
+    kv = 0
     for i in range(g[N_RUN]):
         r = run[i]
         if ri[STATUS, r] == DONE:
-            if ri[TARGET, r] < ri[MAX_OUT, r]:
-                return -1
-            continue
-        if not _is_decode(ri, prompt, r, 1):
-            return -1
+            if ri[TARGET, r] >= ri[MAX_OUT, r]:
+                continue  # not scheduled: its token in flight reaches the cap
+            if int(cfg[I_COST_UNIT]) != fm.TOKENS:
+                return -1, 0, 0
+            decodes += 1
+            kv += ri[COMPUTED, r] + 1
+        elif not _is_decode(ri, prompt, r, 1):
+            return -1, 0, 0
         need += pcm.private_blocks(ri[COMPUTED, r] + 1, cached_held[r], st.block_tokens, block_size) - ri[HELD, r]
-    return need if need <= g[FREE] - g[PC_STATS + pcm.S_EVICTABLE] else -1
+    if need > g[FREE] - g[PC_STATS + pcm.S_EVICTABLE]:
+        return -1, 0, 0
+    return need, decodes, kv
 
 
 @njit(cache=True, nogil=True, inline="always")

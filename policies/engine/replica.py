@@ -62,6 +62,7 @@ from policies.engine.fast_forward import (
     _fast_forward,
     _fast_forward_chunk,
     _settle_fast_forward,
+    _stretch_opens,
     _stuck_modes,
 )
 from policies.engine.formation import _form_batch, _ntr_init
@@ -420,23 +421,29 @@ def _advance(rep, st, tables, cfg, t_limit, through):
         lagged = cfg[I_ASYNC] != 0.0
         next_event = t_limit if lagged else min(_next_delivery(rep), t_limit)
         seen_delivery = _next_delivery(rep) if lagged else np.inf
+        next_deadline = _next_deadline(rep, st) if dheap[0] > 0 else np.inf
+        ghost_decodes, ghost_kv = 0, 0
         if fast_forward and g[GHOSTS] > 0 and g[N_WAIT] == 0:
-            need = _ghosts_change_nothing(rep, st, cfg)
-            if need >= 0:
+            need, ghost_decodes, ghost_kv = _ghosts_change_nothing(rep, st, cfg)
+            # a thrown-away decode must run in some step: they leave only if a stretch carries it
+            live = g[N_RUN] - g[GHOSTS]
+            if need >= 0 and (ghost_decodes == 0 or (live > 0 and _stretch_opens(
+                    g, gf, cfg, live + ghost_decodes, next_event, next_deadline, seen_delivery))):
                 g[PEAK] = max(g[PEAK], g[USED] + need)  # the step's blocks come while they still hold theirs
                 _release_ghosts(rep, st)
+            else:
+                ghost_decodes, ghost_kv = 0, 0
         # with requests waiting, a stretch is tried only while the queue stays backed up (an
         # arrival to a queue the last step emptied almost always starts at once) and the
         # newest running request decodes (else no stretch starts)
         if fast_forward and (g[N_WAIT] == 0 or (g[STUCK_MODES] != 0 and g[LEFT_WAITING] > 0 and g[N_RUN] > 0
                                                   and _is_decode(ri, prompt, run[g[N_RUN] - 1], 1))):
             start_free = _head_start_free(rep, st, cfg) if g[N_WAIT] > 0 else NEVER
-            next_deadline = _next_deadline(rep, st) if dheap[0] > 0 else np.inf
             evictable = g[PC_STATS + pcm.S_EVICTABLE]
             j, sum_dt, sum_j_dt, finished, evict = _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables,
                                                                  cfg, hash_tokens, next_event, next_deadline,
                                                                  g[FREE] - evictable, evictable, start_free,
-                                                                 seen_delivery)
+                                                                 seen_delivery, ghost_decodes, ghost_kv)
             if evict > 0:
                 pcm.evict(_cache(rep, st), evict)
             if j > 0:
@@ -446,7 +453,6 @@ def _advance(rep, st, tables, cfg, t_limit, through):
                     _end_fast_forward(rep, st, cfg)
                 continue
         if chunk_stretches and g[N_RUN] > 0:
-            next_deadline = _next_deadline(rep, st) if dheap[0] > 0 else np.inf
             truly_free = g[FREE] - g[PC_STATS + pcm.S_EVICTABLE]
             j, finished = _fast_forward_chunk(ri, g, gf, series, run, cached_held, prompt, rep.ledger, st.si[S_TENANT],
                                               tables, cfg, hash_tokens, next_event, next_deadline, truly_free,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 from numba import njit
 
 from policies import fairness as fm
@@ -77,7 +78,7 @@ from policies.kernel_state import (
     VLLM_CACHE,
 )
 from policies.kernel_state import T as CLOCK
-from policies.result import STEP_HIST_BINS, STEP_HIST_LOG_MIN, STEP_HIST_MIN_S, STEP_HIST_PER_DECADE
+from policies.result import STEP_HIST_EDGES, STEP_HIST_MIN_S
 
 
 @njit(cache=True, nogil=True)
@@ -187,8 +188,8 @@ def _count_step(g, dt):
     then STEP_HIST_PER_DECADE log-spaced bins per decade, the last one open-ended
     (``policies.result``). Every step passes here, fast-forwarded or not."""
     k = 0
-    if dt >= STEP_HIST_MIN_S:
-        k = min(1 + int((math.log10(dt) - STEP_HIST_LOG_MIN) * STEP_HIST_PER_DECADE), STEP_HIST_BINS - 1)
+    if dt >= STEP_HIST_MIN_S:  # (not NaN)
+        k = np.searchsorted(STEP_HIST_EDGES, dt, side="right")  # = policies.result.step_time_bin(dt)
     g[G_STEP_HIST + k] += 1
 
 

@@ -180,6 +180,29 @@ def test_fast_forward_is_bit_identical(monkeypatch, fast_forward):
 
 
 @pytest.mark.parametrize("fast_forward", ["0", "1"])
+@pytest.mark.parametrize("variant", [dict(), dict(schedule_mode="prefill_first", admission_mode="new_token_ratio"),
+                                     dict(enable_prefix_caching=True), dict(block_size=1)])
+def test_async_eos_finishers_decode_past_their_stop_inside_a_stretch(monkeypatch, fast_forward, variant):
+    """Async scheduling, requests stopping on EOS before their cap: each finisher lingers
+    and decodes once more, thrown away, in the step formed beside its last one. A
+    fast-forwarded stretch starts with that step (``pipeline._ghosts_change_nothing``)
+    instead of forming it; the results match the step-by-step reference, also when the
+    only requests left running are finishers (then the step is formed)."""
+    monkeypatch.setenv("SERVETUNE_ENGINE_FAST_FORWARD", fast_forward)
+    rng = np.random.default_rng(13)
+    n = 50
+    prompt = rng.integers(1, 200, n)
+    output = rng.integers(1, 300, n)
+    hashes = [[int(h) for h in rng.integers(0, 4, size=-(-p // BLOCK_TOKENS))] for p in prompt]
+    trace = make_trace(np.cumsum(rng.exponential(0.2, n)), prompt, output, output + rng.integers(1, 50, n),
+                       hashes=hashes, block_tokens=BLOCK_TOKENS)
+    config = PolicyConfig(gpu_memory_utilization=1.0, async_scheduling=True,
+                          **{"enable_prefix_caching": False, "block_size": 4, **variant})
+    got = assert_matches_reference(trace, cost_model(2000), config)
+    assert np.all(got.state == State.FINISHED) and got.steps > trace.output_tokens.max() + n
+
+
+@pytest.mark.parametrize("fast_forward", ["0", "1"])
 @pytest.mark.parametrize("threshold", [0, 48])
 def test_chunked_prefill_stretches_are_bit_identical(monkeypatch, fast_forward, threshold):
     """Long prompts chunked next to the same decodes (fast-forwarded as a stretch while

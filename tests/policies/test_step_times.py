@@ -9,7 +9,15 @@ import pytest
 from policies.config import PolicyConfig
 from policies.engine import simulate
 from policies.fleet import simulate_fleet
-from policies.result import STEP_HIST_BINS, STEP_HIST_REL_ERROR, State, step_time_bin_values
+from policies.result import (
+    STEP_HIST_BINS,
+    STEP_HIST_EDGES,
+    STEP_HIST_MIN_S,
+    STEP_HIST_REL_ERROR,
+    State,
+    step_time_bin,
+    step_time_bin_values,
+)
 from studies.metrics import score
 from studies.slo import SLOSet
 
@@ -27,6 +35,25 @@ def constant_cost():
 
 def _close(value_ms: float, true_s: float) -> bool:
     return abs(value_ms / (true_s * 1e3) - 1.0) <= STEP_HIST_REL_ERROR + 1e-12
+
+
+def test_bin_edges_round_as_the_bin_definition():
+    """The kernels count a step by searching ``STEP_HIST_EDGES``: each edge opens its bin
+    by ``step_time_bin``'s own rounding, and the float just below it lies in the bin before."""
+    k = np.arange(1, STEP_HIST_BINS)
+    assert STEP_HIST_EDGES[0] == STEP_HIST_MIN_S and np.all(np.diff(STEP_HIST_EDGES) > 0)
+    assert [step_time_bin(e) for e in STEP_HIST_EDGES] == k.tolist()
+    assert [step_time_bin(e) for e in np.nextafter(STEP_HIST_EDGES, 0.0)] == (k - 1).tolist()
+
+
+@pytest.mark.parametrize("step_s", [STEP_HIST_EDGES[100], np.nextafter(STEP_HIST_EDGES[100], 0.0), 3e-6, 5e3])
+def test_a_step_lands_in_the_bin_of_its_time(step_s):
+    """A run whose every step takes exactly ``step_s``: all of them in ``step_time_bin(step_s)``
+    (the underflow bin below the range, the overflow bin above it)."""
+    trace = make_trace([0.0], [10], [20])
+    cost = cost_model(20000, per_token_s=0.0, per_seq_s=0.0, per_kv_token_s=0.0, per_pair_s=0.0, overhead_s=step_s)
+    hist = simulate(trace, cost, CONFIG).step_time_hist
+    assert hist[step_time_bin(step_s)] == hist.sum() == 20
 
 
 @pytest.mark.parametrize("fast_forward", ["0", "1"])
