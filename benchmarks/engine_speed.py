@@ -12,7 +12,8 @@ Prints, in order:
    Mooncake conversation with caching on and off): ms per replay of each tree (the median of
    the children's best replays, their range, and the median replay), HEAD's µs per simulated
    step and ms per 1,000 requests, and the ratio baseline / HEAD.
-2. **Per trace, in this process**: fast-forward against stepping one by one
+2. **Per trace, in this process** (best of ``--repeats``; the two sides of each target ratio
+   timed in turns): fast-forward against stepping one by one
    (``SERVETUNE_ENGINE_FAST_FORWARD=0``; results must be identical); ``simulate`` against the
    same replica driven as a fleet drives it (advance to each arrival, then deliver it;
    ``replay_event_by_event``; identical results); on traces with prefix hashes (Mooncake)
@@ -39,6 +40,7 @@ import statistics
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -148,13 +150,16 @@ def paired_ab(args, sha: str, base: Path, made: bool) -> None:
         print(f"  HEAD is {ratio:.2f}x faster than {sha} (pairs {min(pairs):.2f}-{max(pairs):.2f}x){verdict}")
 
 
-def best_of(fn, repeats: int) -> tuple[float, object]:
-    best, out = np.inf, None
+def best_of(fns, repeats: int) -> list[tuple[float, object]]:
+    """Best time and last result of each function, called in turns (A B A B ...) so that the
+    ratios between them see the same machine load."""
+    best, out = [np.inf] * len(fns), [None] * len(fns)
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, out
+        for k, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            out[k] = fn()
+            best[k] = min(best[k], time.perf_counter() - t0)
+    return list(zip(best, out, strict=True))
 
 
 @njit(cache=True, nogil=True)
@@ -174,8 +179,8 @@ def replay_event_by_event(st, tables, cfg, cap, host, kv_bytes, swap_bw, every, 
     engine.write_outputs(rep, out_i, out_f, out_counts, out_fcounts, series, out_cached, out_service, out_prefix)
 
 
-def timed_event_by_event(trace, cost, config, repeats: int):
-    """Best time and result of ``replay_event_by_event`` (the same inputs as ``simulate``)."""
+def event_driver(trace, cost, config):
+    """A warm replay by ``replay_event_by_event`` (the same inputs as ``simulate``), to time."""
     cap, host = engine.validate(trace, cost, config)
     tenant_params, class_params = engine.fairness_params(trace, config, None)
 
@@ -187,13 +192,14 @@ def timed_event_by_event(trace, cost, config, repeats: int):
         return engine.sim_result(trace, *(b[0] for b in bufs), tenant_params[:, 0])
 
     once()  # compile
-    return best_of(once, repeats)
+    return once
 
 
-def timed_replay(trace, cost, config, fast_forward: bool, repeats: int):
-    os.environ["SERVETUNE_ENGINE_FAST_FORWARD"] = "1" if fast_forward else "0"
+def timed_step_by_step(trace, cost, config, repeats: int):
+    """Best time and result of ``simulate`` stepping one by one (no fast-forward)."""
+    os.environ["SERVETUNE_ENGINE_FAST_FORWARD"] = "0"
     try:
-        return best_of(lambda: engine.simulate(trace, cost, config), repeats)
+        return best_of([partial(engine.simulate, trace, cost, config)], repeats)[0]
     finally:
         os.environ.pop("SERVETUNE_ENGINE_FAST_FORWARD", None)
 
@@ -211,8 +217,9 @@ def replay_figures(args) -> None:
         if args.rate_scale != 1.0:
             trace = scale_rate(trace, factor=args.rate_scale)
         engine.simulate(trace, cost, config)  # compile for this trace's array types
-        fast_s, fast = timed_replay(trace, cost, config, True, args.repeats)
-        slow_s, slow = timed_replay(trace, cost, config, False, max(1, args.repeats // 2))
+        (fast_s, fast), (events_s, events) = best_of([partial(engine.simulate, trace, cost, config),
+                                                      event_driver(trace, cost, config)], args.repeats)
+        slow_s, slow = timed_step_by_step(trace, cost, config, max(1, args.repeats // 2))
         identical = all(np.array_equal(getattr(fast, k), getattr(slow, k), equal_nan=True) for k in RESULT_FIELDS)
         print(f"{label}: {trace.n} requests, {fast.steps} steps, {fast.preemptions.sum()} preemptions, "
               f"{np.mean(fast.state == 0):.1%} finished")
@@ -221,7 +228,6 @@ def replay_figures(args) -> None:
         print(f"  step-by-step   : {slow_s * 1e3:8.1f} ms/replay  {trace.n / slow_s:12,.0f} req/s  "
               f"{slow.steps / slow_s:14,.0f} steps/s")
         print(f"  speed-up {slow_s / fast_s:.1f}x; results identical: {identical}")
-        events_s, events = timed_event_by_event(trace, cost, config, args.repeats)
         same = all(np.array_equal(getattr(fast, k), getattr(events, k), equal_nan=True) for k in RESULT_FIELDS)
         print(f"  event by event : {events_s * 1e3:8.1f} ms/replay (one advance per arrival); "
               f"results identical: {same}")
@@ -231,9 +237,10 @@ def replay_figures(args) -> None:
         if trace.block_hashes.size:
             cached_cfg = config.replace(enable_prefix_caching=True)
             engine.simulate(trace, cost, cached_cfg)
-            on_s, on = timed_replay(trace, cost, cached_cfg, True, args.repeats)
-            print(f"  prefix caching : {on_s * 1e3:8.1f} ms/replay on vs {fast_s * 1e3:.1f} ms off "
-                  f"({on_s / fast_s:.2f}x; target <= 2x); hit {on.prefix_hit_tokens / max(on.prefix_query_tokens, 1):.1%} "
+            (on_s, on), (off_s, _) = best_of([partial(engine.simulate, trace, cost, cached_cfg),
+                                              partial(engine.simulate, trace, cost, config)], args.repeats)
+            print(f"  prefix caching : {on_s * 1e3:8.1f} ms/replay on vs {off_s * 1e3:.1f} ms off "
+                  f"({on_s / off_s:.2f}x; target <= 2x); hit {on.prefix_hit_tokens / max(on.prefix_query_tokens, 1):.1%} "
                   f"of prompt tokens looked up, prefill {fast.prefill_tokens_computed:,} -> "
                   f"{on.prefill_tokens_computed:,} tokens, {on.prefill_time_saved_s:,.0f} s of prefill saved, "
                   f"{on.prefix_evictions:,} evictions")
@@ -241,8 +248,8 @@ def replay_figures(args) -> None:
                for b in (2048, 4096, 8192, 16384) for s in (256, 1024)]
     trace = load_trace(SHARED / TRACES["azure-conv"][0], "azure")
     engine.simulate_many(trace, cost, configs)
-    many_s, _ = best_of(lambda: engine.simulate_many(trace, cost, configs), 3)
-    one_s, _ = best_of(lambda: [engine.simulate(trace, cost, c) for c in configs], 1)
+    (many_s, _), (one_s, _) = best_of([partial(engine.simulate_many, trace, cost, configs),
+                                       lambda: [engine.simulate(trace, cost, c) for c in configs]], 2)
     print(f"simulate_many, 8 configs on azure-conv: {many_s * 1e3:.1f} ms "
           f"({one_s * 1e3:.1f} ms one by one, {one_s / many_s:.2f}x on {os.cpu_count()} cores)")
 
