@@ -232,7 +232,7 @@ def _tune(spec, console: Console, *, resume: bool, outputs: bool, quiet: bool) -
                   f"{spec.trials} trials{f', {done} done' if done else ''}; run folder {spec.run_dir}")
     enqueue_baselines(study, spec, evaluator.baselines())
     # the fleet kernel too when outputs are written: GPUs needed are sized by fleet simulation
-    _compile_if_cold(console, fleet=outputs or _may_use_fleet(spec), speculative=spec.speculative is not None)
+    _load_kernels(console, fleet=outputs or _may_use_fleet(spec), speculative=spec.speculative is not None)
     stats = _run(study, spec, evaluator, quiet, done)
     _print_summary(console, study, spec, stats)
     if not outputs:
@@ -299,7 +299,9 @@ def worker_command(
         with trace_warnings_as_lines():
             spec, study = load_for_worker(study_name, storage, trace=str(trace) if trace else None,
                                           batch_size=batch_size, seed=seed if seed is not None else os.getpid())
-            stats = _run(study, spec, Evaluator(spec), quiet, _counted(study))
+            evaluator = Evaluator(spec)
+            _load_kernels(console, fleet=_may_use_fleet(spec), speculative=spec.speculative is not None)
+            stats = _run(study, spec, evaluator, quiet, _counted(study))
         _print_summary(console, study, spec, stats)
     except USER_ERRORS as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -346,22 +348,25 @@ def _cold(kernel) -> bool:
         return False
 
 
-def _compile_if_cold(console: Console, *, fleet: bool, speculative: bool) -> None:
-    """Before a study's first trial: if the kernels it runs are not compiled yet, say so and
-    compile them (the warm-up), so the progress bar starts once they are; a study without
-    a drafter compiles them without the speculative planner (``engine.Statics.spec``)."""
+def _load_kernels(console: Console, *, fleet: bool, speculative: bool) -> None:
+    """Before a study's first trial, load the kernels it runs into this process (the
+    warm-up), so no trial and no fleet sizing loads one mid-run; if they are not compiled
+    yet, say so first, and the progress bar starts once they are. A study without a
+    drafter warms up without the speculative planner (``engine.Statics.spec``)."""
     from policies import engine
     from policies import fleet as fleet_sim
 
     kernels = [engine.simulate_kernel]
     kernels += [fleet_sim.fleet_kernel] if fleet else []
+    steps = [("the single-replica engine", engine.warmup)] + ([("the fleet kernel (GPUs are sized by fleet runs)",
+                                                                 fleet_sim.warmup)] if fleet else [])
     if not any(_cold(k) for k in kernels):
+        for _, warmup in steps:  # from Numba's disk cache: under a second
+            warmup(speculative)
         return
     console.print(f"compiling the simulator kernels (first run of this version on this machine; usually "
                   f"{COLD_COMPILE[fleet]} on 2 cores; cached afterwards)")
     start = time.perf_counter()
-    steps = [("the single-replica engine", engine.warmup)] + ([("the fleet kernel (GPUs are sized by fleet runs)",
-                                                                 fleet_sim.warmup)] if fleet else [])
     with _spinner(console) as progress:
         for what, warmup in steps:
             task = progress.add_task(f"compiling {what}", total=None)

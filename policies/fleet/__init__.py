@@ -64,7 +64,8 @@ Modules, from the bottom up: ``state`` (the run's layout, buffers and state), ``
 (the progress guard), ``moves`` (delivery and requests in flight), ``routing`` (the
 router's view and choice), ``queue`` (the fleet queue, and requests ending in it), ``pd``
 (hand-offs and promises), ``failures``, ``migration``, ``loop`` (``fleet_kernel``, the
-event loop) and ``run`` (``simulate_fleet``, ``simulate_fleet_many``, ``warmup``). This
+event loop), ``lists`` (the kernel's typed lists, built by cached kernels) and ``run``
+(``simulate_fleet``, ``simulate_fleet_many``, ``warmup``). This
 package re-exports the interface the rest of servetune uses.
 """
 

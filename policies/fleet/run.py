@@ -10,7 +10,6 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from numba import typed
 
 from costmodels.costmodel import CostModel
 from policies import engine
@@ -20,6 +19,7 @@ from policies import speculative as spm
 from policies.config import PolicyConfig, check_fleet
 from policies.engine import N_OF, N_OI, N_PREFIX, P_HIT_TOKENS, P_QUERY_TOKENS, SimulationStalled
 from policies.failures import FailureSchedule
+from policies.fleet.lists import typed_list
 from policies.fleet.loop import fleet_kernel
 from policies.fleet.state import (
     ERROR_ENGINE,
@@ -127,8 +127,10 @@ def simulate_fleet_many(trace, cost_models, configs: Sequence[PolicyConfig], see
     for cost in costs:
         if id(cost) not in by_model:
             by_model[id(cost)] = engine.statics(trace, cost, configs, acceptance)
-    statics = typed.List([by_model[id(cost)] for cost in costs])
-    tables = typed.List([cost.tables for cost in costs])
+    n_entries = by_model[id(costs[0])].n_entries
+    # built by cached kernels: typed.List's own methods would compile on each process's first run
+    statics = typed_list([by_model[id(cost)] for cost in costs])
+    tables = typed_list([cost.tables for cost in costs])
     kv_bytes = np.array([cost.kv_bytes_per_token for cost in costs], dtype=np.float64)
     swap_bw = np.array([cost.swap_bytes_per_s for cost in costs], dtype=np.float64)
     fail_t, fail_replica, fail_up = schedule.events()
@@ -138,7 +140,7 @@ def simulate_fleet_many(trace, cost_models, configs: Sequence[PolicyConfig], see
     cfgs = np.stack([config.to_vector() for config in configs])
     caps = np.array([[cap for cap, _ in row] for row in limits], dtype=np.int64)
     hosts = np.array([[host for _, host in row] for row in limits], dtype=np.int64)
-    routers = [rt.new_router_state(n_rep, statics[0].n_entries, config.hash_virtual_nodes) for config in configs]
+    routers = [rt.new_router_state(n_rep, n_entries, config.hash_virtual_nodes) for config in configs]
     outs = [_buffers(trace.n, n_rep, n_tenants, incarnations) for _ in configs]
     # the identity-salted hashes, a fresh writable array (as engine.statics copies the offsets):
     # one kernel type whether the trace's columns are read-only (a loaded Trace) or not

@@ -121,3 +121,32 @@ def test_an_interrupt_while_the_outputs_are_written_says_what_is_kept(tmp_path, 
     assert result.exit_code == 130 and "Traceback" not in result.output
     assert "interrupted: every finished trial is kept" in result.output
     assert (run_dir / "vllm" / "study.journal").is_file()
+
+
+def test_tune_loads_its_kernels_before_the_first_trial_even_from_a_warm_cache(tmp_path, monkeypatch):
+    """Issue 51: with the kernels already in Numba's disk cache, `tune` used to skip its
+    warm-up, so the first trial and the first fleet run loaded them mid-search; it now
+    warms up in its own process either way (the fleet too for a fleet study), before any
+    trial, and only a cold cache is announced as a compile."""
+    from optimizer.search import study as study_module
+    from policies import engine, fleet
+    from tests.optimizer.tuning_helpers import make_trace
+
+    events = []
+    for name, module in (("engine", engine), ("fleet", fleet)):
+        def warmup(speculative=True, real=module.warmup, name=name):
+            events.append((name, speculative))
+            real(speculative)
+        monkeypatch.setattr(module, "warmup", warmup)
+    real_run = study_module.run
+
+    def run(*args, **kwargs):
+        events.append("trials")
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(study_module, "run", run)
+    monkeypatch.setattr("optimizer.cli.tune._cold", lambda kernel: False)  # as after `servetune warmup`
+    result, _ = _tune(tmp_path, make_trace(60, gap_s=0.1, prompt=500, output=50), "--replicas", "2", "--no-outputs")
+    assert result.exit_code == 0, result.output
+    assert events == [("engine", False), ("fleet", False), "trials"]
+    assert "compiling the simulator kernels" not in result.output

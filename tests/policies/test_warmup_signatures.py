@@ -6,11 +6,20 @@ minutes on a cold cache. So: warm up, note every jitted function's signatures, r
 a study runs (a trace read from a file, a real cost model, ``simulate``,
 ``simulate_many`` and the fleet on two replicas) and what ``validate`` runs (the closed
 loop of a measured vLLM and TRT-LLM run), and require that nothing gained one.
+
+Issue 51: the same for fleets of any size after the warm-up ``tune`` runs, numba.typed's
+own list methods counted; and a fresh process (a ``simulate --replicas N`` after
+``servetune warmup``) loads every kernel of a fleet run from the disk cache and compiles
+nothing (``typed.List`` built from Python compiled its methods in every process, ~2 s).
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
+import textwrap
+from pathlib import Path
 
 import numpy as np
 from numba.core.dispatcher import Dispatcher
@@ -21,6 +30,7 @@ from optimizer.fidelity import closedloop, replayfit
 from optimizer.search.targets import context_of
 from policies import engine, fleet
 from policies.config import PolicyConfig
+from policies.failures import FailureSchedule
 from studies.traces import Trace, load_trace, write_trace
 
 #: The dispatchers simulate, simulate_many and simulate_fleet(_many) call from Python.
@@ -36,7 +46,8 @@ def _dispatchers() -> dict[str, Dispatcher]:
     module and name."""
     found = {"optimizer.fidelity.closedloop._drive": closedloop._drive}
     for name, module in list(sys.modules.items()):
-        if module is None or name.split(".")[0] not in JIT_PACKAGES:
+        # numba.typed: a typed.List built or indexed from Python compiles its methods there
+        if module is None or (name.split(".")[0] not in JIT_PACKAGES and not name.startswith("numba.typed")):
             continue
         for value in vars(module).values():
             if isinstance(value, Dispatcher):
@@ -101,3 +112,57 @@ def _explain(name: str, new: tuple, old: set) -> str:
             if was != now:
                 lines.append(f"  argument {i}, warm-up: {str(was)[:300]}\n  argument {i}, real:    {str(now)[:300]}")
     return "\n".join(lines)
+
+
+def _fleet_runs(trace, cost) -> None:
+    """The fleets ``simulate --replicas N`` and a study's trials and GPU sizing run: sizes
+    2, 3 and 8 (one CostModel or one per replica), attention-DP ranks in lockstep, failures."""
+    config = PolicyConfig(router="least_kv")
+    for n in (2, 3, 8):
+        fleet.simulate_fleet(trace, cost, config, replicas=n)
+    fleet.simulate_fleet_many(trace, [cost] * 3, [config, config.replace(enable_prefix_caching=True)])
+    down = FailureSchedule.from_rows([(1, 0.5, 1.5)])
+    fleet.simulate_fleet(trace, cost, config, replicas=2, failures=down)
+    fleet.simulate_fleet(trace, cost, config, replicas=8, lockstep=2, failures=down.per_rank(2))
+
+
+def test_fleets_of_any_size_compile_nothing_after_the_warmup_tune_runs(tmp_path):
+    engine.warmup(speculative=False)  # as `tune` warms up for a study without a drafter
+    fleet.warmup(speculative=False)
+    warm = _signatures()
+    _fleet_runs(_file_trace(tmp_path), costmodels.build("meta-llama/Llama-3.1-8B", "h100"))
+    after = _signatures()
+    gained = {name: sigs - warm.get(name, set()) for name, sigs in after.items()}
+    gained = {name: sigs for name, sigs in gained.items() if sigs}
+    assert not gained, "fleet runs compiled what the warm-up did not:\n" + "\n".join(
+        _explain(name, sig, warm.get(name, set())) for name, sigs in gained.items() for sig in sigs)
+
+
+_FRESH_PROCESS = textwrap.dedent("""
+    import json, sys
+    sys.path.insert(0, {root!r})
+    from numba.core.dispatcher import Dispatcher
+    import costmodels
+    from studies.traces import load_trace
+    from tests.policies.test_warmup_signatures import _dispatchers, _fleet_runs
+
+    def compiled():
+        return {{name: sum(d.stats.cache_misses.values()) for name, d in _dispatchers().items()}}
+
+    trace, cost = load_trace({trace!r}), costmodels.build("meta-llama/Llama-3.1-8B", "h100")
+    before = compiled()
+    _fleet_runs(trace, cost)
+    print(json.dumps({{name: n - before.get(name, 0) for name, n in compiled().items() if n > before.get(name, 0)}}))
+""")
+
+
+def test_a_fresh_process_loads_every_fleet_kernel_from_the_cache(tmp_path):
+    """After `servetune warmup` (here: the warm-ups, which fill the disk cache), a new
+    process's fleet runs compile nothing: every kernel they call loads from the cache."""
+    engine.warmup()
+    fleet.warmup()
+    _file_trace(tmp_path)
+    root = str(Path(__file__).resolve().parents[2])
+    done = subprocess.run([sys.executable, "-c", _FRESH_PROCESS.format(root=root, trace=str(tmp_path / "trace.csv"))],
+                          capture_output=True, text=True, timeout=600, check=True, cwd=root)
+    assert json.loads(done.stdout.splitlines()[-1]) == {}, "compiled in a fresh process, not loaded from the cache"
