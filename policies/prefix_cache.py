@@ -174,12 +174,18 @@ def new_prefix_cache(
 
 # -- KV accounting (pure arithmetic) ------------------------------------------------------
 @njit(cache=True, nogil=True, inline="always")
+def kv_blocks(tokens, kv_block_size):
+    """KV blocks that hold ``tokens`` tokens (tokens >= 0)."""
+    return (tokens + kv_block_size - 1) // kv_block_size
+
+
+@njit(cache=True, nogil=True, inline="always")
 def private_blocks(ctx, held, block_tokens, kv_block_size):
     """KV blocks a request owns for ``ctx`` tokens when it references ``held`` entries."""
     own = ctx - held * block_tokens
     if own <= 0:
         return 0
-    return (own + kv_block_size - 1) // kv_block_size
+    return kv_blocks(own, kv_block_size)
 
 
 @njit(cache=True, nogil=True)

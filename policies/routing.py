@@ -76,6 +76,7 @@ import numpy as np
 from numba import njit
 
 from costmodels.steptable import step_seconds
+from policies import prefix_cache as pcm
 from policies.config import KNOB_INDEX, MAX_REPLICAS, ROUTERS
 from policies.hashring import build_ring, request_key, ring_lookup
 
@@ -444,8 +445,8 @@ def fill_unified_terms(summary, j, tables, kv_bytes_per_token, cfg, prompt_token
     cached = int(summary[j, CACHED_TOKENS])
     queued = int(summary[j, QUEUED_TOKENS])
     whole = lone_prefill_s(tables, prompt_tokens, 0)
-    need = _blocks(prompt_tokens + max_out, block_size)
-    available = summary[j, FREE] - summary[j, HEADROOM] - _blocks(queued, block_size)
+    need = pcm.kv_blocks(prompt_tokens + max_out, block_size)
+    available = summary[j, FREE] - summary[j, HEADROOM] - pcm.kv_blocks(queued, block_size)
     summary[j, T_SAVED] = whole - lone_prefill_s(tables, prompt_tokens - cached, cached)
     summary[j, T_QUEUE] = queue_wait_s(tables, queued, int(cfg[I_MAX_BATCHED]))
     summary[j, T_TRANSFER] = transfer_s(moved_tokens, kv_bytes_per_token, cfg[I_INTERCONNECT])
@@ -470,11 +471,6 @@ def _best_unified(summary, queue_weight):
                     or (score == best_score and summary[j, OUTSTANDING] < summary[best, OUTSTANDING])):
                 best, best_score = j, score
     return best
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _blocks(tokens, block_size):
-    return (tokens + block_size - 1) // block_size
 
 
 # -- consistent_hash ------------------------------------------------------------------------

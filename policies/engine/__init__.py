@@ -98,8 +98,10 @@ decodes only take KV: ``_head_start_free``) are fast-forwarded up to and includi
 step in which the first requests finish: one decode-attention lookup per step,
 per-request arrays touched once at the end. Likewise stretches where the newest running request computes prompt chunks of one
 size next to the same decodes, while the chunk takes the rest of the token budget or
-nothing waits (``_fast_forward_chunk``: one step-time lookup per step). The result is
-bit-identical to stepping one by one.
+nothing waits (``_fast_forward_chunk``: one step-time lookup per step). Under async
+scheduling a stretch may start with the step formed beside requests that stopped on EOS:
+their thrown-away decode rides its first step (``pipeline._ghosts_change_nothing``). The
+result is bit-identical to stepping one by one.
 
 A resumable replica (the interface a fleet drives; requests are indexed globally, in
 trace order, and every per-request array is sized n):

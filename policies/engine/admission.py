@@ -42,7 +42,6 @@ from policies.engine.pipeline import _committed
 from policies.engine.state import (
     _adapter_start,
     _adapter_state,
-    _blocks,
     _cache,
     _end_request,
     _pool,
@@ -116,8 +115,8 @@ def _reservation_blocks(ri, g, prompt, cfg, r):
     max_out = ri[MAX_OUT, r]
     if int(cfg[I_ADMISSION]) == ADMIT_PREDICTED:
         out = _predicted_out(g, CALIBRATION_BINS, max_out)
-        return max(_blocks(prompt[r] + out, block_size), _blocks(prompt[r] + ri[GENERATED, r], block_size))
-    return _blocks(prompt[r] + max_out, block_size)
+        return max(pcm.kv_blocks(prompt[r] + out, block_size), pcm.kv_blocks(prompt[r] + ri[GENERATED, r], block_size))
+    return pcm.kv_blocks(prompt[r] + max_out, block_size)
 
 
 @njit(cache=True, nogil=True, inline="always")

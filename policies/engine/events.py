@@ -10,6 +10,7 @@ import numpy as np
 from numba import njit
 
 from costmodels.steptable import step_seconds
+from policies import prefix_cache as pcm
 from policies import queues as qm
 from policies.engine.batch import _need_blocks
 from policies.engine.codes import (
@@ -33,7 +34,6 @@ from policies.engine.codes import (
     S_REJECTED,
 )
 from policies.engine.state import (
-    _blocks,
     _cache,
     _end_by_deadline,
     _end_request,
@@ -81,7 +81,7 @@ def _exceeds_capacity(ri, g, pc, cfg, r, p, max_out):
     # the mode's need when the engine is empty, at the worst point of this request's life
     if _need_blocks(ri, pc, r, p + max_out - 1, 0, 0, block_size) > limit:
         return True
-    if (mode == ADMIT_RESERVATION or mode == ADMIT_PREDICTED) and _blocks(p + max_out, block_size) > limit:
+    if (mode == ADMIT_RESERVATION or mode == ADMIT_PREDICTED) and pcm.kv_blocks(p + max_out, block_size) > limit:
         return True
     return mode == ADMIT_NTR and p + max_out >= limit * block_size
 

@@ -77,7 +77,6 @@ from policies.engine.state import (
     Replica,
     _adapter_state,
     _adapter_tokens,
-    _blocks,
     _cache,
     _is_decode,
     _pool,
@@ -274,7 +273,7 @@ def new_replica(st, cfg, cap_blocks, host_blocks, kv_bytes, swap_bw, seed, serie
     gf[PIPELINE_T] = np.nan
     caching = cfg[I_PREFIX_CACHING] != 0.0
     g[KV_BLOCK_SIZE] = block_size
-    g[ENTRY_BLOCKS] = _blocks(st.block_tokens, block_size)
+    g[ENTRY_BLOCKS] = pcm.kv_blocks(st.block_tokens, block_size)
     quotas = (np.any(tenant_params[:, fm.T_KV_QUOTA] < 1.0) or np.any(tenant_params[:, fm.T_TOKEN_QUOTA] < 1.0)
               or np.any(class_params[:, fm.C_HEADROOM] > 0.0) or np.any(class_params[:, fm.C_KV_SHARE] < 1.0)
               or np.any(class_params[:, fm.C_TOKEN_SHARE] < 1.0))

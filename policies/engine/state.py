@@ -264,11 +264,6 @@ def borrow_tables(tables):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _blocks(tokens, block_size):
-    return (tokens + block_size - 1) // block_size
-
-
-@njit(cache=True, nogil=True, inline="always")
 def _is_decode(ri, prompt, r, n):
     """One token that catches up a request already generating: a decode, not a prefill."""
     generated = ri[GENERATED, r]

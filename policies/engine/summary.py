@@ -15,7 +15,7 @@ from policies import queues as qm
 from policies import speculative as spm
 from policies.engine.codes import I_BLOCK_SIZE, I_POLICY, I_SPEC_MODE
 from policies.engine.events import _exceeds_capacity, _max_out
-from policies.engine.state import _blocks, _cache, _pool, _queue
+from policies.engine.state import _cache, _pool, _queue
 from policies.kernel_state import (
     AD_BYTES,
     AD_DISK_BW,
@@ -104,7 +104,7 @@ def head_demand_blocks(rep, st, cfg):
     r = head_request(rep, st, cfg)
     if r < 0:
         return 0
-    return _blocks(st.si[S_PROMPT, r] + rep.ri[GENERATED, r], int(cfg[I_BLOCK_SIZE]))
+    return pcm.kv_blocks(st.si[S_PROMPT, r] + rep.ri[GENERATED, r], int(cfg[I_BLOCK_SIZE]))
 
 
 @njit(cache=True, nogil=True)
@@ -202,7 +202,7 @@ def stays_unqueued(rep, st, cfg):
     demand = 0
     for i in range(g[N_RUN]):
         r = run[i]
-        demand += _blocks(prompt[r] + ri[TARGET, r], block_size) + ri[PC_REQ + pcm.R_N_FULL, r] - ri[HELD, r]
+        demand += pcm.kv_blocks(prompt[r] + ri[TARGET, r], block_size) + ri[PC_REQ + pcm.R_N_FULL, r] - ri[HELD, r]
     return demand <= g[FREE]
 
 

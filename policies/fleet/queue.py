@@ -10,6 +10,7 @@ import math
 import numpy as np
 from numba import njit
 
+from policies import prefix_cache as pcm
 from policies import routing as rt
 from policies.engine import (
     K_CACHED_FIRST,
@@ -84,7 +85,7 @@ def _dispatch(fl, t):
         if not _any_alive(fl, 0) or fl.ready_at[r] > t:
             return
         if pd:
-            need = _blocks(prompt[r] + fl.carried_i[K_GENERATED, r] + 1, block_size)
+            need = pcm.kv_blocks(prompt[r] + fl.carried_i[K_GENERATED, r] + 1, block_size)
             if need > _largest_room(fl, 1):  # no decode replica could ever hold it
                 _dequeue(fl)
                 _end_in_fleet(fl, r, S_REJECTED, R_EXCEEDS, t)
@@ -135,11 +136,6 @@ def _largest_room(fl, pool):
         if fl.fr[FR_POOL, j] == pool:
             room = max(room, fl.fr[FR_ROOM, j])
     return room
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _blocks(tokens, block_size):
-    return (tokens + block_size - 1) // block_size
 
 
 @njit(cache=True, nogil=True)
