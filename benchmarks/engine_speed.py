@@ -150,7 +150,7 @@ def paired_ab(args, sha: str, base: Path, made: bool) -> None:
         print(f"  HEAD is {ratio:.2f}x faster than {sha} (pairs {min(pairs):.2f}-{max(pairs):.2f}x){verdict}")
 
 
-def best_of(fns, repeats: int) -> list[tuple[float, object]]:
+def best_in_turns(fns, repeats: int) -> list[tuple[float, object]]:
     """Best time and last result of each function, called in turns (A B A B ...) so that the
     ratios between them see the same machine load."""
     best, out = [np.inf] * len(fns), [None] * len(fns)
@@ -161,6 +161,11 @@ def best_of(fns, repeats: int) -> list[tuple[float, object]]:
             best[k] = min(best[k], time.perf_counter() - t0)
     return list(zip(best, out, strict=True))
 
+
+
+def best_of(fn, repeats: int) -> tuple[float, object]:
+    """Best time and last result of ``fn`` over ``repeats`` calls (speed_table and fleet_speed too)."""
+    return best_in_turns([fn], repeats)[0]
 
 @njit(cache=True, nogil=True)
 def replay_event_by_event(st, tables, cfg, cap, host, kv_bytes, swap_bw, every, tenant_params, class_params, out_i,
@@ -199,7 +204,7 @@ def timed_step_by_step(trace, cost, config, repeats: int):
     """Best time and result of ``simulate`` stepping one by one (no fast-forward)."""
     os.environ["SERVETUNE_ENGINE_FAST_FORWARD"] = "0"
     try:
-        return best_of([partial(engine.simulate, trace, cost, config)], repeats)[0]
+        return best_of(partial(engine.simulate, trace, cost, config), repeats)
     finally:
         os.environ.pop("SERVETUNE_ENGINE_FAST_FORWARD", None)
 
@@ -217,7 +222,7 @@ def replay_figures(args) -> None:
         if args.rate_scale != 1.0:
             trace = scale_rate(trace, factor=args.rate_scale)
         engine.simulate(trace, cost, config)  # compile for this trace's array types
-        (fast_s, fast), (events_s, events) = best_of([partial(engine.simulate, trace, cost, config),
+        (fast_s, fast), (events_s, events) = best_in_turns([partial(engine.simulate, trace, cost, config),
                                                       event_driver(trace, cost, config)], args.repeats)
         slow_s, slow = timed_step_by_step(trace, cost, config, max(1, args.repeats // 2))
         identical = all(np.array_equal(getattr(fast, k), getattr(slow, k), equal_nan=True) for k in RESULT_FIELDS)
@@ -237,7 +242,7 @@ def replay_figures(args) -> None:
         if trace.block_hashes.size:
             cached_cfg = config.replace(enable_prefix_caching=True)
             engine.simulate(trace, cost, cached_cfg)
-            (on_s, on), (off_s, _) = best_of([partial(engine.simulate, trace, cost, cached_cfg),
+            (on_s, on), (off_s, _) = best_in_turns([partial(engine.simulate, trace, cost, cached_cfg),
                                               partial(engine.simulate, trace, cost, config)], args.repeats)
             print(f"  prefix caching : {on_s * 1e3:8.1f} ms/replay on vs {off_s * 1e3:.1f} ms off "
                   f"({on_s / off_s:.2f}x; target <= 2x); hit {on.prefix_hit_tokens / max(on.prefix_query_tokens, 1):.1%} "
@@ -248,7 +253,7 @@ def replay_figures(args) -> None:
                for b in (2048, 4096, 8192, 16384) for s in (256, 1024)]
     trace = load_trace(SHARED / TRACES["azure-conv"][0], "azure")
     engine.simulate_many(trace, cost, configs)
-    (many_s, _), (one_s, _) = best_of([partial(engine.simulate_many, trace, cost, configs),
+    (many_s, _), (one_s, _) = best_in_turns([partial(engine.simulate_many, trace, cost, configs),
                                        lambda: [engine.simulate(trace, cost, c) for c in configs]], 2)
     print(f"simulate_many, 8 configs on azure-conv: {many_s * 1e3:.1f} ms "
           f"({one_s * 1e3:.1f} ms one by one, {one_s / many_s:.2f}x on {os.cpu_count()} cores)")
