@@ -131,7 +131,8 @@ def _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables, cfg, hash
     k = g[N_RUN]
     prefill_first = int(cfg[I_SCHEDULE_MODE]) == PREFILL_FIRST
     decode_blocks = 0 if prefill_first else k  # at most, before the layout says
-    if not _stretch_opens(g, gf, cfg, k, next_event, next_deadline, seen_delivery) or g[FREE] - decode_blocks >= start_free:
+    if (not _stretch_opens(g, gf, cfg, k, next_event, next_deadline, seen_delivery)
+            or g[FREE] - decode_blocks >= start_free):
         return 0, 0.0, 0.0, False, 0
     seen = _visible_until(gf, cfg)
     block_size = int(cfg[I_BLOCK_SIZE])
