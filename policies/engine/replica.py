@@ -420,7 +420,7 @@ def _advance(rep, st, tables, cfg, t_limit, through):
         lagged = cfg[I_ASYNC] != 0.0
         next_event = t_limit if lagged else min(_next_delivery(rep), t_limit)
         seen_delivery = _next_delivery(rep) if lagged else np.inf
-        next_deadline = _next_deadline(rep, st) if dheap[0] > 0 else np.inf
+        next_deadline = _next_deadline(rep, st) if fast_forward and dheap[0] > 0 else np.inf  # stretches only
         ghost_decodes, ghost_kv = 0, 0
         if fast_forward and g[GHOSTS] > 0 and g[N_WAIT] == 0:
             need, ghost_decodes, ghost_kv = _ghosts_change_nothing(rep, st, cfg)
