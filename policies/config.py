@@ -47,7 +47,8 @@ PREEMPTION_MODES = ("recompute", "swap", "auto")
 PREEMPTION_VICTIMS = ("newest", "lowest_priority", "fewest_output")
 FAIRNESS_COST_UNITS = ("tokens", "gpu_time", "kv_byte_seconds")
 MAX_WAIT_ACTIONS = ("reject", "admit_first")
-SPECULATIVE_MODES = ("off", "fixed", "smartspec", "dspark", "dspark_lagged")
+SPECULATIVE_MODES = ("off", "fixed", "smartspec", "dspark", "dspark_lagged", "batch_schedule", "adaptive_verify",
+                     "sps_table")  # append only: indices are encoded
 DRAFT_COST_MODES = ("fraction", "mtp")
 LORA_EVICTION_POLICIES = ("lru", "fifo")  # the indices are policies.adapters LRU, FIFO
 ROUTERS = ("round_robin", "least_outstanding", "least_kv", "cache_aware", "unified", "consistent_hash",
@@ -175,9 +176,18 @@ KNOBS: tuple[Knob, ...] = (
     Knob("speculative_mode", str, choices=SPECULATIVE_MODES,
          help="verify budget per step: off; fixed (every decode verifies num_speculative_tokens drafts); "
               "smartspec (one k per batch); dspark (per-request prefixes with the early stop); "
-              "dspark_lagged (global top-K from confidences two steps back)"),
+              "dspark_lagged (global top-K from confidences two steps back); the engines' own: batch_schedule "
+              "(vLLM's k per batch size), adaptive_verify (vLLM's DSpark adaptive verification), sps_table "
+              "(SGLang's DSPARK planner against its SPS table)"),
     Knob("num_speculative_tokens", int, 1, 16,
          help="draft length gamma: the k of fixed, the most drafts any request verifies otherwise"),
+    Knob("speculative_batch_2", int, 0, 1 << 16,
+         help="batch_schedule: the first batch size of the schedule's second range (0 = one range: k everywhere)"),
+    Knob("speculative_k_2", int, 0, 16, help="batch_schedule: drafts of the second range"),
+    Knob("speculative_batch_3", int, 0, 1 << 16,
+         help="batch_schedule: the first batch size of the third range (0 = none)"),
+    Knob("speculative_k_3", int, 0, 16, help="batch_schedule: drafts of the third range"),
+
     Knob("speculative_draft_cost_mode", str, choices=DRAFT_COST_MODES,
          help="fraction: a drafted position costs speculative_draft_cost x the target's decode step; "
               "mtp: it costs speculative_draft_cost ms (an MTP head)"),
@@ -207,7 +217,10 @@ N_KNOBS = len(KNOBS)
 FLEET_KNOBS = tuple(k.name for k in _FLEET)
 #: Speculative decoding's knobs: the drafter's, set from the study's declared drafter.
 SPECULATIVE_KNOBS = ("speculative_mode", "num_speculative_tokens", "speculative_draft_cost_mode",
-                     "speculative_draft_cost")
+                     "speculative_draft_cost", "speculative_batch_2", "speculative_k_2", "speculative_batch_3",
+                     "speculative_k_3")
+#: The schedule of ``batch_schedule``: (first batch size, k) of its second and third ranges.
+BATCH_SCHEDULE_KNOBS = ("speculative_batch_2", "speculative_k_2", "speculative_batch_3", "speculative_k_3")
 #: The LoRA pool's knobs besides ``enable_lora``: they act only with it on.
 LORA_KNOBS = ("max_loras", "max_cpu_loras", "max_lora_rank", "lora_eviction_policy", "lora_base_slot", "lora_preload")
 
@@ -254,6 +267,10 @@ class PolicyConfig:
     tenant_token_quota: float = 1.0
     speculative_mode: str = "off"
     num_speculative_tokens: int = 4
+    speculative_batch_2: int = 0
+    speculative_k_2: int = 0
+    speculative_batch_3: int = 0
+    speculative_k_3: int = 0
     speculative_draft_cost_mode: str = "fraction"
     speculative_draft_cost: float = 0.05
     enable_lora: bool = False
@@ -390,6 +407,7 @@ _ACTS_WHEN: tuple[tuple[str, Any], ...] = (
     ("num_speculative_tokens", lambda c: c.speculative_mode != "off"),
     ("speculative_draft_cost_mode", lambda c: c.speculative_mode != "off"),
     ("speculative_draft_cost", lambda c: c.speculative_mode != "off"),
+    *((name, lambda c: c.speculative_mode == "batch_schedule") for name in BATCH_SCHEDULE_KNOBS),
     *((name, lambda c: c.enable_lora) for name in LORA_KNOBS),
 )
 

@@ -35,6 +35,26 @@ decode requests once per step:
   table as profiled) computed two steps earlier, then the top K extensions by current
   survival, no early stop.
 
+The engines' own budgets (their flags and source lines: ``policies.engines.vllm`` and
+``policies.engines.sglang``):
+
+* ``batch_schedule`` (vLLM ``num_speculative_tokens_per_batch_size``): ``l_r = k`` with k
+  looked up from the requests the *previous* step scheduled (the drafts verified now were
+  proposed after it); ranges [1, b2), [b2, b3), [b3, ...) verify gamma, k2, k3;
+* ``adaptive_verify`` (vLLM DSpark ``enable_adaptive_verification``): the scheduler charges
+  every decode its k drafts; the worker keeps the total b maximising
+  ``(sampling requests + top-b stale survivals) / (draft(R) + verify(N + b))`` over tables
+  profiled at warm-up (``VERIFY_PROFILE_CONTEXT`` KV tokens per request), then admits the
+  top b drafts by fresh survival; the rest are dropped as rejected;
+* ``sps_table`` (SGLang DSPARK, ``SGLANG_RAGGED_VERIFY_MODE=compact``): the budget b
+  maximising ``(R + top-b stale survivals) * SPS(R + b)``, SPS read from the table at its
+  floor probe (``sps_probe_floor``; the table servetune writes, ``sps_table_seconds``), then
+  the top b drafts by fresh survival.
+
+Stale survivals are the confidences of an earlier draft of the same request (an
+independent draw of the same profile, at token index t - 1); a request's first verify has
+none and counts as sure (1.0 at every position), as both engines seed a new row.
+
 SPS(B) for the early stop. Algorithm 1 stops at the first extension that does not raise
 ``tau * SPS(B)``, which finds the best budget when SPS decays smoothly (the paper's
 premise). Profiled step times do not: they are a staircase in B, flat inside a GEMM tile
@@ -73,9 +93,10 @@ from numba import njit
 from costmodels.steptable import step_seconds, step_seconds_at_tile_ends
 from policies.config import DRAFT_COST_MODES, SPECULATIVE_MODES
 
-MODE_OFF, MODE_FIXED, MODE_SMARTSPEC, MODE_DSPARK, MODE_DSPARK_LAGGED = range(5)
+MODE_OFF, MODE_FIXED, MODE_SMARTSPEC, MODE_DSPARK, MODE_DSPARK_LAGGED, MODE_BATCH_SCHEDULE, MODE_ADAPTIVE, \
+    MODE_SPS_TABLE = range(8)
 DRAFT_FRACTION, DRAFT_MTP = range(2)
-assert SPECULATIVE_MODES[MODE_DSPARK_LAGGED] == "dspark_lagged" and DRAFT_COST_MODES[DRAFT_MTP] == "mtp"
+assert SPECULATIVE_MODES[MODE_SPS_TABLE] == "sps_table" and DRAFT_COST_MODES[DRAFT_MTP] == "mtp"
 
 #: A DSpark-like drafter on chat traffic: about 3.9 tokens per verify at gamma = 7.
 DEFAULT_PROFILE = (0.85, 0.80, 0.75, 0.70, 0.65, 0.60, 0.55, 0.50)
@@ -192,7 +213,7 @@ def draft_seconds_per_position(tables, mode, value, n_decode, kv_decode):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _drafted(limit, lim, n_req):
+def drafted_positions(limit, lim, n_req):
     """Positions the drafter runs: the longest verify any request may take, at most limit."""
     most = 0
     for k in range(n_req):
@@ -368,7 +389,7 @@ def dspark_budgets(surv, lim, n_req, gamma, tables, b_tokens, b_logits, b_decode
     slot; one past the token budget ends the search.
     Returns (verify tokens, blocks taken, drafted positions).
     """
-    positions = _drafted(gamma, lim, n_req)
+    positions = drafted_positions(gamma, lim, n_req)
     draft_s = positions * draft_pp
     _merge_start(heap, surv, ell, lim, n_req)
     tau = float(n_req)
@@ -399,7 +420,7 @@ def dspark_global_k(surv, lim, n_req, gamma, tables, b_tokens, b_logits, b_decod
     """dspark_lagged's budget: the number of extensions K (first of ties) maximising
     ``tau / T(B)`` over the whole merge order, no early stop, within the token budget.
     ``scratch`` (i8[n_req]) is overwritten."""
-    draft_s = _drafted(gamma, lim, n_req) * draft_pp
+    draft_s = drafted_positions(gamma, lim, n_req) * draft_pp
     _merge_start(heap, surv, scratch, lim, n_req)
     tau = float(n_req)
     best = tau / verify_seconds(tables, b_tokens, b_logits, b_decodes, b_kv, b_pairs, 0, draft_s)
@@ -432,16 +453,137 @@ def topk_budgets(surv, lim, n_req, gamma, k_total, token_left, slack, free_block
         blocks += taken
         x += 1
         _merge_advance(heap, surv, ell, lim)
-    return x, blocks, _drafted(gamma, lim, n_req)
+    return x, blocks, drafted_positions(gamma, lim, n_req)
+
+
+# ======================================================================================
+# the engines' budgets: vLLM's schedule and adaptive verification, SGLang's SPS table
+# ======================================================================================
+#: KV tokens per request of vLLM's warm-up timing runs for adaptive verification
+#: (VLLM_ADAPTIVE_VERIFICATION_PROFILE_CONTEXT_LEN, vllm/envs.py:1103-1105)
+VERIFY_PROFILE_CONTEXT = 8192
+#: KV tokens per request of the decode steps the SPS table servetune writes times (the
+#: default context of ``servetune cost sps``)
+SPS_TABLE_CONTEXT = 1024
+#: SGLang drops extensions whose survival falls below this (DSparkScheduleConfig.survival_eps)
+SURVIVAL_EPS = 1e-6
+
+
+@njit(cache=True, nogil=True)
+def batch_schedule_k(gamma, batch_2, k_2, batch_3, k_3, scheduled):
+    """vLLM's k for the drafts proposed after a step that scheduled ``scheduled`` requests:
+    gamma below batch_2, k_2 from it, k_3 from batch_3 (0 = no such range); none scheduled:
+    gamma (vllm/v1/core/sched/scheduler.py:1709-1714); capped at gamma."""
+    k = gamma
+    if scheduled > 0 and 0 < batch_2 <= scheduled:
+        k = k_2
+    if scheduled > 0 and 0 < batch_3 <= scheduled:
+        k = k_3
+    return min(k, gamma)
+
+
+@njit(cache=True, nogil=True)
+def stale_confidences(reqs, tok, n_req, profiles, rows, seed, spread, bias, gamma, surv):
+    """Survival the engines' budgets see: an earlier draft's (token index t - 1), or 1.0 at
+    every position for a request verifying its first draft (t <= 1)."""
+    for k in range(n_req):
+        if tok[k] <= 1:
+            surv[k, :gamma] = 1.0
+            continue
+        r = reqs[k]
+        a = 1.0
+        for i in range(gamma):
+            a *= min(1.0, true_confidence(profiles, rows[r], seed, r, tok[k] - 1, i, spread) * (1.0 + bias))
+            surv[k, i] = a
+
+
+@njit(cache=True, nogil=True)
+def sps_probe_floor(requests, most):
+    """The largest request count SGLang's SPS profiler probes at or below ``requests``
+    (sglang/benchmark/dspark_sps_profiler.py:557-573, ``build_request_count_sweep``: 1, 2,
+    4, 8, 16..56 by 8, 64..112 by 16, 128..224 by 32, 256.. by 64, and ``most``), clamped
+    to [1, most]: the table's floor lookup (srt/speculative/dspark_components/dspark_sps.py:38-41)."""
+    if requests >= most:
+        return most
+    if requests < 2:
+        return 1
+    if requests < 16:
+        p = 1
+        while p * 2 <= requests:
+            p *= 2
+        return p
+    if requests < 64:
+        return requests - requests % 8
+    if requests < 128:
+        return requests - requests % 16
+    if requests < 256:
+        return requests - requests % 32
+    return requests - requests % 64
+
+
+@njit(cache=True, nogil=True)
+def sps_table_seconds(tables, requests, gamma, context, draft_mode, draft_value):
+    """Seconds of the decode step an SPS probe times: ``requests`` requests of ``context``
+    KV tokens verifying gamma + 1 tokens each, after drafting gamma positions."""
+    tokens = requests * (gamma + 1)
+    seconds, _ = step_seconds(tables, tokens, tokens, requests, requests * context + requests * gamma, 0)
+    return seconds + gamma * draft_seconds_per_position(tables, draft_mode, draft_value, requests,
+                                                        requests * context)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _verify_profile_seconds(tables, tokens, gamma):
+    """vLLM's warm-up verify time at ``tokens`` target tokens: uniform decodes of gamma + 1
+    tokens at VERIFY_PROFILE_CONTEXT (vllm/v1/worker/gpu/spec_decode/adaptive_verification.py:211-277)."""
+    requests = max(1, (tokens + gamma) // (gamma + 1))
+    seconds, _ = step_seconds(tables, tokens, tokens, requests, requests * VERIFY_PROFILE_CONTEXT + tokens, 0)
+    return seconds
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _budget_value(mode, tau, b, n_req, b_tokens, gamma, tables, draft_s, most, context, draft_mode, draft_value):
+    """What the engine's budget maximises at b admitted drafts and expected tokens tau."""
+    if mode == MODE_ADAPTIVE:
+        return tau / (draft_s + _verify_profile_seconds(tables, b_tokens + b, gamma))
+    probe = sps_probe_floor((n_req + b) // (gamma + 1), most)
+    return tau / sps_table_seconds(tables, probe, gamma, context, draft_mode, draft_value)
+
+
+@njit(cache=True, nogil=True)
+def engine_budget(mode, surv, lim, n_req, tau0, gamma, tables, b_tokens, draft_s, most, context, draft_mode,
+                  draft_value, pos, heap):
+    """The total drafts b (first of ties) the engine's budget keeps, over stale survivals
+    ``surv`` in global order (``adaptive_verify``: tau0 = sampling requests, b_tokens the
+    step's other tokens; ``sps_table``: tau0 = the decode requests)."""
+    _merge_start(heap, surv, pos, lim, n_req)
+    tau = tau0
+    best = _budget_value(mode, tau, 0, n_req, b_tokens, gamma, tables, draft_s, most, context, draft_mode,
+                         draft_value)
+    best_b = 0
+    b = 0
+    while heap[0] > 0:
+        a = surv[heap[1], pos[heap[1]]]
+        if mode == MODE_SPS_TABLE and a < SURVIVAL_EPS:
+            break
+        tau += a
+        b += 1
+        value = _budget_value(mode, tau, b, n_req, b_tokens, gamma, tables, draft_s, most, context, draft_mode,
+                              draft_value)
+        if value > best:
+            best = value
+            best_b = b
+        _merge_advance(heap, surv, pos, lim)
+    return best_b
 
 
 # ======================================================================================
 # one call per step
 # ======================================================================================
 @njit(cache=True, nogil=True)
-def verify_budgets(mode, gamma, n_req, surv, alpha, lim, tables, b_tokens, b_logits, b_decodes, b_kv,
+def verify_budgets(mode, gamma, k_fixed, n_req, surv, alpha, lim, tables, b_tokens, b_logits, b_decodes, b_kv,
                    b_pairs, draft_pp, token_left, slack, free_blocks, block_size, lag_k, ell, heap, scratch):
-    """Fill ``ell[:n_req]`` under ``mode`` for the decode slots of a step.
+    """Fill ``ell[:n_req]`` under ``mode`` for the decode slots of a step (the modes whose
+    budget reads no stale confidences; k_fixed: the k of fixed and batch_schedule).
 
     lim[k]: most drafts slot k may verify (gamma and its remaining output cap); surv:
     seen survival (``draft_confidences``; dspark modes); alpha: acceptance estimate
@@ -465,12 +607,19 @@ def verify_budgets(mode, gamma, n_req, surv, alpha, lim, tables, b_tokens, b_log
         x, blocks, positions = topk_budgets(surv, lim, n_req, gamma, lag_k, token_left, slack, free_blocks,
                                             block_size, ell, heap)
         return x, blocks, positions, k_now
-    k_verify = gamma
+    k_verify = k_fixed
     if mode == MODE_SMARTSPEC:
         k_verify = smartspec_k(alpha, lim, n_req, gamma, tables, b_tokens, b_logits, b_decodes, b_kv, b_pairs,
                                draft_pp, token_left)
     x, blocks = fixed_budgets(k_verify, lim, n_req, token_left, slack, free_blocks, block_size, ell)
-    return x, blocks, _drafted(k_verify, lim, n_req), 0
+    return x, blocks, drafted_positions(k_verify, lim, n_req), 0
+
+
+def sps_probe_counts(most: int) -> list[int]:
+    """The request counts SGLang's SPS profiler probes up to ``most`` (``sps_probe_floor``'s grid)."""
+    raw = [1, 2, 4, 8, *range(16, 64, 8), *range(64, 128, 16), *range(128, 256, 32), *range(256, most + 1, 64)]
+    counts = sorted({v for v in raw if v <= most})
+    return counts if counts[-1] == most else [*counts, most]
 
 
 # ======================================================================================

@@ -54,7 +54,7 @@ BatchedTokens = typer.Option(8192, "--max-num-batched-tokens",
                              help="step budget: vLLM sizes the KV pool after a profiling pass of this many tokens")
 Plot = typer.Option(None, "--plot", help="write the SPS(B) curve as a PNG")
 Format = typer.Option("text", "--format", help="text | json")
-SpsOutput = typer.Option(..., "-o", "--output", help="CSV to write")
+SpsOutput = typer.Option(..., "-o", "--output", help="file to write")
 Runs = typer.Argument(..., help="measured runs CSV (aiconfigurator silicon format or canonical)")
 CalibrationOutput = typer.Option(Path("calibration.json"), "-o", "--output")
 
@@ -159,16 +159,40 @@ def sps(
     gemm_dtype: str = GemmDtype, kv_dtype: str = KvDtype, model_config: Path = ModelConfig,
     calibration: Path = Calibration, context: int = Context,
     output: Path = SpsOutput,
+    fmt: str = typer.Option("csv", "--format", help="csv (SPS(B) of plain decodes) | sglang-dspark (SGLang's "
+                            "SpsCostTable JSON for DSPARK's planner, as tune writes it beside sglang.yaml)"),
+    block_size: int = typer.Option(7, "--block-size", help="sglang-dspark: speculative-dspark-block-size"),
+    max_running_requests: int = typer.Option(48, "--max-running-requests",
+                                             help="sglang-dspark: the largest request count probed"),
+    draft_cost_mode: str = typer.Option("fraction", "--draft-cost-mode", help="sglang-dspark: fraction | mtp"),
+    draft_cost: float = typer.Option(0.05, "--draft-cost", help="sglang-dspark: the drafter's cost per position"),
 ) -> None:
-    """Export SPS(B), steps per second vs batched decode tokens, as CSV."""
+    """Export SPS(B), steps per second vs batched decode tokens: CSV, or SGLang's DSPARK table."""
     from costmodels import CostModelError, write_sps_csv
 
+    if fmt not in ("csv", "sglang-dspark"):
+        _fail(f"--format must be csv or sglang-dspark, got {fmt!r}")
     cost = _build(model, gpu, tp, framework, gemm_dtype, kv_dtype, model_config, calibration, None)
     try:
-        curve = write_sps_csv(cost, output, context=context)
+        if fmt == "csv":
+            curve = write_sps_csv(cost, output, context=context)
+            typer.echo(f"wrote {curve.height} rows to {output}")
+            return
+        from policies.config import ConfigError, PolicyConfig
+        from policies.engines.sglang import sps_table
+        from policies.speculative import SPS_TABLE_CONTEXT
+
+        try:
+            config = PolicyConfig(num_speculative_tokens=block_size, max_num_seqs=max_running_requests,
+                                  speculative_draft_cost_mode=draft_cost_mode, speculative_draft_cost=draft_cost)
+        except ConfigError as exc:
+            _fail(str(exc))
+        table = sps_table(cost.tables, config)
+        output.write_text(json.dumps(table, indent=1) + "\n")
     except (CostModelError, OSError) as exc:
         _fail(str(exc))
-    typer.echo(f"wrote {curve.height} rows to {output}")
+    typer.echo(f"wrote {len(table['sample_batch_tokens'])} probes to {output} (DSPARK block {block_size}, up to "
+               f"{max_running_requests} requests, {SPS_TABLE_CONTEXT} KV tokens each)")
 
 
 @cost_app.command("calibrate")

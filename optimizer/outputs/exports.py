@@ -108,7 +108,10 @@ def engine_args(target: Target, config: PolicyConfig, deployment: Deployment, ct
         names = {"method": (drafter.method if drafter else None) or f"{FILL_IN}drafter-method",
                  "model": drafter.model if drafter is not None else f"{FILL_IN}draft-model",
                  "sglang": (drafter.sglang if drafter else None) or f"{FILL_IN}speculative-algorithm"}
-        flags = target.speculative_args(config.num_speculative_tokens, names)
+        try:
+            flags = target.speculative_args(target.resolve(config, ctx), names)
+        except EngineError as exc:
+            raise ExportError(str(exc)) from None
         args.update(flags)
         fill_in = {key: value for key, value in _leaves(flags) if isinstance(value, str) and value.startswith(FILL_IN)}
     return EngineFile(target, args, fill_in)
@@ -133,7 +136,8 @@ def engine_yaml(target: Target, config: PolicyConfig, deployment: Deployment, ct
     was simulated to deliver (``expected``: figures of this very file)."""
     mapped = engine_args(target, config, deployment, ctx)
     name = target.name
-    header = [f"# {name} serve --config {name}.yaml   ({target.display} {target.version} flag names; "
+    env = "".join(f"{key}={value} " for key, value in target.serve_env(target.resolve(config, ctx)).items())
+    header = [f"# {env}{name} serve --config {name}.yaml   ({target.display} {target.version} flag names; "
               "command line > file > defaults)"]
     header += comment_lines(note)
     for key, value in (expected or {}).items():
@@ -292,8 +296,10 @@ def goodput_bounds(slos: SLOSet) -> dict[str, float]:
 
 
 def write_exports(directory: str | Path, target: Target, config: PolicyConfig, deployment: Deployment,
-                  ctx: EngineContext, *, note: str = "", expected: Mapping[str, float] | None = None) -> dict[str, Path]:
-    """Write the target's files: an engine's ``<engine>.yaml``; the what-if target's
+                  ctx: EngineContext, *, note: str = "", expected: Mapping[str, float] | None = None,
+                  tables=None) -> dict[str, Path]:
+    """Write the target's files: an engine's ``<engine>.yaml`` and the files it points at
+    (SGLang's ``sps.json``, from the step-time ``tables``); the what-if target's
     ``policy.toml`` (and ``router.yaml`` for a fleet). Returns their paths by name."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -303,6 +309,10 @@ def write_exports(directory: str | Path, target: Target, config: PolicyConfig, d
             texts["router.yaml"] = router_yaml(config, deployment, note)
     else:
         texts = {f"{target.name}.yaml": engine_yaml(target, config, deployment, ctx, note, expected)}
+        side = target.side_files(target.resolve(config, ctx), tables) if tables is not None else {}
+        if not side and config.speculative_mode == "sps_table":
+            raise ExportError("the SPS table needs the study's step-time tables")
+        texts.update(side)
     paths = {}
     for name, text in texts.items():
         path = directory / name

@@ -137,7 +137,8 @@ def _write_outputs(out: Path, study, spec, evaluator) -> RunOutputs:
     lines = answer_lines(answer, evaluator.target, spec, carried)  # the header, review and summary say the same
     header = "\n".join([note, *lines])
     files.update(write_exports(out, evaluator.target, replay.config, deployment_of(spec, deploy_fleet), spec.context,
-                               note=header, expected=expected))
+                               note=header, expected=expected,
+                               tables=evaluator.cost_model_of(deploy_fleet).tables))
     if not evaluator.target.what_if:
         files.update(write_bench_replay(out, spec, evaluator, replay, deploy_fleet, expected))
     generalisation = generalisation_check(spec, evaluator, {e.name: e.config for e in evaluated},

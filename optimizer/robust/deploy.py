@@ -15,14 +15,19 @@ def deployed_fleet(spec, evaluator, answer: Answer):
     The sized count goes into the file where the engine runs replicas itself
     (``data-parallel-size``, ``dp-size``; the what-if target's ``router.yaml``); where the
     engine refuses that layout (a MoE model's vLLM instance, SGLang's attention DP with
-    replicas) the file stays one instance and its header says how many to run.
+    replicas, vLLM's per-batch-size k) the file stays one instance and its header says how
+    many to run.
     """
     size = answer.sizing["recommended"].deploy
     if size.replicas is None or size.replicas == answer.fleet.replicas:
         return answer.fleet, True
     fleet = dataclasses.replace(answer.fleet, replicas=size.replicas)
     target = evaluator.target
-    if target.what_if or not target.layout_violations(evaluator.deployment(fleet), spec.context):
+    if target.what_if:
+        return fleet, True
+    deployment = evaluator.deployment(fleet)
+    if not (target.layout_violations(deployment, spec.context) or target.config_layout_violations(
+            target.resolve(answer.config, spec.context), deployment)):
         return fleet, True
     return answer.fleet, False
 

@@ -89,6 +89,11 @@ class Drafter:
         """SGLang's ``--speculative-algorithm`` for this drafter, when known."""
         return self.sglang_algorithm or SGLANG_ALGORITHMS.get((self.method or "").lower())
 
+    @property
+    def names(self) -> dict[str, str | None]:
+        """What the engine files name: method (vLLM), model, sglang (SGLang's algorithm)."""
+        return {"method": self.method, "model": self.model, "sglang": self.sglang}
+
     def config_values(self) -> dict[str, Any]:
         """The PolicyConfig knobs the drafter fixes: its draft cost."""
         return {"speculative_draft_cost_mode": self.draft_cost_mode, "speculative_draft_cost": self.draft_cost}

@@ -110,7 +110,15 @@ class Evaluator:
         without it refuses those requests): every result's point of comparison."""
         fixed = {**self.spec.deployment_knobs, **({"enable_lora": True} if self.spec.search_space.base.enable_lora
                                                   else {})}
-        return {name: config.replace(**fixed) for name, config in self.target.baselines(self.spec.context).items()}
+        presets = {name: config.replace(**fixed) for name, config in self.target.baselines(self.spec.context).items()}
+        drafter = self.spec.speculative
+        if drafter is None or self.target.what_if:
+            return presets
+        # with a drafter, also the defaults verifying its whole draft at every step (the usual fixed k)
+        k = drafter.max_draft_tokens
+        return {**presets, **{f"{name}+drafter-k{k}": self.target.with_drafter(config.replace(
+            **drafter.config_values(), speculative_mode="fixed", num_speculative_tokens=k))
+            for name, config in presets.items()}}
 
     def cost_model_at(self, tp: int):
         """The cost model of the study's model and GPU at TP ``tp`` (built once)."""

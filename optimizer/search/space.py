@@ -70,7 +70,6 @@ from policies.config import (
     KNOBS,
     MAX_REPLICAS,
     SPECULATIVE_KNOBS,
-    SPECULATIVE_MODES,
     PolicyConfig,
 )
 from policies.engines import EngineContext, Target
@@ -329,18 +328,32 @@ def fleet_of(values: Mapping[str, Any], base: Fleet) -> Fleet:
     return Fleet(tp, replicas, moe_ep, attention_dp)
 
 
-def speculative_defaults(drafter_tokens: int, modes: Sequence[str] = SPECULATIVE_MODES) -> dict[str, dict[str, Any]]:
+#: servetune's own verify budgets, searched by the what-if target
+WHAT_IF_SPECULATIVE_MODES = ("off", "fixed", "smartspec", "dspark", "dspark_lagged")
+
+
+def speculative_defaults(drafter_tokens: int,
+                         modes: Sequence[str] = WHAT_IF_SPECULATIVE_MODES) -> dict[str, dict[str, Any]]:
     """Default search of the verify-budget knobs for a drafter proposing up to ``drafter_tokens``
-    drafts, over ``modes`` (an engine verifies a fixed block: off and fixed only)."""
-    return {"speculative_mode": {"choices": list(modes)},
-            "num_speculative_tokens": {"low": 1, "high": drafter_tokens,
-                                       "when": {"speculative_mode": [m for m in modes if m != "off"]}}}
+    drafts, over ``modes`` (an engine's: ``Target.speculative_search_modes``). vLLM's batch
+    schedule searches two or three ranges, a k each (free, not forced to fall with the batch)."""
+    settings = {"speculative_mode": {"choices": list(modes)},
+                "num_speculative_tokens": {"low": 1, "high": drafter_tokens,
+                                           "when": {"speculative_mode": [m for m in modes if m != "off"]}}}
+    if "batch_schedule" in modes:
+        when = {"speculative_mode": ["batch_schedule"]}
+        settings.update({"speculative_batch_2": {"low": 2, "high": 256, "log": True, "when": when},
+                         "speculative_k_2": {"low": 0, "high": drafter_tokens, "when": when},
+                         "speculative_batch_3": {"low": 3, "high": 512, "log": True, "off": True, "when": when},
+                         "speculative_k_3": {"low": 0, "high": drafter_tokens, "when": when}})
+    return settings
 
 
 def build_space(overrides: Mapping[str, Any] | None = None, base: PolicyConfig | None = None,
                 fleet: Fleet | None = None, *, search_fleet: bool = False,
                 tp_degrees: Callable[[], Sequence[int]] | None = None,
-                drafter_tokens: int | None = None, target: Target | None = None,
+                drafter_tokens: int | None = None, speculative_modes: Sequence[str] | None = None,
+                target: Target | None = None,
                 context: EngineContext | None = None, adapters: int = 0) -> SearchSpace:
     """The target's default space with a study's per-knob overrides; raises SpaceError on bad ones.
 
@@ -393,8 +406,8 @@ def build_space(overrides: Mapping[str, Any] | None = None, base: PolicyConfig |
         base_values["enable_lora"] = True
         defaults.update(target.lora_search_settings(adapters))
     if drafter_tokens is not None:
-        defaults.update(speculative_defaults(drafter_tokens, SPECULATIVE_MODES if target.what_if
-                                             else ("off", "fixed")))
+        defaults.update(speculative_defaults(drafter_tokens, WHAT_IF_SPECULATIVE_MODES if target.what_if
+                                             else ("off", *(speculative_modes or ("fixed",)))))
     params = []
     for knob in KNOBS:
         settings = dict(defaults.get(knob.name, {}))

@@ -212,6 +212,8 @@ class StudySpec:
             Fleet(self.tp, self.replicas), search_fleet=self.objective == "goodput-gpus",
             tp_degrees=lambda: tp_degrees(self.model, self.gpu, self.framework, self.model_config, self.dtype),
             drafter_tokens=None if drafter is None else drafter.max_draft_tokens,
+            speculative_modes=None if drafter is None else target.speculative_search_modes(drafter.names,
+                                                                                            self.replicas),
             target=target, context=self.context, adapters=self._adapters()))
         _check_block_sizes(self.search_space, self.engine, self.context)
         if drafter is None and ("speculative_mode" in self.search_space.names

@@ -215,6 +215,7 @@ from policies.kernel_state import (
     SPEC_DECODES,
     SPEC_DRAFTED,
     SPEC_HITS,
+    SPEC_LAG,
     SPEC_SLOTS,
     SPEC_TRIALS,
     SPEC_VERIFIES,
@@ -521,6 +522,8 @@ def _form_step(rep, st, tables, cfg, speculating):
     if speculating and g[B_DECODES] > 0:
         gf[DRAFT_S] = 0.0
         _plan_verify(rep, st, tables, cfg, st.spec)
+    if speculating and int(cfg[I_SPEC_MODE]) == spm.MODE_BATCH_SCHEDULE:
+        g[SPEC_LAG] = g[N_BATCH]  # sets the k of the drafts proposed after this step
     dt, oor = step_seconds(tables, g[B_TOKENS], g[B_LOGITS], g[B_DECODES], g[B_KV_DECODE], g[B_PAIRS])
     if g[LORA] != 0:
         dt += adm.step_seconds(st.lora[1:], cfg[I_LORA_RANK], _adapter_tokens(rep, st))

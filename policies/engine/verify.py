@@ -15,7 +15,12 @@ from policies.engine.codes import (
     I_COST_UNIT,
     I_DRAFT_COST,
     I_DRAFT_MODE,
+    I_MAX_SEQS,
+    I_SPEC_BATCH_2,
+    I_SPEC_BATCH_3,
     I_SPEC_GAMMA,
+    I_SPEC_K_2,
+    I_SPEC_K_3,
     I_SPEC_MODE,
     I_W_OUT,
     SP_ACCEPTED,
@@ -99,6 +104,10 @@ def _plan_verify(rep, st, tables, cfg, spec):
             lim[n_req] = max(0, min(gamma, ri[MAX_OUT, r] - ri[GENERATED, r] - 1))
             slack[n_req] = held_entries[r] * hash_tokens + ri[HELD, r] * block_size - ri[COMPUTED, r] - 1
             n_req += 1
+    k_fixed = gamma
+    if mode == spm.MODE_BATCH_SCHEDULE:  # the k the previous step's batch size chose (replica._form_step)
+        k_fixed = spm.batch_schedule_k(gamma, int(cfg[I_SPEC_BATCH_2]), int(cfg[I_SPEC_K_2]),
+                                       int(cfg[I_SPEC_BATCH_3]), int(cfg[I_SPEC_K_3]), g[SPEC_LAG])
     g[SPEC_SLOTS] = n_req
     if n_req == 0:
         return
@@ -111,12 +120,16 @@ def _plan_verify(rep, st, tables, cfg, spec):
     draft_pp = spm.draft_seconds_per_position(tables, int(cfg[I_DRAFT_MODE]), cfg[I_DRAFT_COST], n_req,
                                               g[B_KV_DECODE])
     free_blocks = max(0, g[FREE] - g[PC_STATS + pcm.S_EVICTABLE])
-    lag = SPEC_LAG + g[STEPS] % 2  # written two steps ago, rewritten now
-    x, _, positions, k_now = spm.verify_budgets(
-        mode, gamma, n_req, surv, alpha, lim, tables, g[B_TOKENS], g[B_LOGITS], g[B_DECODES],
-        g[B_KV_DECODE], g[B_PAIRS], draft_pp, g[BUDGET], slack, free_blocks, block_size, g[lag], ell,
-        lists[L_SPEC + SP_HEAP], lists[L_SPEC + SP_SCRATCH])
-    g[lag] = k_now
+    if mode == spm.MODE_ADAPTIVE or mode == spm.MODE_SPS_TABLE:
+        x, charged, positions = _engine_budgets(rep, st, tables, cfg, spec, mode, n_req, draft_pp, free_blocks)
+    else:
+        lag = SPEC_LAG + g[STEPS] % 2  # written two steps ago, rewritten now
+        x, _, positions, k_now = spm.verify_budgets(
+            mode, gamma, k_fixed, n_req, surv, alpha, lim, tables, g[B_TOKENS], g[B_LOGITS], g[B_DECODES],
+            g[B_KV_DECODE], g[B_PAIRS], draft_pp, g[BUDGET], slack, free_blocks, block_size, g[lag], ell,
+            lists[L_SPEC + SP_HEAP], lists[L_SPEC + SP_SCRATCH])
+        g[lag] = k_now
+        charged = x
     for k in range(n_req):
         m = ell[k]
         if m == 0:
@@ -131,13 +144,43 @@ def _plan_verify(rep, st, tables, cfg, spec):
         g[SPEC_VERIFIES] += 1
     if g[USED] > g[PEAK]:
         g[PEAK] = g[USED]
-    g[BUDGET] -= x
+    g[BUDGET] -= charged
     g[B_TOKENS] += x
     g[B_LOGITS] += x
     g[B_KV_DECODE] += x
     gf[DRAFT_S] = positions * draft_pp
     g[SPEC_DECODES] += n_req
     g[SPEC_DRAFTED] += x
+
+
+@njit(cache=True, nogil=True)
+def _engine_budgets(rep, st, tables, cfg, spec, mode, n_req, draft_pp, free_blocks):
+    """``adaptive_verify`` / ``sps_table`` (``policies.speculative``): the budget from stale
+    survivals, then the top drafts by fresh ones. Under ``adaptive_verify`` vLLM's scheduler
+    has charged every decode its k drafts first. Returns (verify tokens, tokens charged to
+    the step's budget, drafted positions)."""
+    g, lists = rep.g, rep.lists
+    reqs, tok, lim = lists[L_SPEC + SP_REQS], lists[L_SPEC + SP_TOK], lists[L_SPEC + SP_LIM]
+    ell, heap, scheduled = lists[L_SPEC + SP_ELL], lists[L_SPEC + SP_HEAP], lists[L_SPEC + SP_SCRATCH]
+    gamma = int(cfg[I_SPEC_GAMMA])
+    rows, surv = st.si[S_SPEC_ROW], rep.surv
+    token_left = g[BUDGET]
+    charged = 0
+    for k in range(n_req):
+        scheduled[k] = lim[k]
+        if mode == spm.MODE_ADAPTIVE:
+            scheduled[k] = max(0, min(lim[k], token_left - charged))
+            charged += scheduled[k]
+    spm.stale_confidences(reqs, tok, n_req, spec.profiles, rows, g[RNG_SEED], spec.spread, spec.bias, gamma, surv)
+    positions = spm.drafted_positions(gamma, scheduled, n_req)
+    tau0 = g[B_LOGITS] if mode == spm.MODE_ADAPTIVE else n_req
+    b = spm.engine_budget(mode, surv, scheduled, n_req, float(tau0), gamma, tables, g[B_TOKENS],
+                          positions * draft_pp, int(cfg[I_MAX_SEQS]), spm.SPS_TABLE_CONTEXT,
+                          int(cfg[I_DRAFT_MODE]), cfg[I_DRAFT_COST], ell, heap)
+    spm.draft_confidences(reqs, tok, n_req, spec.profiles, rows, g[RNG_SEED], spec.spread, spec.bias, gamma, surv)
+    x, _, _ = spm.topk_budgets(surv, scheduled, n_req, gamma, b, token_left, rep.lists[L_SPEC + SP_SLACK],
+                               free_blocks, int(cfg[I_BLOCK_SIZE]), ell, heap)
+    return x, (charged if mode == spm.MODE_ADAPTIVE else x), positions
 
 
 @njit(cache=True, nogil=True)

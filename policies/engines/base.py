@@ -207,8 +207,9 @@ class Target:
 
     def implied(self, config: PolicyConfig, ctx: EngineContext) -> dict[str, Any]:
         """Knobs the engine sets from its flags' values (e.g. the preemption victim of a queue
-        order). Engines verify a fixed block of drafts: per-step budgets are servetune's."""
-        return {} if config.speculative_mode == "off" else {"speculative_mode": "fixed"}
+        order). A verify budget the engine has no flags for runs as its fixed block."""
+        mode = config.speculative_mode
+        return {} if mode == "off" or mode in self.speculative_modes else {"speculative_mode": "fixed"}
 
     def violations(self, config: PolicyConfig, ctx: EngineContext) -> list[str]:
         """The engine's start-up refusals of ``config``, each naming its rule and source."""
@@ -261,7 +262,7 @@ class Target:
         """The config file's mapping (hyphenated long flags); refuses what the engine would."""
         resolved = self.resolve(config, ctx)
         self.check(resolved, ctx)
-        self.check_layout(deployment, ctx)
+        self.check_layout(deployment, ctx, resolved)
         args = {**self.deployment_args(deployment), **self.dtype_args(ctx)}
         for flag in self.flags:
             if flag.knob in LORA_KNOBS and not resolved.enable_lora:
@@ -284,9 +285,7 @@ class Target:
                                   "with the matching --dtype / --kv-dtype")
         base = self.defaults(ctx)
         values: dict[str, Any] = {}
-        k = self.speculative_tokens(args)
-        if k is not None:
-            values.update(speculative_mode="fixed", num_speculative_tokens=k)
+        values.update(self.speculative_values(args))
         for flag in self.flags:
             raw = flag.read(args, _DEFAULT)
             if raw is not _DEFAULT:
@@ -298,17 +297,36 @@ class Target:
         self.check(config, ctx)
         return config
 
-    # -- speculative decoding (the drafter is the study's; the engine verifies k drafts) ----
+    # -- speculative decoding (the drafter is the study's; the engine's verify budget) -------
     #: keys that carry speculative decoding in this engine's file
     speculative_keys = ()
+    #: the ``speculative_mode`` values this engine runs (its fixed block and its own budgets)
+    speculative_modes: ClassVar[tuple[str, ...]] = ("fixed",)
 
-    def speculative_args(self, k: int, drafter: Mapping[str, str | None]) -> dict[str, Any]:
-        """The flags that verify ``k`` drafts from ``drafter`` (keys method, model, sglang)."""
+    def speculative_search_modes(self, drafter: Mapping[str, str | None], replicas: int = 1) -> tuple[str, ...]:
+        """The verify budgets searched for ``drafter`` (keys method, model, sglang) on
+        ``replicas`` replicas, besides off."""
+        return ("fixed",)
+
+    def speculative_args(self, config: PolicyConfig, drafter: Mapping[str, str | None]) -> dict[str, Any]:
+        """The flags that run ``config``'s verify budget with ``drafter`` (keys method, model, sglang)."""
         raise EngineError(f"{self.display} has no speculative decoding flags in servetune")
 
-    def speculative_tokens(self, args: Mapping[str, Any]) -> int | None:
-        """The draft length a file's speculative flags verify (None: speculation off)."""
-        return None
+    def speculative_values(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """The speculative knobs a file's flags set (empty: speculation off)."""
+        return {}
+
+    def with_drafter(self, config: PolicyConfig) -> PolicyConfig:
+        """``config`` as the engine resolves it once a drafter is on, for flags the file leaves unset."""
+        return config
+
+    def serve_env(self, config: PolicyConfig) -> dict[str, str]:
+        """Environment variables the server needs to run ``config`` (flags a config file cannot hold)."""
+        return {}
+
+    def side_files(self, config: PolicyConfig, tables) -> dict[str, str]:
+        """Files the config file points at, by name, built from the step-time ``tables``."""
+        return {}
 
     # hooks for knobs whose engine value is not the knob value (e.g. SGLang's memory fraction)
     def encode(self, flag: Flag, config: PolicyConfig, ctx: EngineContext) -> Any:
@@ -363,11 +381,17 @@ class Target:
                     f"parallel {deployment.attention_dp} must be 1 (data parallelism of a dense model is replicas)"]
         return []
 
-    def check_layout(self, deployment: Deployment, ctx: EngineContext) -> None:
-        """Raise EngineError listing every layout rule ``deployment`` breaks."""
+    def check_layout(self, deployment: Deployment, ctx: EngineContext, config: PolicyConfig | None = None) -> None:
+        """Raise EngineError listing every layout rule ``deployment`` breaks (for ``config``, if given)."""
         broken = self.layout_violations(deployment, ctx)
+        if config is not None:
+            broken += self.config_layout_violations(config, deployment)
         if broken:
             raise EngineError(f"{self.display} {self.version} refuses this layout: " + "; ".join(broken))
+
+    def config_layout_violations(self, config: PolicyConfig, deployment: Deployment) -> list[str]:
+        """What ``config`` cannot run on ``deployment`` (e.g. a setting the engine drops across replicas)."""
+        return []
 
     def replicas_per_file(self, ctx: EngineContext) -> int | None:
         """The most independent replicas one config file deploys (None: any)."""

@@ -51,19 +51,40 @@ exceeds the reserve is an out-of-memory run, and a searched trial is pruned with
 the memory and the time. A file whose static fraction leaves less than one full chunk's
 activations is refused when read (``decode``): its pool cannot be simulated.
 
+Speculative decoding: an EAGLE-family drafter verifies a chain of ``speculative-num-steps``
+drafts; DSPARK (``speculative-dspark-block-size`` k, one step of top-1 forced:
+arg_groups/speculative_hook.py:757-839) verifies the whole block under
+``SGLANG_RAGGED_VERIFY_MODE=static`` (``fixed``), or, under ``compact``, the budget its
+planner picks against ``speculative-dspark-sps-table-path`` over confidences two steps old,
+then the globally most likely drafts (srt/speculative/dspark_components/dspark_planner.py:
+867-904, kernels/ops/speculative/dspark/dspark_schedule.py:53-131; ``sps_table``). The mode
+is an environment variable, so the file's header and ``bench.sh`` carry it (``serve_env``),
+and servetune writes the table (``sps_table``) beside the file. Without a table SGLang's
+planner verifies everything: that is ``fixed``. ``cap-accept`` runs the whole block and
+only caps acceptance, so it never beats static and is not searched. Compact's padding of
+the verify tokens to a CUDA-graph tier (srt/speculative/ragged_verify.py:146-165) is not
+modelled. Any drafter resets an unset ``max-running-requests`` to 48.
+
 Source references are to the installed SGLang 0.5.23 package (``site-packages/sglang``).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
 from costmodels.costmodel import CostModelError
-from policies.config import PolicyConfig
+from policies import speculative as spm
+from policies.config import DRAFT_COST_MODES, PolicyConfig
 from policies.engines.base import Deployment, EngineContext, EngineError, Flag, Target, int_arg
 
 VERSION = "0.5.23"
+#: max-running-requests of a speculative server whose file leaves it unset (arg_groups/speculative_hook.py:
+#: 438-445 for EAGLE-family and DFlash drafters, :852-860 for DSPARK)
+SPECULATIVE_MAX_RUNNING_REQUESTS = 48
+#: the SPS table written beside sglang.yaml for DSPARK's planner
+SPS_TABLE_FILE = "sps.json"
 
 #: srt/arg_groups/memory_hook.py:89-180: (below MiB, chunked_prefill_size, decode CUDA-graph
 #: max batch at TP < 4, at TP >= 4), by the GPU memory CUDA reports.
@@ -154,24 +175,73 @@ class SGLang(Target):
         return implied
 
     speculative_keys = ("speculative-algorithm", "speculative-draft-model-path", "speculative-num-steps",
-                        "speculative-eagle-topk", "speculative-num-draft-tokens")
+                        "speculative-eagle-topk", "speculative-num-draft-tokens", "speculative-dspark-block-size",
+                        "speculative-dspark-sps-table-path")
+    speculative_modes = ("fixed", "sps_table")
 
-    def speculative_args(self, k: int, drafter) -> dict[str, Any]:
-        # a chain of k drafts: k steps of one candidate each, k + 1 tokens verified with the root
+    def speculative_search_modes(self, drafter, replicas: int = 1) -> tuple[str, ...]:
+        return ("fixed", "sps_table") if drafter.get("sglang") == "DSPARK" else ("fixed",)
+
+    def speculative_args(self, config: PolicyConfig, drafter) -> dict[str, Any]:
+        k = config.num_speculative_tokens
         flags: dict[str, Any] = {"speculative-algorithm": drafter["sglang"]}
         if drafter.get("model") is not None:
             flags["speculative-draft-model-path"] = drafter["model"]
+        if drafter["sglang"] == "DSPARK":
+            # one step of top-1 with k + 1 verified tokens is forced (arg_groups/speculative_hook.py:757-839)
+            flags["speculative-dspark-block-size"] = k
+            if config.speculative_mode == "sps_table":
+                flags["speculative-dspark-sps-table-path"] = SPS_TABLE_FILE
+            return flags
+        if config.speculative_mode == "sps_table":
+            raise EngineError(f"an SPS table drives DSPARK's planner only; the drafter is {drafter['sglang']!r}")
+        # a chain of k drafts: k steps of one candidate each, k + 1 tokens verified with the root
         return {**flags, "speculative-num-steps": k, "speculative-eagle-topk": 1, "speculative-num-draft-tokens": k + 1}
 
-    def speculative_tokens(self, args) -> int | None:
-        if "speculative-num-steps" not in args:
-            return None
+    def speculative_values(self, args) -> dict[str, Any]:
+        algorithm = args.get("speculative-algorithm")
+        if algorithm is None:
+            return {}
+        values: dict[str, Any] = {"speculative_mode": "fixed"}
+        if "max-running-requests" not in args:  # any drafter: arg_groups/speculative_hook.py:438-445, :852-860
+            values["max_num_seqs"] = SPECULATIVE_MAX_RUNNING_REQUESTS
+        if str(algorithm).upper() == "DSPARK":
+            k = args.get("speculative-dspark-block-size")
+            if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
+                raise EngineError("servetune needs DSPARK's block size as a positive speculative-dspark-block-size "
+                                  f"(got {k!r}); SGLang otherwise reads it from the draft checkpoint "
+                                  "[arg_groups/speculative_hook.py:791-839]")
+            drafts = args.get("speculative-num-draft-tokens")
+            if drafts is not None and drafts != k + 1:
+                raise EngineError(f"DSpark speculative_num_draft_tokens must equal gamma + 1 (= {k + 1}), got "
+                                  f"{drafts!r} [arg_groups/speculative_hook.py:824-839]")
+            values["num_speculative_tokens"] = k
+            # the table feeds the planner only under SGLANG_RAGGED_VERIFY_MODE compact (a no-op when
+            # static: speculative_hook.py:878-883); servetune runs a file with a table as compact
+            if args.get("speculative-dspark-sps-table-path"):
+                values["speculative_mode"] = "sps_table"
+            return values
         k, topk, drafts = (args.get(key) for key in ("speculative-num-steps", "speculative-eagle-topk",
                                                      "speculative-num-draft-tokens"))
-        if topk != 1 or drafts != k + 1:
-            raise EngineError("servetune simulates a chain of drafts: speculative-eagle-topk 1 and "
-                              f"speculative-num-draft-tokens = num-steps + 1; got topk {topk!r}, draft tokens {drafts!r}")
-        return k
+        if not isinstance(k, int) or topk != 1 or drafts != k + 1:
+            raise EngineError("servetune simulates a chain of drafts: speculative-num-steps k, speculative-eagle-topk "
+                              f"1 and speculative-num-draft-tokens k + 1; got {k!r}, topk {topk!r}, draft tokens "
+                              f"{drafts!r}")
+        values["num_speculative_tokens"] = k
+        return values
+
+    def with_drafter(self, config: PolicyConfig) -> PolicyConfig:
+        return config.replace(max_num_seqs=SPECULATIVE_MAX_RUNNING_REQUESTS)
+
+    def side_files(self, config: PolicyConfig, tables) -> dict[str, str]:
+        if config.speculative_mode != "sps_table":
+            return {}
+        return {SPS_TABLE_FILE: json.dumps(sps_table(tables, config), indent=1) + "\n"}
+
+    def serve_env(self, config: PolicyConfig) -> dict[str, str]:
+        # the DSPARK planner's mode is an environment variable (srt/environ.py:1572, srt/speculative/
+        # ragged_verify.py:13-27); compact verifies only the planned drafts
+        return {"SGLANG_RAGGED_VERIFY_MODE": "compact"} if config.speculative_mode == "sps_table" else {}
 
     def violations(self, config: PolicyConfig, ctx: EngineContext) -> list[str]:
         broken = []
@@ -378,3 +448,21 @@ ENGINE = SGLang(
                   "waiting), total_tokens (fewest tokens)"),
     ),
 )
+
+
+def sps_table(tables, config: PolicyConfig) -> dict[str, Any]:
+    """SGLang's ``SpsCostTable`` JSON for DSPARK's planner under ``config``, from the step-time
+    model: steps per second at the request counts SGLang's profiler probes up to
+    ``max-running-requests`` (``policies.speculative.sps_probe_counts``), each a decode step
+    of that many requests verifying ``num_speculative_tokens`` + 1 tokens at
+    ``SPS_TABLE_CONTEXT`` KV tokens, drafting included. Keys and rules of
+    srt/speculative/dspark_components/dspark_sps.py:14-36 (probes strictly increasing
+    integers, as many rates, ``max_batch_tokens`` at least the last probe); the simulator's
+    ``sps_table`` mode reads the same figures (``policies.speculative.sps_table_seconds``)."""
+    gamma, most = config.num_speculative_tokens, config.max_num_seqs
+    draft_mode = DRAFT_COST_MODES.index(config.speculative_draft_cost_mode)
+    counts = spm.sps_probe_counts(most)
+    rates = [1.0 / spm.sps_table_seconds(tables, p, gamma, spm.SPS_TABLE_CONTEXT, draft_mode,
+                                         config.speculative_draft_cost) for p in counts]
+    return {"sample_batch_tokens": [p * (gamma + 1) for p in counts], "sample_steps_per_sec": rates,
+            "max_batch_tokens": most * (gamma + 1)}

@@ -44,6 +44,19 @@ computes more than the budget (v1/core/sched/scheduler.py:719: ``token_budget =
 self.max_num_scheduled_tokens``), which the profile covered, so vLLM never runs out of
 activation memory; running out of KV blocks preempts (recompute), as above.
 
+Speculative decoding (``speculative-config``, the study's drafter): ``num_speculative_tokens``
+drafts per decode (``fixed``); ``num_speculative_tokens_per_batch_size``, where the
+scheduler picks k from the requests it scheduled in a step, prefills included, for the
+drafts proposed after it and verified in the next step (v1/core/sched/scheduler.py:
+1709-1714, v1/core/sched/output.py:313-316; ``batch_schedule``; the rules in
+``batch_schedule_knobs``); DSpark's ``enable_adaptive_verification``, where the scheduler
+still charges every decode its k drafts and the worker keeps the budget best for its
+warm-up cost tables over confidences one drafting round old, then admits the globally
+most likely drafts (v1/worker/gpu/spec_decode/adaptive_verification.py:46-72, 305-373;
+``adaptive_verify``). vLLM drops the schedule under data parallelism (config/vllm.py:
+1110-1127), so a file deploying replicas refuses it. KV lookahead slots for the largest k
+are not held in the simulation, only the verified drafts' slots.
+
 Source references are to the installed vLLM 0.33.0 package (``site-packages/vllm``).
 """
 
@@ -172,16 +185,63 @@ class VLLM(Target):
                 "migration": False, "prefill_replicas": 0}
 
     speculative_keys = ("speculative-config",)
+    speculative_modes = ("fixed", "batch_schedule", "adaptive_verify")
     # fp8 weights quantized online (model_executor/model_loader/weight_utils.py:356-359: plain
     # "fp8" is deprecated for that); fp8 KV: config/cache.py CacheDType
     dtype_keys = {"dtype": ("quantization", "fp8_per_tensor"), "kv_dtype": ("kv-cache-dtype", "fp8")}
 
-    def speculative_args(self, k: int, drafter) -> dict[str, Any]:
-        # vllm/config/speculative.py SpeculativeConfig: method, model, num_speculative_tokens
-        spec = {"method": drafter["method"]}
+    def speculative_search_modes(self, drafter, replicas: int = 1) -> tuple[str, ...]:
+        # adaptive verification reads a DSpark draft's confidence head (vllm/config/speculative.py:585-587:
+        # "Currently only supported for method=dspark"); replicas drop the schedule (config_layout_violations)
+        return ("fixed", *(("batch_schedule",) if replicas == 1 else ()),
+                *(("adaptive_verify",) if drafter.get("method") == "dspark" else ()))
+
+    def speculative_args(self, config: PolicyConfig, drafter) -> dict[str, Any]:
+        # vllm/config/speculative.py SpeculativeConfig: method, model, num_speculative_tokens (the largest k,
+        # which sizes the KV lookahead: config/vllm.py:626-652), the per-batch-size schedule (:524), adaptive
+        # verification (:585-587)
+        spec: dict[str, Any] = {"method": drafter["method"]}
         if drafter.get("model") is not None:
             spec["model"] = drafter["model"]
-        return {"speculative-config": {**spec, "num_speculative_tokens": k}}
+        spec["num_speculative_tokens"] = config.num_speculative_tokens
+        if config.speculative_mode == "batch_schedule":
+            spec["num_speculative_tokens_per_batch_size"] = batch_schedule_ranges(config)
+        elif config.speculative_mode == "adaptive_verify":
+            if drafter["method"] != "dspark":
+                raise EngineError(f"adaptive verification is simulated for a DSpark drafter (method dspark), not "
+                                  f"{drafter['method']!r} [vllm/config/speculative.py:585-587]")
+            spec["enable_adaptive_verification"] = True
+        return {"speculative-config": spec}
+
+    def speculative_values(self, args) -> dict[str, Any]:
+        spec = args.get("speculative-config")
+        if spec is None:
+            return {}
+        k = spec.get("num_speculative_tokens") if isinstance(spec, dict) else None
+        if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
+            raise EngineError(f"speculative-config must be a mapping with num_speculative_tokens > 0, got {spec!r} "
+                              "[vllm/config/speculative.py:413]")
+        values: dict[str, Any] = {"speculative_mode": "fixed", "num_speculative_tokens": k}
+        schedule = spec.get("num_speculative_tokens_per_batch_size")
+        adaptive = spec.get("enable_adaptive_verification", False)
+        if not isinstance(adaptive, bool):
+            raise EngineError(f"enable_adaptive_verification must be true or false, got {adaptive!r}")
+        if schedule is not None and adaptive:
+            raise EngineError("servetune simulates a per-batch-size schedule or adaptive verification, not both")
+        if schedule:  # an empty list is static k (v1/core/sched/scheduler.py:324)
+            values.update(speculative_mode="batch_schedule", **batch_schedule_knobs(schedule, k))
+        if adaptive:
+            if spec.get("method") != "dspark":
+                raise EngineError("servetune simulates adaptive verification for method dspark only "
+                                  "[vllm/config/speculative.py:585-587]")
+            values["speculative_mode"] = "adaptive_verify"
+        return values
+
+    def config_layout_violations(self, config: PolicyConfig, deployment: Deployment) -> list[str]:
+        if config.speculative_mode == "batch_schedule" and deployment.replicas * deployment.attention_dp > 1:
+            return ["vLLM drops num_speculative_tokens_per_batch_size under data parallelism and runs the static k "
+                    "[vllm/config/vllm.py:1110-1127]: run the replicas as separate `vllm serve` instances"]
+        return []
 
     def from_args(self, args, ctx: EngineContext) -> PolicyConfig:
         config = super().from_args(args, ctx)
@@ -193,14 +253,6 @@ class VLLM(Target):
                                   "speculative decoding [vllm/config/vllm.py:1668-1678]")
             config = config.replace(async_scheduling=False)  # resolved off, with a warning (vllm.py:1711-1717)
         return config
-
-    def speculative_tokens(self, args) -> int | None:
-        spec = args.get("speculative-config")
-        if spec is None:
-            return None
-        if not isinstance(spec, dict) or not isinstance(spec.get("num_speculative_tokens"), int):
-            raise EngineError(f"speculative-config must be a mapping with num_speculative_tokens, got {spec!r}")
-        return spec["num_speculative_tokens"]
 
     def violations(self, config: PolicyConfig, ctx: EngineContext) -> list[str]:
         broken = []
@@ -226,6 +278,10 @@ class VLLM(Target):
         if max_len and ctx.context_len and max_len > ctx.context_len:
             broken.append(f"max-model-len {max_len} exceeds the model's max_position_embeddings {ctx.context_len} "
                           "[vllm/config/model.py: User-specified max_model_len is greater than the derived]")
+        if config.speculative_mode == "batch_schedule":
+            broken += schedule_violations(config)
+        if config.speculative_mode == "adaptive_verify" and config.enable_lora:
+            broken.append("Adaptive verification is not currently compatible with LoRA [vllm/config/vllm.py:3158-3163]")
         if config.enable_lora:
             if config.max_lora_rank not in LORA_RANKS:
                 broken.append(f"max-lora-rank {config.max_lora_rank} is not one of {list(LORA_RANKS)} "
@@ -241,6 +297,68 @@ class VLLM(Target):
         top = max(2, min(adapters, 64))
         return {"max_loras": {"low": 1, "high": top, "log": True},
                 "max_cpu_loras": {"low": 1, "high": max(2, adapters), "log": True, "off": True}}
+
+
+def batch_schedule_ranges(config: PolicyConfig) -> list[list[int]]:
+    """``num_speculative_tokens_per_batch_size`` of a ``batch_schedule`` config: inclusive
+    (first, last batch size, k) ranges from 1, the last open to ``max-num-seqs``."""
+    starts = [1] + [b for b in (config.speculative_batch_2, config.speculative_batch_3) if b > 0]
+    ks = [config.num_speculative_tokens, config.speculative_k_2, config.speculative_k_3][:len(starts)]
+    ends = [b - 1 for b in starts[1:]] + [max(config.max_num_seqs, starts[-1])]
+    return [[start, end, k] for start, end, k in zip(starts, ends, ks, strict=True)]
+
+
+def batch_schedule_knobs(schedule: Any, largest: int) -> dict[str, int]:
+    """The ``batch_schedule`` knobs of a file's ``num_speculative_tokens_per_batch_size``, read by
+    vLLM's rules (v1/spec_decode/dynamic/utils.py:7-74): 3-item (start, end, k) entries,
+    positive, start <= end, k >= 0, sorted by start, not overlapping, the first from 1; a
+    gap takes the range before it and k above ``largest`` is cut to it (:105-146).
+    EngineError for what vLLM refuses, or for more than three runs of one k."""
+    where = "[vllm/v1/spec_decode/dynamic/utils.py:7-74]"
+    if not isinstance(schedule, list):
+        raise EngineError(f"num_speculative_tokens_per_batch_size must be a list of [start, end, k], got "
+                          f"{schedule!r} {where}")
+    entries = []
+    for entry in schedule:
+        if not isinstance(entry, list | tuple) or len(entry) != 3 or not all(
+                isinstance(v, int) and not isinstance(v, bool) for v in entry):
+            raise EngineError(f"each num_speculative_tokens_per_batch_size entry must be [start, end, k] integers, "
+                              f"got {entry!r} {where}")
+        start, end, k = entry
+        if start <= 0 or end <= 0 or start > end or k < 0:
+            raise EngineError(f"batch-size range {list(entry)} must have 0 < start <= end and k >= 0 {where}")
+        entries.append((start, end, k))
+    entries.sort()
+    if entries[0][0] != 1:
+        raise EngineError(f"the first batch-size range must start at 1, got {entries[0][0]} {where}")
+    runs: list[tuple[int, int]] = []  # (first batch size, k), merging equal neighbours
+    for i, (start, end, k) in enumerate(entries):
+        if i and start <= entries[i - 1][1]:
+            raise EngineError(f"batch-size ranges must be non-overlapping and sorted: {list(entries[i - 1])} and "
+                              f"{[start, end, k]} {where}")
+        if not runs or runs[-1][1] != min(k, largest):
+            runs.append((start, min(k, largest)))
+    if len(runs) > 3:
+        raise EngineError(f"servetune simulates a schedule of at most 3 ranges of one k; this one has {len(runs)}")
+    if runs[0][1] != largest:
+        raise EngineError(f"servetune simulates schedules whose first range verifies num_speculative_tokens "
+                          f"({largest}); this one verifies {runs[0][1]} there: lower num_speculative_tokens")
+    knobs = {"speculative_batch_2": 0, "speculative_k_2": 0, "speculative_batch_3": 0, "speculative_k_3": 0}
+    for n, (start, k) in enumerate(runs[1:], start=2):
+        knobs[f"speculative_batch_{n}"], knobs[f"speculative_k_{n}"] = start, k
+    return knobs
+
+
+def schedule_violations(config: PolicyConfig) -> list[str]:
+    """What vLLM refuses in a ``batch_schedule`` config's ranges (v1/spec_decode/dynamic/utils.py:43-72)."""
+    b2, b3 = config.speculative_batch_2, config.speculative_batch_3
+    if b2 == 1:
+        return ["speculative_batch_2 1 leaves the range from batch size 1 empty: the first range must start at 1 "
+                "and end at or after it [vllm/v1/spec_decode/dynamic/utils.py:47-51, 67-72]"]
+    if b3 and not b2 < b3:
+        return [f"speculative_batch_3 ({b3}) must follow speculative_batch_2 ({b2}): batch-size ranges must be "
+                "non-overlapping and sorted [vllm/v1/spec_decode/dynamic/utils.py:61-65]"]
+    return []
 
 
 def memory_violations(config: PolicyConfig, ctx: EngineContext) -> list[str]:

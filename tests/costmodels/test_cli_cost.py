@@ -29,6 +29,20 @@ def test_show_text_and_sps_export(tmp_path):
     assert result.exit_code == 0 and out.read_text().startswith("batch_tokens,")
 
 
+def test_sps_writes_sglangs_dspark_table(tmp_path):
+    out = tmp_path / "sps.json"
+    base = ["cost", "sps", "--model", "meta-llama/Llama-3.1-8B", "--gpu", "h100", "-o", str(out)]
+    result = runner.invoke(app, [*base, "--format", "sglang-dspark", "--block-size", "5",
+                                 "--max-running-requests", "20"])
+    assert result.exit_code == 0, result.output
+    table = json.loads(out.read_text())
+    assert table["sample_batch_tokens"] == [6, 12, 24, 48, 96, 120]  # 1, 2, 4, 8, 16 and 20 requests x (5 + 1)
+    assert table["max_batch_tokens"] == 120 and len(table["sample_steps_per_sec"]) == 6
+    bad = runner.invoke(app, [*base, "--format", "sglang-dspark", "--block-size", "40"])
+    assert bad.exit_code == 2 and "num_speculative_tokens" in bad.output
+    assert runner.invoke(app, [*base, "--format", "yaml"]).exit_code == 2
+
+
 @pytest.mark.parametrize("args, message", [
     (["--model", "nope", "--gpu", "h100"], "unknown model 'nope'"),
     (["--model", "llama-3.1-8b", "--gpu", "tpu"], "unknown GPU 'tpu'"),

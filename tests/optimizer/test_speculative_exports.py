@@ -72,11 +72,12 @@ def test_speculation_off_writes_nothing_and_reads_back_nothing(backend):
     assert read_back(text, backend).speculative_mode == "off"
 
 
-@pytest.mark.parametrize("backend", ["vllm", "sglang"])
-@pytest.mark.parametrize("mode", [m for m in SPECULATIVE_MODES if m not in ("off", "fixed")])
-def test_adaptive_verify_budgets_become_the_engines_fixed_block(backend, mode):
-    # the engines verify every draft every step: a per-step budget is servetune's what-if, and
-    # an engine file of such a config runs (and reads back as) the fixed block of k drafts
+@pytest.mark.parametrize("backend, mode", [(b, m) for b in ("vllm", "sglang") for m in SPECULATIVE_MODES
+                                            if m != "off" and m not in target(b).speculative_modes])
+def test_what_if_verify_budgets_become_the_engines_fixed_block(backend, mode):
+    # a per-step budget the engine has no flag for is servetune's what-if: an engine file of
+    # such a config runs (and reads back as) the fixed block of k drafts (the engines' own
+    # budgets: tests/policies/test_engine_speculative.py)
     config = speculating(mode, k=7, backend=backend)
     runs = target(backend).resolve(config, CTX)
     assert (runs.speculative_mode, runs.num_speculative_tokens) == ("fixed", 7)

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import optuna
 import pytest
 
 from optimizer.search.drafter import Drafter, DrafterError, drafter_from_mapping, load_drafter
 from optimizer.search.evaluate import Evaluator
-from optimizer.search.space import build_space
+from optimizer.search.space import WHAT_IF_SPECULATIVE_MODES, build_space
 from optimizer.search.spec import SpecError, load_spec, spec_from_dict
-from policies.config import SPECULATIVE_MODES
 from policies.speculative import DEFAULT_PROFILE
 from tests.optimizer.tuning_helpers import (
     burst_cost_model,
@@ -35,7 +35,7 @@ draft_cost = 0.4
 [profiles]
 code = [0.95, 0.9]
 """
-SPECULATING = [m for m in SPECULATIVE_MODES if m != "off"]
+SPECULATING = [m for m in WHAT_IF_SPECULATIVE_MODES if m != "off"]
 
 
 @pytest.fixture
@@ -100,10 +100,10 @@ def test_without_a_drafter_nothing_speculative_is_searched():
 def test_a_drafter_opens_every_verify_budget_policy_and_the_draft_length():
     space = build_space(drafter_tokens=5)
     described = dict(space.describe())
-    assert described["speculative_mode"] == "{" + ", ".join(SPECULATIVE_MODES) + "}"
+    assert described["speculative_mode"] == "{" + ", ".join(WHAT_IF_SPECULATIVE_MODES) + "}"
     assert described["num_speculative_tokens"] == f"[1, 5] when speculative_mode in {SPECULATING}"
     runs = sampled(space, 80)
-    assert {c.speculative_mode for c, _ in runs} == set(SPECULATIVE_MODES)
+    assert {c.speculative_mode for c, _ in runs} == set(WHAT_IF_SPECULATIVE_MODES)
     for config, params in runs:
         assert ("num_speculative_tokens" in params) == (config.speculative_mode != "off")
         assert 1 <= config.num_speculative_tokens <= 5 or config.speculative_mode == "off"
@@ -112,6 +112,37 @@ def test_a_drafter_opens_every_verify_budget_policy_and_the_draft_length():
                             "num_speculative_tokens": {"low": 2, "high": 4}}, drafter_tokens=5)
     assert {c.speculative_mode for c, _ in sampled(narrowed, 30)} == {"off", "dspark"}
     assert dict(narrowed.describe())["num_speculative_tokens"].startswith("[2, 4] when speculative_mode")
+
+
+DSPARK_TOML = 'method = "dspark"\nacceptance = [0.9, 0.8, 0.7, 0.6]\n'
+
+
+@pytest.mark.parametrize("engine, drafter, modes", [
+    ("vllm", DSPARK_TOML, ["off", "fixed", "batch_schedule", "adaptive_verify"]),
+    ("vllm", DRAFTER_TOML, ["off", "fixed", "batch_schedule"]),  # adaptive verification reads DSpark's head
+    ("sglang", DSPARK_TOML, ["off", "fixed", "sps_table"]),
+    ("sglang", DRAFTER_TOML, ["off", "fixed"]),  # only DSPARK's planner reads an SPS table
+])
+def test_an_engine_searches_the_verify_budgets_its_file_can_carry(tmp_path, trace, engine, drafter, modes):
+    path = tmp_path / "drafter.toml"
+    path.write_text(drafter)
+    spec = load_spec(trace=trace, model="m", gpu="h100", slo="ttft:2000", speculative=path, engine=engine)
+    runs = sampled(spec.search_space, 120)
+    assert {c.speculative_mode for c, _ in runs} == set(modes)
+    k = spec.speculative.max_draft_tokens
+    for config, params in runs:
+        scheduled = config.speculative_mode == "batch_schedule"
+        assert ("speculative_batch_2" in params) == ("speculative_k_3" in params) == scheduled
+        if scheduled:
+            assert config.speculative_batch_2 >= 2 and 0 <= config.speculative_k_2 <= k
+            assert config.speculative_batch_3 == 0 or config.speculative_batch_3 >= 3
+    # the defaults are scored with the drafter verifying its whole draft too (SGLang: 48 running requests)
+    presets = Evaluator(spec, trace=make_trace(), cost_model=burst_cost_model()).baselines()
+    with_drafter = {name: c for name, c in presets.items() if "+drafter" in name}
+    assert len(with_drafter) == 1 and len(presets) == 2
+    (config,) = with_drafter.values()
+    assert (config.speculative_mode, config.num_speculative_tokens) == ("fixed", k)
+    assert config.max_num_seqs == (48 if engine == "sglang" else presets[f"{engine}-default"].max_num_seqs)
 
 
 # ======================================================================================
@@ -202,3 +233,11 @@ def test_tune_names_a_bad_drafter_file(trace, tmp_path):
                           "--no-outputs"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert f"drafter file {bad}" in out.stderr and "position 2 must be in [0, 1]" in out.stderr
+
+
+@pytest.mark.parametrize("name, method, sglang", [("dspark", "dspark", "DSPARK"), ("eagle3", "eagle3", "EAGLE3")])
+def test_the_example_drafters_load_with_their_engines_names(name, method, sglang):
+    drafter = load_drafter(Path(__file__).parents[2] / "studies" / "examples" / "drafters" / f"{name}.toml")
+    assert (drafter.method, drafter.sglang) == (method, sglang)
+    assert all(0.0 < p < 1.0 for p in drafter.acceptance.default)
+    assert drafter.max_draft_tokens <= len(drafter.acceptance.default)

@@ -26,10 +26,14 @@ from policies.kernel_state import (
 )
 from policies.result import Reject, State
 from policies.speculative import (
+    MODE_ADAPTIVE,
+    MODE_BATCH_SCHEDULE,
     MODE_DSPARK,
     MODE_DSPARK_LAGGED,
     MODE_OFF,
     MODE_SMARTSPEC,
+    MODE_SPS_TABLE,
+    SPS_TABLE_CONTEXT,
     AcceptanceModel,
 )
 
@@ -164,6 +168,7 @@ class Reference:
         self.spread, self.bias, self.seed = model.spread, model.bias, seed
         self.counts = rspec.AcceptanceCounts()
         self.lag = [0, 0]
+        self.prev_scheduled = 0  # batch_schedule: requests the last step scheduled
         self.spec = {"decodes": 0, "verifies": 0, "drafted": 0, "accepted": 0}
         # fleet hooks (tests/policies/reference_fleet.py): a P/D prefill replica hands each
         # request off once it has sampled a token; admissions are reported when asked
@@ -700,10 +705,18 @@ class Reference:
         if c.speculative_draft_cost_mode == "fraction":  # a share of the target's decode step
             draft_pp = c.speculative_draft_cost * step_seconds(self.tables, n, n, n, p[3], 0)[0]
         free_blocks = max(0, self.free - self.cache.cache_blocks()[1])
-        lag = self.steps % 2
-        ell, x, _, positions, self.lag[lag], _ = rspec.verify_budgets(
-            self.spec_mode, gamma, surv, alpha, lim, self.tables, tuple(p[:5]), draft_pp, self.budget, slack,
-            free_blocks, bs, self.lag[lag])
+        if self.spec_mode in (MODE_ADAPTIVE, MODE_SPS_TABLE):
+            ell, x, charged, positions = self.engine_budgets(slots, lim, slack, free_blocks, draft_pp, p)
+        else:
+            k_fixed = gamma
+            if self.spec_mode == MODE_BATCH_SCHEDULE:
+                k_fixed = rspec.schedule_k(gamma, c.speculative_batch_2, c.speculative_k_2, c.speculative_batch_3,
+                                           c.speculative_k_3, self.prev_scheduled)
+            lag = self.steps % 2
+            ell, x, _, positions, self.lag[lag], _ = rspec.verify_budgets(
+                self.spec_mode, gamma, k_fixed, surv, alpha, lim, self.tables, tuple(p[:5]), draft_pp, self.budget,
+                slack, free_blocks, bs, self.lag[lag])
+            charged = x
         for r, m in zip(slots, ell, strict=True):
             if m:
                 take = private_blocks(r.computed + 1 + m, self.cache.held[r.id], bt, bs) - r.held
@@ -711,10 +724,31 @@ class Reference:
                 self.hold(r, take)
                 self.spec["verifies"] += 1
         self.peak = max(self.peak, self.used)
-        self.budget -= x
+        self.budget -= charged
         self.spec["decodes"] += n
         self.spec["drafted"] += x
         return slots, ell, x, positions * draft_pp
+
+    def engine_budgets(self, slots, lim, slack, free_blocks, draft_pp, p):
+        """adaptive_verify / sps_table: (ell, verify tokens, tokens charged, drafted positions)."""
+        c, gamma = self.c, self.c.num_speculative_tokens
+        adaptive = self.spec_mode == MODE_ADAPTIVE
+        scheduled, charged = list(lim), 0
+        if adaptive:  # vLLM's scheduler charges every decode its drafts first
+            for k, m in enumerate(lim):
+                scheduled[k] = max(0, min(m, self.budget - charged))
+                charged += scheduled[k]
+        rows = [self.profiles[self.profile_rows[r.id]] for r in slots]
+        stale = [rspec.stale_survival(row, self.seed, r.id, r.generated, gamma, self.spread, self.bias)
+                 for row, r in zip(rows, slots, strict=True)]
+        positions = rspec.drafted(gamma, scheduled)
+        b = rspec.engine_budget(self.spec_mode, stale, scheduled, p[1] if adaptive else len(slots), gamma,
+                                self.tables, p[0], positions * draft_pp, c.max_num_seqs,
+                                SPS_TABLE_CONTEXT, c.speculative_draft_cost_mode, c.speculative_draft_cost)
+        fresh = [rspec.survival(row, self.seed, r.id, r.generated, gamma, self.spread, self.bias)
+                 for row, r in zip(rows, slots, strict=True)]
+        ell, x = rspec.topk(fresh, scheduled, b, self.budget, rspec.KV(slack, free_blocks, self.bs))
+        return ell, x, charged if adaptive else x, positions
 
     def settle_verify(self, slots, ell) -> None:
         """Sample each verify; keep the accepted drafts (up to the output length), free the rest's KV."""
@@ -878,6 +912,8 @@ class Reference:
         slots, ell, x, draft_s = [], [], 0, 0.0
         if self.spec_mode != MODE_OFF and p[2] > 0:
             slots, ell, x, draft_s = self.plan_verify(p)
+        if self.spec_mode == MODE_BATCH_SCHEDULE:
+            self.prev_scheduled = len(self.batch)
         dt, oor = step_seconds(self.tables, p[0] + x, p[1] + x, p[2], p[3] + x, p[4])
         if p[0] + x > self.peak_step:
             self.peak_step, self.peak_step_s = p[0] + x, self.t

@@ -12,6 +12,7 @@ from __future__ import annotations
 from costmodels.steptable import step_seconds, step_seconds_at_tile_ends
 from policies.speculative import (
     ALPHA_DECAY,
+    MODE_ADAPTIVE,
     MODE_DSPARK,
     MODE_DSPARK_LAGGED,
     MODE_OFF,
@@ -19,6 +20,9 @@ from policies.speculative import (
     PRIOR_TRIALS,
     STREAM_ACCEPT,
     STREAM_NOISE,
+    SURVIVAL_EPS,
+    VERIFY_PROFILE_CONTEXT,
+    sps_probe_counts,
 )
 
 MASK = (1 << 64) - 1
@@ -197,7 +201,7 @@ def topk(surv, lim, k_total, token_left, kv):
     return ell, x
 
 
-def verify_budgets(mode, gamma, surv, alpha, lim, tables, shape, draft_pp, token_left, slack, free_blocks,
+def verify_budgets(mode, gamma, k_fixed, surv, alpha, lim, tables, shape, draft_pp, token_left, slack, free_blocks,
                    block_size, lag_k):
     """(ell, verify tokens, blocks taken, drafted positions, K now, slack after)."""
     kv = KV(slack, free_blocks, block_size)
@@ -212,7 +216,7 @@ def verify_budgets(mode, gamma, surv, alpha, lim, tables, shape, draft_pp, token
         ell, x = topk(surv, lim, lag_k, token_left, kv)
         positions = drafted(gamma, lim)
     else:
-        k_verify = gamma
+        k_verify = k_fixed
         if mode == MODE_SMARTSPEC:
             k_verify = smartspec_k(alpha, lim, gamma, tables, shape, draft_pp, token_left)
         ell, x = fixed(k_verify, lim, token_left, kv)
@@ -241,3 +245,58 @@ class AcceptanceCounts:
         self.trials[r] = ALPHA_DECAY * self.trials.get(r, 0.0) + tested
         self.run_hits = ALPHA_DECAY * self.run_hits + accepted
         self.run_trials = ALPHA_DECAY * self.run_trials + tested
+
+
+# -- the engines' budgets ----------------------------------------------------------------
+def schedule_k(gamma, batch_2, k_2, batch_3, k_3, scheduled) -> int:
+    """vLLM's k after a step of ``scheduled`` requests: the last range starting at or below it."""
+    k = gamma
+    if scheduled > 0:
+        for start, value in ((batch_2, k_2), (batch_3, k_3)):
+            if 0 < start <= scheduled:
+                k = value
+    return min(k, gamma)
+
+
+def stale_survival(profile_row, seed, r, t, gamma, spread, bias) -> list[float]:
+    """An earlier draft's survival (token index t - 1); sure for a first verify."""
+    return [1.0] * gamma if t <= 1 else survival(profile_row, seed, r, t - 1, gamma, spread, bias)
+
+
+def draft_per_position(tables, mode, value, n, kv) -> float:
+    if n == 0:
+        return 0.0
+    return value * step_seconds(tables, n, n, n, kv, 0)[0] if mode == "fraction" else value * 1e-3
+
+
+def sps_probe_time(tables, requests, gamma, context, draft_mode, draft_value) -> float:
+    tokens = requests * (gamma + 1)
+    seconds = step_seconds(tables, tokens, tokens, requests, requests * context + requests * gamma, 0)[0]
+    return seconds + gamma * draft_per_position(tables, draft_mode, draft_value, requests, requests * context)
+
+
+def engine_budget(mode, surv, lim, tau0, gamma, tables, b_tokens, draft_s, most, context, draft_mode,
+                  draft_value) -> int:
+    """The total drafts the engine keeps: the first argmax over the global survival order."""
+    n = len(lim)
+
+    def value(tau, b):
+        if mode == MODE_ADAPTIVE:
+            tokens = b_tokens + b
+            requests = max(1, (tokens + gamma) // (gamma + 1))
+            verify = step_seconds(tables, tokens, tokens, requests, requests * VERIFY_PROFILE_CONTEXT + tokens, 0)[0]
+            return tau / (draft_s + verify)
+        q = (n + b) // (gamma + 1)
+        probe = max([p for p in sps_probe_counts(most) if p <= q], default=1)
+        return tau / sps_probe_time(tables, probe, gamma, context, draft_mode, draft_value)
+
+    tau, best_b = float(tau0), 0
+    best = value(tau, 0)
+    for b, (_, a) in enumerate(extensions(surv, lim), start=1):
+        if mode != MODE_ADAPTIVE and a < SURVIVAL_EPS:
+            break
+        tau += a
+        v = value(tau, b)
+        if v > best:
+            best, best_b = v, b
+    return best_b

@@ -136,11 +136,15 @@ def test_kernel_equals_reference(trace, config, kv_tokens, host_tokens):
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(traces(), configs(), st.sampled_from([250, 400, 800, 3000]), st.sampled_from(SPECULATIVE_MODES[1:]),
        st.integers(1, 6), st.sampled_from(DRAFT_COST_MODES), st.sampled_from([0.0, 0.1, 2.0]),
-       st.sampled_from([0.0, 0.5]), st.sampled_from([-0.3, 0.0, 0.4]), st.integers(0, 2**31))
+       st.sampled_from([0.0, 0.5]), st.sampled_from([-0.3, 0.0, 0.4]), st.integers(0, 2**31),
+       st.tuples(st.integers(0, 6), st.integers(0, 6), st.integers(0, 9), st.integers(0, 6)))
 def test_kernel_equals_reference_with_speculation(trace, config, kv_tokens, mode, gamma, draft_mode, draft_cost,
-                                                  spread, bias, seed):
+                                                  spread, bias, seed, schedule):
+    batch_2, k_2, batch_3, k_3 = schedule  # batch_schedule's ranges (vLLM's rules are not the kernel's)
     config = config.replace(speculative_mode=mode, num_speculative_tokens=gamma,
-                            speculative_draft_cost_mode=draft_mode, speculative_draft_cost=draft_cost)
+                            speculative_draft_cost_mode=draft_mode, speculative_draft_cost=draft_cost,
+                            speculative_batch_2=batch_2, speculative_k_2=k_2, speculative_batch_3=batch_3,
+                            speculative_k_3=k_3)
     acceptance = AcceptanceModel(default=[0.9, 0.75, 0.5, 0.5, 0.3, 0.2][:gamma], spread=spread, bias=bias)
     got = assert_matches_reference(trace, cost_model(kv_tokens, 64), config, acceptance, seed)
     assert got.spec_accepted_tokens <= got.spec_drafted_tokens

@@ -1,0 +1,172 @@
+"""The engines' own verify budgets: vLLM's per-batch-size k and DSpark adaptive verification,
+SGLang's DSPARK with an SPS table; their flags, rules and files, from the engines' source.
+
+Rules cite vLLM 0.33.0 / SGLang 0.5.23 (paths relative to site-packages), as read in the
+installed packages and checked with ../shared/tools/engine-check (check_vllm_serve.py with
+VLLM_USE_V2_MODEL_RUNNER=1, as on an H100; check_sglang.py; SGLang's own table loader).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+from optimizer.outputs.exports import (
+    Deployment,
+    ExportError,
+    engine_yaml,
+    read_engine_file,
+    write_exports,
+)
+from optimizer.search.drafter import Drafter
+from optimizer.search.targets import engine_context
+from policies import speculative as spm
+from policies.config import PolicyConfig
+from policies.engines import EngineError, target
+from policies.engines.sglang import SPECULATIVE_MAX_RUNNING_REQUESTS, sps_table
+from policies.engines.vllm import batch_schedule_knobs, batch_schedule_ranges
+
+LLAMA = "meta-llama/Llama-3.1-8B"
+CTX = engine_context(LLAMA, "h100")
+VLLM, SGLANG = target("vllm"), target("sglang")
+ONE = Deployment(LLAMA, tp=1, replicas=1, gpu="h100")
+DSPARK = Drafter(method="dspark", model="org/dspark-llama-8b")
+EAGLE = Drafter(method="eagle3", model="org/eagle3-llama-8b")
+
+
+def _file(engine, config, drafter, deployment=ONE):
+    text = engine_yaml(engine, config, dataclasses.replace(deployment, drafter=drafter), CTX)
+    return text, yaml.safe_load(text.split("\n", 1)[1] if text.startswith("#") else text)
+
+
+def _vllm(**knobs):
+    return VLLM.defaults(CTX).replace(speculative_mode="batch_schedule", num_speculative_tokens=5, **knobs)
+
+
+# -- vLLM: num_speculative_tokens_per_batch_size ---------------------------------------
+def test_schedule_ranges_start_at_one_and_read_back():
+    config = _vllm(speculative_batch_2=5, speculative_k_2=3, speculative_batch_3=33, speculative_k_3=1)
+    assert batch_schedule_ranges(config) == [[1, 4, 5], [5, 32, 3], [33, 1024, 1]]
+    _, data = _file(VLLM, config, EAGLE)
+    spec = data["speculative-config"]
+    assert spec["num_speculative_tokens_per_batch_size"] == [[1, 4, 5], [5, 32, 3], [33, 1024, 1]]
+    back = read_engine_file(VLLM, yaml.safe_dump(data), CTX, drafter=EAGLE)
+    assert (back.speculative_mode, back.speculative_batch_2, back.speculative_k_2, back.speculative_batch_3,
+            back.speculative_k_3) == ("batch_schedule", 5, 3, 33, 1)
+
+
+def test_schedule_rules_are_vllms():
+    # v1/spec_decode/dynamic/utils.py:59 sorts first; :105-116 a gap takes the range before it;
+    # :113-146 k above num_speculative_tokens is cut to it; k = 0 is allowed (:52-55)
+    assert batch_schedule_knobs([[33, 1024, 1], [1, 4, 5], [8, 32, 3]], 5) == {
+        "speculative_batch_2": 8, "speculative_k_2": 3, "speculative_batch_3": 33, "speculative_k_3": 1}
+    assert batch_schedule_knobs([[1, 4, 9], [5, 64, 0]], 5) == {
+        "speculative_batch_2": 5, "speculative_k_2": 0, "speculative_batch_3": 0, "speculative_k_3": 0}
+    assert batch_schedule_knobs([[1, 4, 5], [5, 9, 5], [10, 99, 2]], 5)["speculative_batch_2"] == 10  # merged
+    for bad, why in (([[1, 4, 5], [4, 32, 3]], "non-overlapping"),  # utils.py:61-65 (scheduler.py:325)
+                     ([[2, 4, 5]], "start at 1"),  # utils.py:67-72
+                     ([[1, 0, 5]], "start <= end"),  # utils.py:47-51
+                     ([[1, 4, -1]], "k >= 0"),  # utils.py:52-55
+                     ([[1, 4]], "[start, end, k]"),  # pydantic: Field required
+                     ([[1, 2, 5], [3, 4, 4], [5, 6, 3], [7, 9, 2]], "at most 3")):
+        with pytest.raises(EngineError, match=why.replace("[", r"\[").replace("]", r"\]")):
+            batch_schedule_knobs(bad, 5)
+
+
+def test_a_schedule_is_refused_where_vllm_would_drop_it():
+    # config/vllm.py:1110-1127: data parallel > 1 drops the schedule (static k) with a warning
+    config = _vllm(speculative_batch_2=8, speculative_k_2=2)
+    with pytest.raises(ExportError, match="data parallelism"):
+        _file(VLLM, config, EAGLE, Deployment(LLAMA, tp=1, replicas=2, gpu="h100"))
+    assert VLLM.config_layout_violations(config, Deployment(LLAMA, 1, 2, gpu="h100").engine)
+    assert not VLLM.config_layout_violations(config, ONE.engine)
+    assert "batch_schedule" not in VLLM.speculative_search_modes(EAGLE.names, replicas=2)
+    with pytest.raises(EngineError, match="non-overlapping"):
+        VLLM.check(_vllm(speculative_batch_2=8, speculative_batch_3=8), CTX)
+
+
+def test_adaptive_verification_is_dspark_only_and_no_lora():
+    config = VLLM.defaults(CTX).replace(speculative_mode="adaptive_verify", num_speculative_tokens=7)
+    assert VLLM.speculative_search_modes(DSPARK.names) == ("fixed", "batch_schedule", "adaptive_verify")
+    assert "adaptive_verify" not in VLLM.speculative_search_modes(EAGLE.names)
+    _, data = _file(VLLM, config, DSPARK)
+    assert data["speculative-config"] == {"method": "dspark", "model": "org/dspark-llama-8b",
+                                          "num_speculative_tokens": 7, "enable_adaptive_verification": True}
+    assert read_engine_file(VLLM, yaml.safe_dump(data), CTX, drafter=DSPARK).speculative_mode == "adaptive_verify"
+    with pytest.raises(ExportError, match="DSpark drafter"):
+        _file(VLLM, config, EAGLE)
+    with pytest.raises(EngineError, match="LoRA"):  # config/vllm.py:3158-3163
+        VLLM.check(config.replace(enable_lora=True), CTX)
+
+
+# -- SGLang: DSPARK ----------------------------------------------------------------------
+def test_dspark_file_carries_block_size_table_and_planner_mode(tmp_path):
+    config = SGLANG.defaults(CTX).replace(speculative_mode="sps_table", num_speculative_tokens=7, max_num_seqs=48)
+    text, data = _file(SGLANG, config, DSPARK)
+    assert data["speculative-algorithm"] == "DSPARK"
+    assert data["speculative-dspark-block-size"] == 7
+    assert data["speculative-dspark-sps-table-path"] == "sps.json"
+    assert "speculative-num-steps" not in data  # forced to 1 (arg_groups/speculative_hook.py:757-789)
+    assert text.startswith("# SGLANG_RAGGED_VERIFY_MODE=compact sglang serve")  # srt/environ.py:1572
+    back = read_engine_file(SGLANG, yaml.safe_dump(data), CTX, drafter=DSPARK)
+    assert (back.speculative_mode, back.num_speculative_tokens) == ("sps_table", 7)
+    static = {k: v for k, v in data.items() if k != "speculative-dspark-sps-table-path"}
+    assert read_engine_file(SGLANG, yaml.safe_dump(static), CTX, drafter=DSPARK).speculative_mode == "fixed"
+    tables = _tables()
+    paths = write_exports(tmp_path, SGLANG, config, Deployment(LLAMA, 1, 1, gpu="h100", drafter=DSPARK), CTX,
+                          tables=tables)
+    assert json.loads(paths["sps.json"].read_text()) == json.loads(json.dumps(sps_table(tables, config)))
+
+
+def test_dspark_rules_are_sglangs():
+    base = {"model-path": LLAMA, "speculative-algorithm": "DSPARK", "speculative-draft-model-path": "d"}
+    with pytest.raises(EngineError, match="block size"):  # gamma read from the checkpoint otherwise (:791-839)
+        SGLANG.from_args(base, CTX)
+    with pytest.raises(EngineError, match="gamma \\+ 1"):  # speculative_hook.py:824-839
+        SGLANG.from_args({**base, "speculative-dspark-block-size": 7, "speculative-num-draft-tokens": 4}, CTX)
+    # any drafter resets an unset max-running-requests to 48 (speculative_hook.py:852-860)
+    config = SGLANG.from_args({**base, "speculative-dspark-block-size": 7}, CTX)
+    assert config.max_num_seqs == SPECULATIVE_MAX_RUNNING_REQUESTS == 48
+    assert SGLANG.from_args({**base, "speculative-dspark-block-size": 7, "max-running-requests": 128},
+                            CTX).max_num_seqs == 128
+    assert SGLANG.speculative_search_modes(DSPARK.names) == ("fixed", "sps_table")
+    assert SGLANG.speculative_search_modes(EAGLE.names) == ("fixed",)
+    with pytest.raises(ExportError, match="DSPARK"):
+        _file(SGLANG, SGLANG.defaults(CTX).replace(speculative_mode="sps_table"), EAGLE)
+
+
+def _tables():
+    from costmodels import build
+    return build(LLAMA, "h100").tables
+
+
+def test_sps_table_keeps_sglangs_schema_and_probes():
+    # srt/speculative/dspark_components/dspark_sps.py:14-36: probes strictly increasing ints,
+    # as many rates, max_batch_tokens >= the last probe; benchmark/dspark_sps_profiler.py:557-573
+    table = sps_table(_tables(), PolicyConfig(num_speculative_tokens=7, max_num_seqs=48))
+    probes, rates = table["sample_batch_tokens"], table["sample_steps_per_sec"]
+    assert probes == [8, 16, 32, 64, 128, 192, 256, 320, 384]
+    assert all(isinstance(p, int) for p in probes) and probes == sorted(set(probes))
+    assert len(rates) == len(probes) and table["max_batch_tokens"] >= probes[-1]
+    assert all(r > 0 for r in rates) and rates == sorted(rates, reverse=True)  # bigger steps are slower
+    assert set(json.loads(json.dumps(table))) == {"sample_batch_tokens", "sample_steps_per_sec", "max_batch_tokens"}
+    assert spm.sps_probe_counts(300)[-3:] == [224, 256, 300]
+
+
+@pytest.mark.parametrize("most", [1, 7, 48, 100, 300, 1024])
+def test_the_kernels_floor_probe_is_the_tables(most):
+    counts = spm.sps_probe_counts(most)
+    for q in range(0, most + 70):
+        assert spm.sps_probe_floor(q, most) == max([p for p in counts if p <= q], default=1), q
+
+
+def test_schedule_k_is_the_range_of_the_last_batch():
+    # scheduler.py:1709-1714: none scheduled -> the static k; ranges from their first batch size
+    k = [spm.batch_schedule_k(5, 4, 2, 9, 0, n) for n in range(12)]
+    assert k == [5, 5, 5, 5, 2, 2, 2, 2, 2, 0, 0, 0]
+    assert spm.batch_schedule_k(3, 2, 7, 0, 0, 5) == 3  # cut to num_speculative_tokens
+    assert np.all(np.diff([spm.batch_schedule_k(5, 0, 1, 0, 1, n) for n in range(9)]) == 0)
