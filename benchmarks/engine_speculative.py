@@ -1,0 +1,151 @@
+"""The engines' own verify budgets vs load, tuned on one window and scored on another.
+
+Llama-3.1-8B on one H100, the Azure 2023 conversation trace (``../shared``), and the two
+example drafters of ``studies/examples/`` (their acceptance profiles, draft costs and
+longest drafts gamma, with their sources in the files): DSpark (gamma 7) and EAGLE-3
+(gamma 5). The trace's first 5 minutes tune, minutes 20-25 score (never looked at while
+tuning); each window is replayed at a sweep of arrival rates. Per load it prints request
+goodput (SLO ttft 2000 ms, tpot 40 ms) of:
+
+* vLLM's defaults without speculation, and at every fixed k (``num_speculative_tokens``);
+* vLLM's per-batch-size schedule (``num_speculative_tokens_per_batch_size``): the one of a
+  grid of 2-3 range schedules with the best mean goodput over the tuning window's loads;
+* for the DSpark drafter: vLLM's adaptive verification (``enable_adaptive_verification``,
+  k = gamma), and SGLang's DSPARK with the SPS table servetune writes
+  (``SGLANG_RAGGED_VERIFY_MODE=compact``) and without a table (every request verifies the
+  block: static), both at SGLang's speculative default of 48 running requests.
+
+Scored on the held-out window: the schedule against the best single fixed k (one k for all
+loads, picked on the tuning window) and against the best fixed k per load in hindsight.
+
+    python benchmarks/engine_speculative.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from costmodels import build  # noqa: E402
+from optimizer.search.drafter import load_drafter  # noqa: E402
+from optimizer.search.targets import engine_context  # noqa: E402
+from policies.engine import simulate_many  # noqa: E402
+from policies.engines import target  # noqa: E402
+from studies.metrics import score  # noqa: E402
+from studies.slo import parse_slo  # noqa: E402
+from studies.traces import load_trace  # noqa: E402
+from studies.transforms import scale_rate, window  # noqa: E402
+
+SHARED = Path(os.environ.get("SERVETUNE_SHARED", ROOT / ".." / "shared"))
+TRACE = "traces/azure2023/AzureLLMInferenceTrace_conv.csv"
+MODEL, GPU, SLO = "meta-llama/Llama-3.1-8B", "h100", "ttft:2000,tpot:40"
+DRAFTERS = ("dspark", "eagle3")  # studies/examples/drafters/<name>.toml
+RATES = (4, 12, 20, 28, 36, 44)
+TUNE, SCORE = (0.0, 300.0), (1200.0, 1500.0)  # seconds of the trace
+
+
+def schedules(gamma: int) -> list[tuple[int, int, int, int]]:
+    """(batch_2, k_2, batch_3, k_3): two ranges, or three with the third four times later."""
+    grid = []
+    for b2, k2 in itertools.product((4, 8, 16, 32, 64), range(1, gamma)):
+        grid.append((b2, k2, 0, 0))
+        grid += [(b2, k2, 4 * b2, k3) for k3 in range(k2)]
+    return grid
+
+
+def configs(ctx, drafter) -> dict[str, object]:
+    gamma = drafter.max_draft_tokens
+    vllm = target("vllm").defaults(ctx).replace(**drafter.config_values())
+    out = {"vllm off": vllm}
+    out |= {f"vllm k={k}": vllm.replace(speculative_mode="fixed", num_speculative_tokens=k) for k in range(1, gamma + 1)}
+    out |= {f"vllm schedule {s}": vllm.replace(speculative_mode="batch_schedule", num_speculative_tokens=gamma,
+                                               speculative_batch_2=s[0], speculative_k_2=s[1],
+                                               speculative_batch_3=s[2], speculative_k_3=s[3])
+            for s in schedules(gamma)}
+    if drafter.method == "dspark":
+        sglang = target("sglang")
+        sgl = sglang.with_drafter(sglang.defaults(ctx)).replace(**drafter.config_values(),
+                                                                 num_speculative_tokens=gamma)
+        out["vllm adaptive"] = vllm.replace(speculative_mode="adaptive_verify", num_speculative_tokens=gamma)
+        out["sglang DSPARK table"] = sgl.replace(speculative_mode="sps_table")
+        out["sglang DSPARK no table"] = sgl.replace(speculative_mode="fixed")
+    return out
+
+
+def goodputs(trace0, cost, named, drafter, rates) -> dict[tuple[int, str], float]:
+    slos = parse_slo(SLO)
+    acceptance = drafter.acceptance
+    out = {}
+    for rate in rates:
+        trace = scale_rate(trace0, target_rps=rate)
+        t0 = time.perf_counter()
+        results = simulate_many(trace, cost, list(named.values()), seed=0, acceptance=acceptance)
+        for name, result in zip(named, results, strict=True):
+            out[(rate, name)] = score(result, trace, slos).request_goodput
+        print(f"    {rate:>3} req/s: {trace.n} requests, {len(named)} configs in {time.perf_counter() - t0:.1f} s",
+              flush=True)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="every other rate")
+    args = parser.parse_args()
+    rates = RATES[::2] if args.quick else RATES
+    ctx = engine_context(MODEL, GPU)
+    cost = build(MODEL, GPU)
+    full = load_trace(SHARED / TRACE, "azure")
+    tune, held = window(full, *TUNE), window(full, *SCORE)
+    report = {}
+    for label in DRAFTERS:
+        drafter = load_drafter(ROOT / "studies" / "examples" / "drafters" / f"{label}.toml")
+        named = configs(ctx, drafter)
+        gamma = drafter.max_draft_tokens
+        fixed = [f"vllm k={k}" for k in range(1, gamma + 1)]
+        sched = [n for n in named if n.startswith("vllm schedule")]
+        others = [n for n in ("vllm adaptive", "sglang DSPARK table", "sglang DSPARK no table") if n in named]
+        print(f"drafter {label} {drafter.acceptance.default} (gamma {gamma}, draft cost {drafter.draft_cost}): "
+              f"tuning window {TUNE[0]:.0f}-{TUNE[1]:.0f} s", flush=True)
+        g = goodputs(tune, cost, named, drafter, rates)
+        mean = {n: sum(g[(r, n)] for r in rates) / len(rates) for n in named}
+        pick = max(sched, key=mean.get)
+        single = max(fixed, key=mean.get)
+        print(f"  tuned: {pick}; best single fixed: {single}")
+        print(f"  scored on {SCORE[0]:.0f}-{SCORE[1]:.0f} s (held out):", flush=True)
+        h = goodputs(held, cost, {n: named[n] for n in ["vllm off", *fixed, pick, *others]}, drafter, rates)
+        rows = []
+        for r in rates:
+            hind = max(fixed, key=lambda n, r=r: h[(r, n)])
+            row = {"rate": r, "off": h[(r, "vllm off")], "single_fixed": h[(r, single)], "hindsight": hind,
+                   "hindsight_goodput": h[(r, hind)], "schedule": h[(r, pick)],
+                   **{n: h[(r, n)] for n in others}}
+            rows.append(row)
+            extra = "".join(f"  {n} {row[n]:6.2f}" for n in others)
+            print(f"    {r:>3} req/s  off {row['off']:6.2f}  {single} {row['single_fixed']:6.2f}  best in hindsight "
+                  f"{hind} {row['hindsight_goodput']:6.2f}  schedule {row['schedule']:6.2f} "
+                  f"({_x(row['schedule'], row['single_fixed'])} of the single k){extra}")
+        below = [r["rate"] for r in rows if r["schedule"] < r["single_fixed"] * 0.995]
+        above = [r["rate"] for r in rows if r["schedule"] > r["single_fixed"] * 1.005]
+        print(f"  schedule below the single fixed k (by > 0.5%) at: {below or 'no load'}; above it at: "
+              f"{above or 'no load'}")
+        report[label] = {"tuned_schedule": pick, "single_fixed": single, "rows": rows}
+    out = ROOT / "benchmarks" / "results" / "engine_speculative.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    print(f"wrote {out}")
+
+
+def _x(value: float, base: float) -> str:
+    return f"{value / base:.2f}x" if base > 0 else "n/a"
+
+
+if __name__ == "__main__":
+    main()
