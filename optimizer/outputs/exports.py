@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from optimizer.search.drafter import Drafter
+from optimizer.search.drafter import CHECKPOINT_FREE_METHODS, Drafter
 from policies.config import KNOB_BY_NAME, KNOBS, PolicyConfig, active_fleet_knobs
 from policies.engines import ENGINES, EngineContext, EngineError, Target
 from policies.engines import Deployment as EngineDeployment
@@ -105,8 +105,10 @@ def engine_args(target: Target, config: PolicyConfig, deployment: Deployment, ct
     fill_in: dict[str, str] = {}
     if config.speculative_mode != "off":
         drafter = deployment.drafter
-        names = {"method": (drafter.method if drafter else None) or f"{FILL_IN}drafter-method",
-                 "model": drafter.model if drafter is not None else f"{FILL_IN}draft-model",
+        method = drafter.method if drafter else None
+        names = {"method": method or f"{FILL_IN}drafter-method",
+                 "model": (drafter.model if drafter else None) or (
+                     None if method in CHECKPOINT_FREE_METHODS else f"{FILL_IN}draft-model"),
                  "sglang": (drafter.sglang if drafter else None) or f"{FILL_IN}speculative-algorithm"}
         try:
             flags = target.speculative_args(target.resolve(config, ctx), names)

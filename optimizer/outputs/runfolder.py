@@ -58,6 +58,7 @@ from optimizer.outputs.trials import (
 from optimizer.robust.answer import robust_answer
 from optimizer.robust.deploy import answer_lines, deployed_fleet, flag_name
 from optimizer.search.capacity import capacity_many
+from optimizer.search.space import speculative_searched
 from studies.metrics import json_safe
 
 
@@ -97,7 +98,8 @@ def _write_outputs(out: Path, study, spec, evaluator) -> RunOutputs:
     found = baseline_trials(trials)
     answer = robust_answer(spec, evaluator, candidates(trials, spec, dirs, evaluator.target, presets), presets,
                            as_file=lambda config, fleet: file_replay(spec, evaluator.target, config, fleet).config,
-                           flag_of=lambda knob: flag_name(evaluator.target, knob), knobs=evaluator.target.knobs)
+                           flag_of=lambda knob: flag_name(evaluator.target, knob),
+                           knobs=(*evaluator.target.knobs, *speculative_searched(spec.search_space)))
     best = answer.trial or found.get(answer.reference) or recommend(trials, spec, dirs)
     note = f"servetune study {spec.study_name}, trial {best.number}" + (
         "" if answer.trial is not None else f" ({answer.reference} kept)")

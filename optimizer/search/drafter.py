@@ -43,6 +43,9 @@ from studies.tomlfile import read_toml
 SGLANG_ALGORITHMS = {"eagle": "EAGLE", "eagle3": "EAGLE3", "mtp": "NEXTN", "deepseek_mtp": "NEXTN",
                      "draft_model": "STANDALONE", "ngram": "NGRAM", "dflash": "DFLASH", "dspark": "DSPARK"}
 SGLANG_ALGORITHM_NAMES = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "DSPARK", "UNO")
+#: vLLM methods that run no draft checkpoint of their own (n-gram lookup, suffix trees, the
+#: target's MTP layers): a drafter without ``model`` exports none; any other gets a placeholder.
+CHECKPOINT_FREE_METHODS = ("ngram", "suffix", "mtp", "deepseek_mtp")
 #: Keys that only name the drafter for the exports; they change no simulated figure.
 DRAFTER_LABELS = ("method", "model", "sglang_algorithm")
 _KEYS = {"method", "model", "sglang_algorithm", "acceptance", "by", "profiles", "spread", "bias", "draft_cost_mode",

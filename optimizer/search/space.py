@@ -332,6 +332,12 @@ def fleet_of(values: Mapping[str, Any], base: Fleet) -> Fleet:
 WHAT_IF_SPECULATIVE_MODES = ("off", "fixed", "smartspec", "dspark", "dspark_lagged")
 
 
+def speculative_searched(space: SearchSpace) -> tuple[str, ...]:
+    """The verify-budget knobs ``space`` searches (a declared drafter's): a file may change
+    them like its engine's flags."""
+    return tuple(k for k in SPECULATIVE_KNOBS if k in space.names)
+
+
 def speculative_defaults(drafter_tokens: int,
                          modes: Sequence[str] = WHAT_IF_SPECULATIVE_MODES) -> dict[str, dict[str, Any]]:
     """Default search of the verify-budget knobs for a drafter proposing up to ``drafter_tokens``

@@ -12,7 +12,7 @@ import pytest
 
 from optimizer.search.drafter import Drafter, DrafterError, drafter_from_mapping, load_drafter
 from optimizer.search.evaluate import Evaluator
-from optimizer.search.space import WHAT_IF_SPECULATIVE_MODES, build_space
+from optimizer.search.space import WHAT_IF_SPECULATIVE_MODES, build_space, speculative_searched
 from optimizer.search.spec import SpecError, load_spec, spec_from_dict
 from policies.speculative import DEFAULT_PROFILE
 from tests.optimizer.tuning_helpers import (
@@ -241,3 +241,14 @@ def test_the_example_drafters_load_with_their_engines_names(name, method, sglang
     assert (drafter.method, drafter.sglang) == (method, sglang)
     assert all(0.0 < p < 1.0 for p in drafter.acceptance.default)
     assert drafter.max_draft_tokens <= len(drafter.acceptance.default)
+
+
+def test_the_searched_verify_budget_knobs_are_a_files_changes(tmp_path, trace):
+    # the minimal-file pass and "knobs changed" weigh them like the engine's flags
+    path = tmp_path / "drafter.toml"
+    path.write_text(DSPARK_TOML)
+    spec = load_spec(trace=trace, model="m", gpu="h100", slo="ttft:2000", speculative=path, engine="vllm")
+    assert speculative_searched(spec.search_space) == (
+        "speculative_mode", "num_speculative_tokens", "speculative_batch_2", "speculative_k_2",
+        "speculative_batch_3", "speculative_k_3")
+    assert speculative_searched(load_spec(trace=trace, model="m", gpu="h100", slo="ttft:2000").search_space) == ()

@@ -170,3 +170,14 @@ def test_schedule_k_is_the_range_of_the_last_batch():
     assert k == [5, 5, 5, 5, 2, 2, 2, 2, 2, 0, 0, 0]
     assert spm.batch_schedule_k(3, 2, 7, 0, 0, 5) == 3  # cut to num_speculative_tokens
     assert np.all(np.diff([spm.batch_schedule_k(5, 0, 1, 0, 1, n) for n in range(9)]) == 0)
+
+
+def test_a_drafter_without_a_checkpoint_exports_a_placeholder_unless_it_needs_none():
+    config = VLLM.defaults(CTX).replace(speculative_mode="fixed", num_speculative_tokens=3)
+    _, data = _file(VLLM, config, Drafter(method="dspark"))
+    assert data["speculative-config"]["model"] == "FILL-IN-draft-model"
+    _, data = _file(SGLANG, SGLANG.defaults(CTX).replace(speculative_mode="fixed", num_speculative_tokens=3),
+                    Drafter(method="dspark"))
+    assert data["speculative-draft-model-path"] == "FILL-IN-draft-model"  # SGLang refuses DSPARK without one
+    _, data = _file(VLLM, config, Drafter(method="ngram"))
+    assert "model" not in data["speculative-config"]
