@@ -69,11 +69,13 @@ def fleet_kernel(statics, tables, block_hashes, kv_bytes, swap_bw, fail_t, fail_
             _stall(fl, t, ERROR_NO_PROGRESS, _laggard(fl), iterations, 0)
             break
         n_stepping = _watch_steps(fl)
+        let_go = False
         for k in range(n_stepping):
-            _run(fl, fl.stepping[k], t, True)
-        # a promise ended at t may unblock the queue, and no later event need come
+            let_go |= _run_lets_go(fl, fl.stepping[k], t)
+        # a promise ended at t, or a decode replica let go of requests that lingered past their
+        # last step (async scheduling), may unblock the queue, and no later event need come
         released = _release_promises(fl)
-        t_next = t if released > 0 and fl.fg[FG_Q_LEN] > 0 else _next_event(fl, t, n_stepping)
+        t_next = t if (released > 0 or let_go) and fl.fg[FG_Q_LEN] > 0 else _next_event(fl, t, n_stepping)
         if t_next == np.inf:
             break
         t = t_next
@@ -117,6 +119,16 @@ def _finish(fl, iterations):
         out.fleet[FL_ERROR] = ERROR_IN_FLIGHT
     elif np.any(out.out_i[O_STATE] < 0):
         out.fleet[FL_ERROR] = ERROR_UNENDED
+
+
+@njit(cache=True, nogil=True)
+def _run_lets_go(fl, j, t):
+    """Run stepping replica j through t; whether it is a decode replica that freed KV at t
+    itself, forming no step (requests that ended with its last step left it)."""
+    rep = fl.nodes[j][0]
+    free = engine.free_blocks(rep)
+    _run(fl, j, t, True)
+    return fl.fr[FR_POOL, j] == 1 and engine.clock(rep) == t and engine.free_blocks(rep) > free
 
 
 @njit(cache=True, nogil=True)

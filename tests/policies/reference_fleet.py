@@ -595,8 +595,12 @@ class Fleet:
             stepping = self.stepwise()
             released = False
             for j in stepping:
+                rep, free = self.reps[j], self.reps[j].load()["free"]
                 released |= self.run_replica(j, t, inclusive=True)
-            # a promise ended at t may unblock the queue, and no later event need come
+                # a decode replica that let KV go at t, forming no step: requests that ended
+                # with its last step left it
+                released |= self.pool[j] == 1 and rep.t == t and rep.load()["free"] > free
+            # a promise ended at t, or KV let go at t, may unblock the queue
             t_next = t if released and self.queue else self.next_event(t, stepping)
             if t_next is None:
                 break

@@ -102,6 +102,20 @@ def test_every_request_ends_once_and_offered_is_accepted_plus_rejected(simulator
 
 
 @pytest.mark.parametrize("simulator", SIMULATORS)
+def test_a_queued_request_is_placed_once_the_decode_replica_lets_a_finished_one_go(simulator):
+    """P/D under async scheduling: request 2 is promised KV on the one decode replica only
+    once request 1, which ended with its last step, leaves it; no arrival comes after, so
+    that departure itself must place request 2 (it ended FAILED at the run's end)."""
+    trace = make_trace([0.0] * 3, [1, 128, 144], [1, 2, 1])
+    costs = [cost_model(300, per_token_s=2e-6) for _ in range(4)]
+    config = PolicyConfig(max_num_batched_tokens=32, max_num_seqs=2, gpu_memory_utilization=1.0,
+                          async_scheduling=True, enable_prefix_caching=False, prefill_replicas=3)
+    result = simulator(trace, costs, config)
+    assert list(outcome(result, "state")) == [State.FINISHED] * 3
+    assert outcome(result, "finish_s")[2] > outcome(result, "finish_s")[1]  # placed once request 1 left
+
+
+@pytest.mark.parametrize("simulator", SIMULATORS)
 @pytest.mark.parametrize("back_s", [0.3, math.inf])
 def test_request_on_a_dead_worker_finishes_elsewhere_with_its_tokens_recomputed(simulator, back_s):
     """Request 0 decodes on replica 0 when it fails at 0.1 s; it finishes on replica 1 with
