@@ -187,7 +187,6 @@ KNOBS: tuple[Knob, ...] = (
     Knob("speculative_batch_3", int, 0, 1 << 16,
          help="batch_schedule: the first batch size of the third range (0 = none)"),
     Knob("speculative_k_3", int, 0, 16, help="batch_schedule: drafts of the third range"),
-
     Knob("speculative_draft_cost_mode", str, choices=DRAFT_COST_MODES,
          help="fraction: a drafted position costs speculative_draft_cost x the target's decode step; "
               "mtp: it costs speculative_draft_cost ms (an MTP head)"),

@@ -119,6 +119,12 @@ def engine_args(target: Target, config: PolicyConfig, deployment: Deployment, ct
     return EngineFile(target, args, fill_in)
 
 
+def serve_command(target: Target, config: PolicyConfig, file_name: str) -> str:
+    """The command that serves ``file_name``, with the environment ``config`` needs (``Target.serve_env``)."""
+    env = "".join(f"{key}={value} " for key, value in target.serve_env(config).items())
+    return f"{env}{target.name} serve --config {file_name}"
+
+
 def _leaves(mapping: Mapping[str, Any], prefix: str = ""):
     for key, value in mapping.items():
         if isinstance(value, Mapping):
@@ -138,9 +144,8 @@ def engine_yaml(target: Target, config: PolicyConfig, deployment: Deployment, ct
     was simulated to deliver (``expected``: figures of this very file)."""
     mapped = engine_args(target, config, deployment, ctx)
     name = target.name
-    env = "".join(f"{key}={value} " for key, value in target.serve_env(target.resolve(config, ctx)).items())
-    header = [f"# {env}{name} serve --config {name}.yaml   ({target.display} {target.version} flag names; "
-              "command line > file > defaults)"]
+    header = [f"# {serve_command(target, target.resolve(config, ctx), f'{name}.yaml')}   ({target.display} "
+              f"{target.version} flag names; command line > file > defaults)"]
     header += comment_lines(note)
     for key, value in (expected or {}).items():
         header.append(f"# simulated {key} of this file: {value:.6g}")
@@ -311,10 +316,10 @@ def write_exports(directory: str | Path, target: Target, config: PolicyConfig, d
             texts["router.yaml"] = router_yaml(config, deployment, note)
     else:
         texts = {f"{target.name}.yaml": engine_yaml(target, config, deployment, ctx, note, expected)}
-        side = target.side_files(target.resolve(config, ctx), tables) if tables is not None else {}
-        if not side and config.speculative_mode == "sps_table":
-            raise ExportError("the SPS table needs the study's step-time tables")
-        texts.update(side)
+        try:
+            texts.update(target.side_files(target.resolve(config, ctx), tables))
+        except EngineError as exc:
+            raise ExportError(str(exc)) from None
     paths = {}
     for name, text in texts.items():
         path = directory / name

@@ -10,7 +10,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from optimizer.outputs.exports import Deployment, engine_yaml, policy_toml, read_engine_file
+from optimizer.outputs.exports import (
+    Deployment,
+    engine_yaml,
+    policy_toml,
+    read_engine_file,
+    serve_command,
+)
 from optimizer.search.space import Fleet
 from policies.config import FLEET_KNOBS, PolicyConfig
 
@@ -59,8 +65,8 @@ def write_bench_replay(run_dir: Path, spec, evaluator, replay: FileReplay, fleet
     result = evaluator.simulate_on(replayed, replay.config, fleet)
     name = evaluator.target.name
     deployment = {"model": spec.model, "gpu": spec.gpu, **fleet.to_dict(), "framework": spec.framework}
-    env = "".join(f"{key}={value} " for key, value in evaluator.target.serve_env(replay.config).items())
-    return write_bench(run_dir, engine=name, config_file=replay.name, server=f"{env}{name} serve --config {replay.name}",
+    return write_bench(run_dir, engine=name, config_file=replay.name,
+                       server=serve_command(evaluator.target, replay.config, replay.name),
                        deployment=deployment, trace=replayed, slos=spec.slos,
                        simulated=RequestTimes.simulated(result, replayed), study=spec.study_name,
                        study_figures=expected, fleet_knobs={k: getattr(replay.config, k) for k in FLEET_KNOBS})

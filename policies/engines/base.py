@@ -325,7 +325,8 @@ class Target:
         return {}
 
     def side_files(self, config: PolicyConfig, tables) -> dict[str, str]:
-        """Files the config file points at, by name, built from the step-time ``tables``."""
+        """Files the config file points at, by name, built from the step-time ``tables``
+        (None: not at hand; EngineError if a file needs them)."""
         return {}
 
     # hooks for knobs whose engine value is not the knob value (e.g. SGLang's memory fraction)

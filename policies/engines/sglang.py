@@ -236,6 +236,8 @@ class SGLang(Target):
     def side_files(self, config: PolicyConfig, tables) -> dict[str, str]:
         if config.speculative_mode != "sps_table":
             return {}
+        if tables is None:
+            raise EngineError(f"{SPS_TABLE_FILE} is written from the study's step-time tables; none were given")
         return {SPS_TABLE_FILE: json.dumps(sps_table(tables, config), indent=1) + "\n"}
 
     def serve_env(self, config: PolicyConfig) -> dict[str, str]:

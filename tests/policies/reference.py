@@ -701,9 +701,8 @@ class Reference:
                                    self.spread, self.bias) for r in slots]
         alpha = [self.counts.alpha(r.id) for r in slots]
         n = len(slots)
-        draft_pp = c.speculative_draft_cost * 1e-3
-        if c.speculative_draft_cost_mode == "fraction":  # a share of the target's decode step
-            draft_pp = c.speculative_draft_cost * step_seconds(self.tables, n, n, n, p[3], 0)[0]
+        draft_pp = rspec.draft_per_position(self.tables, c.speculative_draft_cost_mode, c.speculative_draft_cost,
+                                            n, p[3])
         free_blocks = max(0, self.free - self.cache.cache_blocks()[1])
         if self.spec_mode in (MODE_ADAPTIVE, MODE_SPS_TABLE):
             ell, x, charged, positions = self.engine_budgets(slots, lim, slack, free_blocks, draft_pp, p)
