@@ -48,7 +48,7 @@ PREEMPTION_VICTIMS = ("newest", "lowest_priority", "fewest_output")
 FAIRNESS_COST_UNITS = ("tokens", "gpu_time", "kv_byte_seconds")
 MAX_WAIT_ACTIONS = ("reject", "admit_first")
 SPECULATIVE_MODES = ("off", "fixed", "smartspec", "dspark", "dspark_lagged", "batch_schedule", "adaptive_verify",
-                     "sps_table")  # append only: indices are encoded
+                     "sps_table", "sps_cap_accept")  # append only: indices are encoded
 DRAFT_COST_MODES = ("fraction", "mtp")
 LORA_EVICTION_POLICIES = ("lru", "fifo")  # the indices are policies.adapters LRU, FIFO
 ROUTERS = ("round_robin", "least_outstanding", "least_kv", "cache_aware", "unified", "consistent_hash",
@@ -178,7 +178,8 @@ KNOBS: tuple[Knob, ...] = (
               "smartspec (one k per batch); dspark (per-request prefixes with the early stop); "
               "dspark_lagged (global top-K from confidences two steps back); the engines' own: batch_schedule "
               "(vLLM's k per batch size), adaptive_verify (vLLM's DSpark adaptive verification), sps_table "
-              "(SGLang's DSPARK planner against its SPS table)"),
+              "(SGLang's DSPARK planner against its SPS table, compact verify), sps_cap_accept (the same "
+              "planner capping acceptance over a full-block verify)"),
     Knob("num_speculative_tokens", int, 1, 16,
          help="draft length gamma: the k of fixed, the most drafts any request verifies otherwise"),
     Knob("speculative_batch_2", int, 0, 1 << 16,

@@ -49,7 +49,10 @@ The engines' own budgets (their flags and source lines: ``policies.engines.vllm`
 * ``sps_table`` (SGLang DSPARK, ``SGLANG_RAGGED_VERIFY_MODE=compact``): the budget b
   maximising ``(R + top-b stale survivals) * SPS(R + b)``, SPS read from the table at its
   floor probe (``sps_probe_floor``; the table servetune writes, ``sps_table_seconds``), then
-  the top b drafts by fresh survival.
+  the top b drafts by fresh survival;
+* ``sps_cap_accept`` (SGLang DSPARK, ``SGLANG_RAGGED_VERIFY_MODE=cap-accept``): the same
+  budget and top b, but the target verifies every request's whole block and only the
+  accepted run is capped at the planned length: static's compute with fewer tokens kept.
 
 Stale survivals are the confidences of an earlier draft of the same request (an
 independent draw of the same profile, at token index t - 1); a request's first verify has
@@ -94,9 +97,9 @@ from costmodels.steptable import step_seconds, step_seconds_at_tile_ends
 from policies.config import DRAFT_COST_MODES, SPECULATIVE_MODES
 
 MODE_OFF, MODE_FIXED, MODE_SMARTSPEC, MODE_DSPARK, MODE_DSPARK_LAGGED, MODE_BATCH_SCHEDULE, MODE_ADAPTIVE, \
-    MODE_SPS_TABLE = range(8)
+    MODE_SPS_TABLE, MODE_SPS_CAP_ACCEPT = range(9)
 DRAFT_FRACTION, DRAFT_MTP = range(2)
-assert SPECULATIVE_MODES[MODE_SPS_TABLE] == "sps_table" and DRAFT_COST_MODES[DRAFT_MTP] == "mtp"
+assert SPECULATIVE_MODES[MODE_SPS_CAP_ACCEPT] == "sps_cap_accept" and DRAFT_COST_MODES[DRAFT_MTP] == "mtp"
 
 #: A DSpark-like drafter on chat traffic: about 3.9 tokens per verify at gamma = 7.
 DEFAULT_PROFILE = (0.85, 0.80, 0.75, 0.70, 0.65, 0.60, 0.55, 0.50)
@@ -554,7 +557,7 @@ def engine_budget(mode, surv, lim, n_req, tau0, gamma, tables, b_tokens, draft_s
                   draft_value, pos, heap):
     """The total drafts b (first of ties) the engine's budget keeps, over stale survivals
     ``surv`` in global order (``adaptive_verify``: tau0 = sampling requests, b_tokens the
-    step's other tokens; ``sps_table``: tau0 = the decode requests)."""
+    step's other tokens; the SGLang modes: tau0 = the decode requests)."""
     _merge_start(heap, surv, pos, lim, n_req)
     tau = tau0
     best = _budget_value(mode, tau, 0, n_req, b_tokens, gamma, tables, draft_s, most, context, draft_mode,
@@ -563,7 +566,7 @@ def engine_budget(mode, surv, lim, n_req, tau0, gamma, tables, b_tokens, draft_s
     b = 0
     while heap[0] > 0:
         a = surv[heap[1], pos[heap[1]]]
-        if mode == MODE_SPS_TABLE and a < SURVIVAL_EPS:
+        if mode != MODE_ADAPTIVE and a < SURVIVAL_EPS:
             break
         tau += a
         b += 1

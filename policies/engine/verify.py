@@ -120,7 +120,7 @@ def _plan_verify(rep, st, tables, cfg, spec):
     draft_pp = spm.draft_seconds_per_position(tables, int(cfg[I_DRAFT_MODE]), cfg[I_DRAFT_COST], n_req,
                                               g[B_KV_DECODE])
     free_blocks = max(0, g[FREE] - g[PC_STATS + pcm.S_EVICTABLE])
-    if mode == spm.MODE_ADAPTIVE or mode == spm.MODE_SPS_TABLE:
+    if mode == spm.MODE_ADAPTIVE or mode == spm.MODE_SPS_TABLE or mode == spm.MODE_SPS_CAP_ACCEPT:
         x, charged, positions = _engine_budgets(rep, st, tables, cfg, spec, mode, n_req, draft_pp, free_blocks)
     else:
         lag = SPEC_LAG + g[STEPS] % 2  # written two steps ago, rewritten now
@@ -155,10 +155,11 @@ def _plan_verify(rep, st, tables, cfg, spec):
 
 @njit(cache=True, nogil=True)
 def _engine_budgets(rep, st, tables, cfg, spec, mode, n_req, draft_pp, free_blocks):
-    """``adaptive_verify`` / ``sps_table`` (``policies.speculative``): the budget from stale
-    survivals, then the top drafts by fresh ones. Under ``adaptive_verify`` vLLM's scheduler
-    has charged every decode its k drafts first. Returns (verify tokens, tokens charged to
-    the step's budget, drafted positions)."""
+    """``adaptive_verify`` / ``sps_table`` / ``sps_cap_accept`` (``policies.speculative``):
+    the budget from stale survivals, then the top drafts by fresh ones. Under
+    ``adaptive_verify`` vLLM's scheduler has charged every decode its k drafts first; under
+    ``sps_cap_accept`` the whole blocks are verified and ``ell`` only caps acceptance.
+    Returns (verify tokens, tokens charged to the step's budget, drafted positions)."""
     g, lists = rep.g, rep.lists
     reqs, tok, lim = lists[L_SPEC + SP_REQS], lists[L_SPEC + SP_TOK], lists[L_SPEC + SP_LIM]
     ell, heap, scheduled = lists[L_SPEC + SP_ELL], lists[L_SPEC + SP_HEAP], lists[L_SPEC + SP_SCRATCH]
@@ -180,6 +181,10 @@ def _engine_budgets(rep, st, tables, cfg, spec, mode, n_req, draft_pp, free_bloc
     spm.draft_confidences(reqs, tok, n_req, spec.profiles, rows, g[RNG_SEED], spec.spread, spec.bias, gamma, surv)
     x, _, _ = spm.topk_budgets(surv, scheduled, n_req, gamma, b, token_left, rep.lists[L_SPEC + SP_SLACK],
                                free_blocks, int(cfg[I_BLOCK_SIZE]), ell, heap)
+    if mode == spm.MODE_SPS_CAP_ACCEPT:
+        x = 0
+        for k in range(n_req):
+            x += scheduled[k]
     return x, (charged if mode == spm.MODE_ADAPTIVE else x), positions
 
 

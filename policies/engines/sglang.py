@@ -60,8 +60,12 @@ then the globally most likely drafts (srt/speculative/dspark_components/dspark_p
 867-904, kernels/ops/speculative/dspark/dspark_schedule.py:53-131; ``sps_table``). The mode
 is an environment variable, so the file's header and ``bench.sh`` carry it (``serve_env``),
 and servetune writes the table (``sps_table``) beside the file. Without a table SGLang's
-planner verifies everything: that is ``fixed``. ``cap-accept`` runs the whole block and
-only caps acceptance, so it never beats static and is not searched. Compact's padding of
+planner verifies everything: that is ``fixed``. ``cap-accept`` (``sps_cap_accept``) plans
+the same budget but verifies the whole block and only caps the accepted run at the planned
+length (dspark_worker_v2.py:1103, 1151-1175, dspark_accept.py:163-166): static's compute
+with fewer tokens kept, so it is simulated but not searched. A file read back runs the mode
+``SGLANG_RAGGED_VERIFY_MODE`` names in servetune's environment, as the server would; unset,
+a file with a table runs as compact, the mode servetune's serve command sets. Compact's padding of
 the verify tokens to a CUDA-graph tier (srt/speculative/ragged_verify.py:146-165) is not
 modelled. Any drafter resets an unset ``max-running-requests`` to 48.
 
@@ -71,6 +75,7 @@ Source references are to the installed SGLang 0.5.23 package (``site-packages/sg
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -85,6 +90,10 @@ VERSION = "0.5.23"
 SPECULATIVE_MAX_RUNNING_REQUESTS = 48
 #: the SPS table written beside sglang.yaml for DSPARK's planner
 SPS_TABLE_FILE = "sps.json"
+#: SGLANG_RAGGED_VERIFY_MODE's values (srt/speculative/ragged_verify.py:13-27) and the mode each runs
+RAGGED_VERIFY_MODES = {"static": "fixed", "cap-accept": "sps_cap_accept", "compact": "sps_table"}
+PLANNED_MODES = ("sps_table", "sps_cap_accept")  # the modes that read the SPS table
+RAGGED_VERIFY_ENV = "SGLANG_RAGGED_VERIFY_MODE"
 
 #: srt/arg_groups/memory_hook.py:89-180: (below MiB, chunked_prefill_size, decode CUDA-graph
 #: max batch at TP < 4, at TP >= 4), by the GPU memory CUDA reports.
@@ -177,7 +186,7 @@ class SGLang(Target):
     speculative_keys = ("speculative-algorithm", "speculative-draft-model-path", "speculative-num-steps",
                         "speculative-eagle-topk", "speculative-num-draft-tokens", "speculative-dspark-block-size",
                         "speculative-dspark-sps-table-path")
-    speculative_modes = ("fixed", "sps_table")
+    speculative_modes = ("fixed", *PLANNED_MODES)
 
     def speculative_search_modes(self, drafter, replicas: int = 1) -> tuple[str, ...]:
         return ("fixed", "sps_table") if drafter.get("sglang") == "DSPARK" else ("fixed",)
@@ -190,10 +199,10 @@ class SGLang(Target):
         if drafter["sglang"] == "DSPARK":
             # one step of top-1 with k + 1 verified tokens is forced (arg_groups/speculative_hook.py:757-839)
             flags["speculative-dspark-block-size"] = k
-            if config.speculative_mode == "sps_table":
+            if config.speculative_mode in PLANNED_MODES:
                 flags["speculative-dspark-sps-table-path"] = SPS_TABLE_FILE
             return flags
-        if config.speculative_mode == "sps_table":
+        if config.speculative_mode in PLANNED_MODES:
             raise EngineError(f"an SPS table drives DSPARK's planner only; the drafter is {drafter['sglang']!r}")
         # a chain of k drafts: k steps of one candidate each, k + 1 tokens verified with the root
         return {**flags, "speculative-num-steps": k, "speculative-eagle-topk": 1, "speculative-num-draft-tokens": k + 1}
@@ -216,10 +225,9 @@ class SGLang(Target):
                 raise EngineError(f"DSpark speculative_num_draft_tokens must equal gamma + 1 (= {k + 1}), got "
                                   f"{drafts!r} [arg_groups/speculative_hook.py:824-839]")
             values["num_speculative_tokens"] = k
-            # the table feeds the planner only under SGLANG_RAGGED_VERIFY_MODE compact (a no-op when
-            # static: speculative_hook.py:878-883); servetune runs a file with a table as compact
+            # the table feeds the planner unless the mode is static (a no-op then: speculative_hook.py:878-883)
             if args.get("speculative-dspark-sps-table-path"):
-                values["speculative_mode"] = "sps_table"
+                values["speculative_mode"] = ragged_verify_mode()
             return values
         k, topk, drafts = (args.get(key) for key in ("speculative-num-steps", "speculative-eagle-topk",
                                                      "speculative-num-draft-tokens"))
@@ -234,16 +242,18 @@ class SGLang(Target):
         return config.replace(max_num_seqs=SPECULATIVE_MAX_RUNNING_REQUESTS)
 
     def side_files(self, config: PolicyConfig, tables) -> dict[str, str]:
-        if config.speculative_mode != "sps_table":
+        if config.speculative_mode not in PLANNED_MODES:
             return {}
         if tables is None:
             raise EngineError(f"{SPS_TABLE_FILE} is written from the study's step-time tables; none were given")
         return {SPS_TABLE_FILE: json.dumps(sps_table(tables, config), indent=1) + "\n"}
 
     def serve_env(self, config: PolicyConfig) -> dict[str, str]:
-        # the DSPARK planner's mode is an environment variable (srt/environ.py:1572, srt/speculative/
-        # ragged_verify.py:13-27); compact verifies only the planned drafts
-        return {"SGLANG_RAGGED_VERIFY_MODE": "compact"} if config.speculative_mode == "sps_table" else {}
+        # the DSPARK planner's mode is an environment variable (srt/environ.py:1572)
+        if config.speculative_mode not in PLANNED_MODES:
+            return {}
+        return {RAGGED_VERIFY_ENV: next(env for env, mode in RAGGED_VERIFY_MODES.items()
+                                        if mode == config.speculative_mode)}
 
     def violations(self, config: PolicyConfig, ctx: EngineContext) -> list[str]:
         broken = []
@@ -450,6 +460,16 @@ ENGINE = SGLang(
                   "waiting), total_tokens (fewest tokens)"),
     ),
 )
+
+
+def ragged_verify_mode() -> str:
+    """The ``speculative_mode`` a DSPARK file with an SPS table runs: the one
+    ``SGLANG_RAGGED_VERIFY_MODE`` names in this environment, compact when it is unset."""
+    raw = os.environ.get(RAGGED_VERIFY_ENV, "compact")
+    if raw not in RAGGED_VERIFY_MODES:
+        raise EngineError(f"invalid {RAGGED_VERIFY_ENV}={raw!r}; expected one of "
+                          f"{', '.join(map(repr, RAGGED_VERIFY_MODES))} [srt/speculative/ragged_verify.py:13-27]")
+    return RAGGED_VERIFY_MODES[raw]
 
 
 def sps_table(tables, config: PolicyConfig) -> dict[str, Any]:

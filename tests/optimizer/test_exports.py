@@ -123,7 +123,7 @@ def _check_export(engine, config, accepted):
                    and getattr(runs, f.knob) != f.unset]
         # the engines' own verify budgets need a named drafter of their kind (DSpark), and vLLM's
         # batch schedule a single replica (DEPLOY has 3): test_engine_speculative has those rules
-        own_budget = runs.speculative_mode in ("batch_schedule", "adaptive_verify", "sps_table")
+        own_budget = runs.speculative_mode in {*VLLM.speculative_modes, *SGLANG.speculative_modes} - {"fixed"}
         assert engine.violations(runs, CTX) or outside or own_budget or (
             engine is SGLANG and runs.gpu_memory_utilization <= CTX.reserve_share(runs.max_num_batched_tokens)), \
             "refused without a rule"

@@ -32,6 +32,7 @@ from policies.speculative import (
     MODE_DSPARK_LAGGED,
     MODE_OFF,
     MODE_SMARTSPEC,
+    MODE_SPS_CAP_ACCEPT,
     MODE_SPS_TABLE,
     SPS_TABLE_CONTEXT,
     AcceptanceModel,
@@ -704,7 +705,7 @@ class Reference:
         draft_pp = rspec.draft_per_position(self.tables, c.speculative_draft_cost_mode, c.speculative_draft_cost,
                                             n, p[3])
         free_blocks = max(0, self.free - self.cache.cache_blocks()[1])
-        if self.spec_mode in (MODE_ADAPTIVE, MODE_SPS_TABLE):
+        if self.spec_mode in (MODE_ADAPTIVE, MODE_SPS_TABLE, MODE_SPS_CAP_ACCEPT):
             ell, x, charged, positions = self.engine_budgets(slots, lim, slack, free_blocks, draft_pp, p)
         else:
             k_fixed = gamma
@@ -729,7 +730,7 @@ class Reference:
         return slots, ell, x, positions * draft_pp
 
     def engine_budgets(self, slots, lim, slack, free_blocks, draft_pp, p):
-        """adaptive_verify / sps_table: (ell, verify tokens, tokens charged, drafted positions)."""
+        """adaptive_verify / sps_table / sps_cap_accept: (ell, verify tokens, tokens charged, drafted positions)."""
         c, gamma = self.c, self.c.num_speculative_tokens
         adaptive = self.spec_mode == MODE_ADAPTIVE
         scheduled, charged = list(lim), 0
@@ -747,6 +748,8 @@ class Reference:
         fresh = [rspec.survival(row, self.seed, r.id, r.generated, gamma, self.spread, self.bias)
                  for row, r in zip(rows, slots, strict=True)]
         ell, x = rspec.topk(fresh, scheduled, b, self.budget, rspec.KV(slack, free_blocks, self.bs))
+        if self.spec_mode == MODE_SPS_CAP_ACCEPT:  # the whole blocks run; ell caps the accepted run only
+            x = sum(scheduled)
         return ell, x, charged if adaptive else x, positions
 
     def settle_verify(self, slots, ell) -> None:

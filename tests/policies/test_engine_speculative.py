@@ -104,7 +104,8 @@ def test_adaptive_verification_is_dspark_only_and_no_lora():
 
 
 # -- SGLang: DSPARK ----------------------------------------------------------------------
-def test_dspark_file_carries_block_size_table_and_planner_mode(tmp_path):
+def test_dspark_file_carries_block_size_table_and_planner_mode(tmp_path, monkeypatch):
+    monkeypatch.delenv("SGLANG_RAGGED_VERIFY_MODE", raising=False)  # unset: the mode servetune's command sets
     config = SGLANG.defaults(CTX).replace(speculative_mode="sps_table", num_speculative_tokens=7, max_num_seqs=48)
     text, data = _file(SGLANG, config, DSPARK)
     assert data["speculative-algorithm"] == "DSPARK"
@@ -170,6 +171,43 @@ def test_schedule_k_is_the_range_of_the_last_batch():
     assert k == [5, 5, 5, 5, 2, 2, 2, 2, 2, 0, 0, 0]
     assert spm.batch_schedule_k(3, 2, 7, 0, 0, 5) == 3  # cut to num_speculative_tokens
     assert np.all(np.diff([spm.batch_schedule_k(5, 0, 1, 0, 1, n) for n in range(9)]) == 0)
+
+
+def test_cap_accept_plans_as_compact_but_verifies_every_whole_block():
+    """dspark_worker_v2.py:1103, 1151-1175 (cap-accept runs the full verify), dspark_accept.py:
+    163-166 (the accepted run is cut at the planned length). Every request arrives at once, so
+    both modes take the same steps and only the verify's width differs."""
+    from policies.engine import simulate_many
+    from policies.speculative import AcceptanceModel
+    from tests.policies.conftest import cost_model, make_trace
+
+    trace = make_trace(np.zeros(48), np.full(48, 64), np.full(48, 300))
+    runs = simulate_many(trace, cost_model(65536), [
+        PolicyConfig(max_num_batched_tokens=512, max_num_seqs=48, gpu_memory_utilization=1.0, block_size=16,
+                     speculative_mode=mode, num_speculative_tokens=4) for mode in ("sps_table", "sps_cap_accept")],
+        acceptance=AcceptanceModel([0.9, 0.6, 0.3, 0.2], spread=0.4))
+    compact, cap = runs
+    assert (cap.steps, cap.spec_verifies, cap.spec_accepted_tokens) == (compact.steps, compact.spec_verifies,
+                                                                       compact.spec_accepted_tokens)
+    assert cap.spec_drafted_tokens == pytest.approx(4 * cap.spec_decodes, rel=0.02)  # the whole blocks
+    assert compact.spec_drafted_tokens < 0.9 * cap.spec_drafted_tokens  # the planner trimmed them
+    assert cap.finish_s.max() > compact.finish_s.max()  # the same tokens for more compute
+
+
+def test_the_planner_mode_of_a_file_is_the_environments(monkeypatch):
+    """srt/speculative/ragged_verify.py:13-27 (the modes; anything else is a ValueError);
+    speculative_hook.py:878-883 (a table is a no-op under static)."""
+    config = SGLANG.defaults(CTX).replace(speculative_mode="sps_cap_accept", num_speculative_tokens=7, max_num_seqs=48)
+    text, data = _file(SGLANG, config, DSPARK)
+    assert text.startswith("# SGLANG_RAGGED_VERIFY_MODE=cap-accept sglang serve")
+    assert data["speculative-dspark-sps-table-path"] == "sps.json"
+    for env, mode in (("cap-accept", "sps_cap_accept"), ("compact", "sps_table"), ("static", "fixed")):
+        monkeypatch.setenv("SGLANG_RAGGED_VERIFY_MODE", env)
+        assert read_engine_file(SGLANG, yaml.safe_dump(data), CTX, drafter=DSPARK).speculative_mode == mode
+    monkeypatch.setenv("SGLANG_RAGGED_VERIFY_MODE", "Compact")
+    with pytest.raises(ExportError, match="expected one of 'static', 'cap-accept', 'compact'"):
+        read_engine_file(SGLANG, yaml.safe_dump(data), CTX, drafter=DSPARK)
+    assert "sps_cap_accept" not in SGLANG.speculative_search_modes(DSPARK.names)  # never above static
 
 
 def test_a_drafter_without_a_checkpoint_exports_a_placeholder_unless_it_needs_none():
