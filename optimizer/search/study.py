@@ -53,6 +53,7 @@ from optimizer.search.ownership import (
     worker_id,
 )
 from optimizer.search.samplers import make_sampler
+from optimizer.search.space import speculative_starts
 from optimizer.search.spec import StudySpec, spec_from_dict
 from policies.engine import SimulationStalled
 
@@ -61,6 +62,7 @@ JOURNAL = "study.journal"
 SPEC_ATTR = "servetune_spec"
 FINGERPRINT_ATTR = "servetune_fingerprint"
 BOUNDS_ATTR = "bounds"
+START_ATTR = "start"  # the trial is a verify budget's starting point (enqueue_baselines)
 HEARTBEAT_S = 60
 POLL_S = 1.0  # how often a process with nothing to ask checks the other processes' trials
 
@@ -323,11 +325,17 @@ def _mismatch(what: str, stored: dict, new: dict) -> str:
 # -- baselines ---------------------------------------------------------------------------
 def enqueue_baselines(study: optuna.Study, spec: StudySpec, baselines: dict) -> None:
     """Enqueue each preset that has no trial yet, or only failed ones (a rerun finds the
-    others there); on a new study, before any sampled trial."""
-    present = {t.user_attrs.get("baseline") for t in study.get_trials(deepcopy=False) if t.state != TrialState.FAIL}
+    others there), then each verify budget's starting point (``space.speculative_starts``);
+    on a new study, before any sampled trial."""
+    trials = [t for t in study.get_trials(deepcopy=False) if t.state != TrialState.FAIL]
+    present = {t.user_attrs.get("baseline") for t in trials}
     for name, config in baselines.items():
         if name not in present:
             study.enqueue_trial(spec.search_space.params_for(config, spec.fleet), user_attrs={"baseline": name})
+    started = {t.user_attrs.get(START_ATTR) for t in trials}
+    for name, config in speculative_starts(spec.search_space, baselines).items():
+        if name not in started:
+            study.enqueue_trial(spec.search_space.params_for(config, spec.fleet), user_attrs={START_ATTR: name})
 
 
 def study_bounds(study: optuna.Study, spec: StudySpec, evaluator) -> objectives.Bounds:

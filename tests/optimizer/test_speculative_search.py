@@ -14,6 +14,7 @@ from optimizer.search.drafter import Drafter, DrafterError, drafter_from_mapping
 from optimizer.search.evaluate import Evaluator
 from optimizer.search.space import WHAT_IF_SPECULATIVE_MODES, build_space, speculative_searched
 from optimizer.search.spec import SpecError, load_spec, spec_from_dict
+from policies.config import BATCH_SCHEDULE_KNOBS
 from policies.speculative import DEFAULT_PROFILE
 from tests.optimizer.tuning_helpers import (
     burst_cost_model,
@@ -143,6 +144,40 @@ def test_an_engine_searches_the_verify_budgets_its_file_can_carry(tmp_path, trac
     (config,) = with_drafter.values()
     assert (config.speculative_mode, config.num_speculative_tokens) == ("fixed", k)
     assert config.max_num_seqs == (48 if engine == "sglang" else presets[f"{engine}-default"].max_num_seqs)
+
+
+@pytest.mark.parametrize("engine, starts", [
+    ("vllm", ["batch_schedule", "adaptive_verify"]),
+    ("sglang", ["sps_table"]),
+])
+def test_each_verify_budget_starts_from_the_defaults_with_the_drafter(tmp_path, trace, engine, starts):
+    """After the baselines, one enqueued trial per engine budget: the sampler sees every mode
+    before it settles the categorical; a resumed study enqueues none twice."""
+    from optimizer.search.study import START_ATTR, enqueue_baselines
+
+    path = tmp_path / "drafter.toml"
+    path.write_text(DSPARK_TOML)
+    spec = load_spec(trace=trace, model="m", gpu="h100", slo="ttft:2000", speculative=path, engine=engine)
+    baselines = Evaluator(spec, trace=make_trace(), cost_model=burst_cost_model()).baselines()
+    study = optuna.create_study(direction="maximize")
+    for _ in range(2):
+        enqueue_baselines(study, spec, baselines)
+    waiting = study.get_trials(deepcopy=False)
+    assert [t.user_attrs.get("baseline") for t in waiting[:2]] == list(baselines)
+    assert [t.user_attrs[START_ATTR] for t in waiting[2:]] == [f"{engine}-default+drafter-k4 {m}" for m in starts]
+    fixed = baselines[f"{engine}-default+drafter-k4"]
+    for _ in baselines:
+        study.ask()
+    for t, mode in zip(waiting[2:], starts, strict=True):
+        trial = study.ask()
+        assert trial.number == t.number
+        config = spec.search_space.suggest(trial)
+        assert config.speculative_mode == mode
+        # the defaults with the drafter (its block of 4), but for the budget
+        assert {k for k, v in config.to_dict().items() if v != getattr(fixed, k)} <= {"speculative_mode",
+                                                                                     *BATCH_SCHEDULE_KNOBS}
+        if mode == "batch_schedule":  # the whole block below 32 requests, half of it from 32, one less from 128
+            assert [getattr(config, k) for k in BATCH_SCHEDULE_KNOBS] == [32, 2, 128, 1]
 
 
 # ======================================================================================
