@@ -16,6 +16,10 @@ the tables add requests re-routed, re-prefill tokens and goodput during and afte
 failures, and a reference row: vLLM defaults on the same fleet without the failure, its
 goodput "during" and "after" measured over the same windows.
 
+A scenario with a drafter (``speculative``) runs its speculating policies and the tuned one
+with the drafter's acceptance profile and draft cost, and its tables add the drafts
+verified per decode and the tokens per verify.
+
     python benchmarks/scenarios.py [--quick] [--trials 30] [--only steady,bursty] [--scenarios FILE.toml]
     python benchmarks/scenarios.py --summarize benchmarks/results/scenarios.json
 
@@ -40,6 +44,7 @@ import numpy as np  # noqa: E402
 import optuna  # noqa: E402
 
 from costmodels import build  # noqa: E402
+from optimizer.search.drafter import Drafter, DrafterError, drafter_from_mapping  # noqa: E402
 from optimizer.search.evaluate import Evaluator  # noqa: E402
 from optimizer.search.failplan import FailurePlan  # noqa: E402
 from optimizer.search.objective import objective_for  # noqa: E402
@@ -54,7 +59,7 @@ from optimizer.search.study import (  # noqa: E402
 from optimizer.search.targets import engine_context  # noqa: E402
 from policies.config import KNOB_BY_NAME, ConfigError, PolicyConfig, inert_knobs  # noqa: E402
 from policies.engine import simulate_many  # noqa: E402
-from policies.engines import preset  # noqa: E402
+from policies.engines import preset, target  # noqa: E402
 from policies.failures import FailureError  # noqa: E402
 from policies.fleet import simulate_fleet_many  # noqa: E402
 from studies.metrics import score  # noqa: E402
@@ -75,6 +80,9 @@ COLUMNS = (  # (header, Report field or derived key, format)
     ("KV peak", "kv_peak_fraction", "{:.0%}"), ("preempt", "preemptions", "{:,}"),
     ("cache saved tok", "prefix_tokens_saved", "{:,}"), ("tenant shares", "tenant_shares", "{}"),
 )
+#: Columns a scenario with a drafter adds.
+SPECULATIVE_COLUMNS = (("drafts verified / decode", "mean_verify_budget", "{:.2f}"),
+                       ("tokens / verify", "mean_accepted_length", "{:.2f}"))
 #: Columns a scenario whose trace asks for LoRA adapters adds.
 ADAPTER_COLUMNS = (("adapter loads (disk)", ("adapter_loads", "adapter_disk_loads"), "{:,} ({:,})"),
                    ("adapter load s", "adapter_load_s", "{:.2f}"))
@@ -86,19 +94,41 @@ SECONDS = {"p50_e2el_ms", "p99_e2el_ms", "p50_queue_ms", "p99_queue_ms"}
 NO_FAILURE = "vllm-default, no failure"
 
 
-def policies_for(data: dict[str, Any]) -> tuple[dict[str, PolicyConfig], dict[str, str]]:
+def drafter_of(name: str, data: dict[str, Any]) -> Drafter | None:
+    """The scenario's drafter (``speculative``), or None; errors name the scenario."""
+    if "speculative" not in data:
+        return None
+    try:
+        return drafter_from_mapping(data["speculative"], f"scenario {name!r} speculative")
+    except DrafterError as exc:
+        raise ScenarioError(str(exc)) from None
+
+
+def policies_for(data: dict[str, Any], drafter: Drafter | None = None
+                 ) -> tuple[dict[str, PolicyConfig], dict[str, str]]:
     """(name -> config) for the standard and the scenario's policies, and (name -> why pending).
 
-    Every policy sits behind the scenario's router unless it sets its own."""
+    Every policy sits behind the scenario's router unless it sets its own; one that
+    speculates runs ``drafter`` at its longest draft unless it sets its own, as its engine
+    resolves a file with a drafter (``Target.with_drafter``)."""
     configs, pending = {}, {}
     routed = {"router": data["router"]} if "router" in data else {}
     for name, body in {**STANDARD, **data.get("policies", {})}.items():
-        missing = sorted(set(body.get("set", {})) - set(KNOB_BY_NAME))
+        knobs = body.get("set", {})
+        missing = sorted(set(knobs) - set(KNOB_BY_NAME))
         if missing:
             pending[name] = f"needs knob(s) {missing}, not in this engine yet"
             continue
+        base = body.get("base", "vllm-default")
         try:
-            configs[name] = preset(body.get("base", "vllm-default"), engine_context(MODEL, GPU)).replace(**{**routed, **body.get("set", {})})
+            config = preset(base, engine_context(MODEL, GPU))
+            if knobs.get("speculative_mode", "off") != "off":
+                if drafter is None:
+                    raise ScenarioError(f"policy {name!r} speculates, but the scenario declares no drafter "
+                                        "(speculative)")
+                config = target(base.removesuffix("-default")).with_drafter(config).replace(
+                    **drafter.config_values(), num_speculative_tokens=drafter.max_draft_tokens)
+            configs[name] = config.replace(**{**routed, **knobs})
         except ConfigError as exc:  # e.g. a queue order this engine does not have yet
             pending[name] = f"not runnable on this engine yet ({exc})"
     return configs, pending
@@ -120,11 +150,12 @@ def failure_plan(name: str, data: dict[str, Any]) -> FailurePlan | None:
 
 
 def tune(name: str, trace, cost, slos, trials: int, seed: int, replicas: int = 1,
-         failures: FailurePlan | None = None) -> tuple[PolicyConfig, dict[str, Any]]:
+         failures: FailurePlan | None = None, drafter: Drafter | None = None) -> tuple[PolicyConfig, dict[str, Any]]:
     """The best feasible config of a ``trials``-trial study on this trace (baselines included),
-    on the scenario's fleet and under its failures."""
+    on the scenario's fleet and under its failures, searching ``drafter``'s verify budgets."""
     spec = StudySpec(trace=Path(f"scenario-{name}"), model=MODEL, gpu=GPU, slos=slos, trials=trials, seed=seed,
-                     batch_size=2, replicas=replicas, failures=failures, adapters=len(set(trace.adapter_labels) - {""}))
+                     batch_size=2, replicas=replicas, failures=failures, adapters=len(set(trace.adapter_labels) - {""}),
+                     speculative=drafter)
     evaluator = Evaluator(spec, trace=trace, cost_model=cost)
     study = optuna.create_study(directions=list(objective_for(spec).directions), sampler=make_sampler(spec, seed))
     enqueue_baselines(study, spec, evaluator.baselines())
@@ -150,26 +181,29 @@ def run_scenario(name: str, data: dict[str, Any], cost, *, trials: int, seed: in
         out["pending"]["*"] = f"needs knob(s) {missing}, not in this engine yet"
         return out
     trace, slos = build_trace(name, data), scenario_slos(name, data)
-    replicas, plan = int(data.get("replicas", 1)), failure_plan(name, data)
-    configs, out["pending"] = policies_for(data)
+    replicas, plan, drafter = int(data.get("replicas", 1)), failure_plan(name, data), drafter_of(name, data)
+    acceptance = None if drafter is None else drafter.acceptance
+    configs, out["pending"] = policies_for(data, drafter)
+    if drafter is not None:
+        out["speculative"] = drafter.to_dict()
     if trace.has_adapters:  # the engines serve a trace's adapters with LoRA on (each at its defaults)
         configs = {policy: config.replace(enable_lora=True) for policy, config in configs.items()}
     if trials > 0:
-        configs["tuned"], out["tuning"] = tune(name, trace, cost, slos, trials, seed, replicas, plan)
+        configs["tuned"], out["tuning"] = tune(name, trace, cost, slos, trials, seed, replicas, plan, drafter)
     out["requests"] = trace.n
     if replicas > 1 or plan is not None:
         out["fleet"] = {"replicas": replicas, "router": data.get("router", "round_robin"),
                         "failures": None if plan is None else plan.to_dict()}
         failures = None if plan is None else plan.schedule(replicas, trace.arrival_s, seed)
         results = simulate_fleet_many(trace, cost, list(configs.values()), seed=seed, replicas=replicas,
-                                      failures=failures)
+                                      failures=failures, acceptance=acceptance)
         if failures is not None:
             healthy = simulate_fleet_many(trace, cost, [configs["vllm-default"]], seed=seed, replicas=replicas)[0]
             same_windows = dataclasses.replace(healthy, failure_replica=failures.replica.astype(np.int32),
                                                failure_down_s=failures.t_down, failure_up_s=failures.t_up)
             out["reference"] = {NO_FAILURE: _report(same_windows, trace, slos)}
     else:
-        results = simulate_many(trace, cost, list(configs.values()), seed=seed)
+        results = simulate_many(trace, cost, list(configs.values()), seed=seed, acceptance=acceptance)
     for policy, result in zip(configs, results, strict=True):
         out["policies"][policy] = _report(result, trace, slos)
     return out
@@ -211,6 +245,7 @@ def markdown(result: dict[str, Any]) -> str:
         if fleet is not None:
             lines.append(f"The tuned policy routes with {t['router']}.")
     columns = (COLUMNS + (FAILURE_COLUMNS if "reference" in result else ())
+               + (SPECULATIVE_COLUMNS if "speculative" in result else ())
                # entries measured before adapters existed carry no adapter figures: they loaded none
                + (ADAPTER_COLUMNS if any(r.get("adapter_loads") for r in result["policies"].values()) else ()))
     lines += ["", "| " + " | ".join(h for h, _, _ in columns) + " |", "|" + "---|" * len(columns)]
@@ -266,7 +301,10 @@ def main() -> None:
         print(summary(json.loads(args.summarize.read_text())))
         return
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    scenarios = load_scenarios(args.scenarios) if args.scenarios else SCENARIOS
+    try:
+        scenarios = load_scenarios(args.scenarios) if args.scenarios else SCENARIOS
+    except ScenarioError as exc:
+        sys.exit(str(exc))
     if args.only:
         unknown = sorted(set(args.only.split(",")) - set(scenarios))
         if unknown:
@@ -282,7 +320,11 @@ def main() -> None:
     results = {r["scenario"]: r for r in json.loads(saved.read_text())} if args.only and saved.exists() else {}
     for name, data in scenarios.items():
         t0 = time.perf_counter()
-        results[name] = run_scenario(name, data, cost, trials=trials, seed=args.seed)
+        try:
+            results[name] = run_scenario(name, data, cost, trials=trials, seed=args.seed)
+        except ScenarioError as exc:  # reported in its row; the other scenarios still run
+            results[name] = {"scenario": name, "about": data.get("about", ""), "policies": {},
+                             "pending": {"*": f"cannot run: {exc}"}}
         print(markdown(results[name]))
         print(f"({time.perf_counter() - t0:.1f} s)\n", flush=True)
     results = list(results.values())

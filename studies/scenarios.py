@@ -32,8 +32,22 @@ policies sit behind (default round robin; extra policies may set their own), and
     router = "least_outstanding"
     failures = {windows = ["1@40:80"]}
 
+A scenario may declare a drafter, ``speculative``: a table of the keys of a study's
+``[speculative]`` table (``optimizer.search.drafter``: acceptance profile, draft cost,
+longest draft). The standard policies run without it; a policy that sets a
+``speculative_mode`` other than off runs with it, at the drafter's longest draft unless it
+sets ``num_speculative_tokens``, and the tuned policy searches its verify budgets::
+
+    [spec-chat.speculative]
+    method = "dspark"
+    acceptance = [0.73, 0.73, 0.73, 0.73, 0.73, 0.73, 0.73]
+    draft_cost = 0.04
+    [spec-chat.policies.adaptive]
+    base = "vllm-default"
+    set = {speculative_mode = "adaptive_verify"}
+
 Only the shape is checked here; the runner parses the failures
-(``optimizer.search.failplan``) and names the scenario when they are wrong.
+(``optimizer.search.failplan``) and the drafter and names the scenario when they are wrong.
 """
 
 from __future__ import annotations
@@ -63,7 +77,7 @@ from studies.transforms import concat_as_tenants
 
 ARRIVALS = {"poisson": Poisson, "gamma": Gamma, "onoff": OnOff, "diurnal": Diurnal}
 SCENARIO_KEYS = {"about", "seed", "slo", "workload", "policies", "requires", "pending", "replicas", "router",
-                 "failures"}
+                 "failures", "speculative"}
 FAILURE_KEYS = {"windows", "mtbf_s", "repair_s"}
 TENANT_PARTS = {"prompt": LogNormal, "output": LogNormal, "prefix": SharedPrefix, "estimate": OutputEstimate,
                 "adapters": Adapters}
@@ -75,6 +89,29 @@ LONG_SLO = {"default": {"ttft": 3000, "tpot": 50}}
 
 def _lengths(prompt: int, output: int) -> dict:
     return {"name": "default", "prompt": {"mean": prompt, "cv": 0.5}, "output": {"mean": output, "cv": 0.5}}
+
+
+def _example_drafter(name: str) -> dict[str, Any]:
+    """The drafter of ``studies/examples/drafters/<name>.toml`` (its sources are in the file)."""
+    with (Path(__file__).parent / "examples" / "drafters" / f"{name}.toml").open("rb") as f:
+        return tomllib.load(f)
+
+
+def _speculative(drafter: str, about: str, seed: int) -> dict[str, Any]:
+    """Chat just past the knee, TPOT 40 ms, with ``drafter``: its engines' verify budgets."""
+    data = _example_drafter(drafter)
+    gamma = data["max_draft_tokens"]
+    policies = {f"vllm k={k}": {"base": "vllm-default", "set": {"speculative_mode": "fixed", "num_speculative_tokens": k}}
+                for k in (2, gamma)}
+    policies["vllm schedule"] = {"base": "vllm-default", "set": {  # k = gamma below 16, 2 to 63, then 1
+        "speculative_mode": "batch_schedule", "speculative_batch_2": 16, "speculative_k_2": 2,
+        "speculative_batch_3": 64, "speculative_k_3": 1}}
+    if data["method"] == "dspark":  # adaptive verification and the DSPARK planner read its confidence head
+        policies["vllm adaptive"] = {"base": "vllm-default", "set": {"speculative_mode": "adaptive_verify"}}
+        policies |= {f"sglang DSPARK {mode}": {"base": "sglang-default", "set": {"speculative_mode": knob}}
+                     for mode, knob in (("static", "fixed"), ("compact", "sps_table"), ("cap-accept", "sps_cap_accept"))}
+    return {"about": about, "seed": seed, "slo": {"default": {"ttft": 2000, "tpot": 40}}, "speculative": data,
+            "workload": _poisson(24, 120, CHAT), "policies": policies}
 
 
 def _poisson(rate: float, duration_s: float = 120.0, *tenants: dict) -> dict:
@@ -189,6 +226,12 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "workload": _poisson(130, 120, {**CHAT, "prefix": {"groups": 8, "prefix_tokens": 2048, "zipf": 1.0}}),
         "policies": {f"vllm+{router}": {"base": "vllm-default", "set": {"router": router}}
                      for router in ("least_outstanding", "least_kv", "cache_aware", "unified", "consistent_hash")}},
+    # -- speculative decoding (studies/examples/drafters: acceptance and draft cost with sources) ---------
+    "spec-dspark": _speculative("dspark", "chat mix at 24 req/s, TPOT 40 ms, with a DSpark drafter (flat 0.73 "
+                                "acceptance, draft cost 0.04 step per position, block 7): fixed blocks, vLLM's "
+                                "per-batch-size schedule and adaptive verification, SGLang's DSPARK planner modes", 14),
+    "spec-eagle3": _speculative("eagle3", "the same chat load with an EAGLE-3 drafter (acceptance falling after "
+                                "position 5, draft cost 0.05, chain of 5): fixed k and vLLM's per-batch-size schedule", 15),
 }
 
 
@@ -214,6 +257,9 @@ def check_scenario(name: str, data: Mapping[str, Any]) -> None:
         raise ScenarioError(f"scenario {name!r}: replicas must be an integer >= 1, got {replicas!r}")
     if not isinstance(data.get("router", ""), str):
         raise ScenarioError(f"scenario {name!r}: router must be a router name, got {data['router']!r}")
+    if not isinstance(data.get("speculative", {}), Mapping):
+        raise ScenarioError(f"scenario {name!r}: speculative must be a table of drafter keys, got "
+                            f"{data['speculative']!r}")
     failures = data.get("failures", {})
     if not isinstance(failures, Mapping) or set(failures) - FAILURE_KEYS:
         raise ScenarioError(f"scenario {name!r}: failures must be a table of {sorted(FAILURE_KEYS)}, got {failures!r}")

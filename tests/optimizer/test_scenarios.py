@@ -158,3 +158,32 @@ def test_adapter_cold_hot_serves_its_adapters_with_lora_and_reports_their_loads(
     assert sixteen["request_goodput"] > one["request_goodput"] and sixteen["p50_ttft_ms"] < one["p50_ttft_ms"] / 10
     assert reports["sglang-default"]["adapter_disk_loads"] == 0  # SGLang holds its adapters in host memory
     assert "| adapter loads (disk) | adapter load s |" in markdown(result)
+
+
+def test_a_drafter_scenario_runs_the_speculating_policies_with_its_acceptance():
+    result = run_scenario("spec-dspark", small("spec-dspark", 20.0), build("meta-llama/Llama-3.1-8B", "h100"),
+                          trials=0)
+    runs = result["policies"]
+    assert result["speculative"]["method"] == "dspark" and result["speculative"]["draft_cost"] == 0.04
+    for plain in ("vllm-default", "sglang-default", "fifo-no-batching"):  # the standard rows do not speculate
+        assert runs[plain]["mean_verify_budget"] is None or np.isnan(runs[plain]["mean_verify_budget"])
+    assert runs["vllm k=2"]["mean_verify_budget"] == pytest.approx(2, abs=0.1)
+    assert 6 < runs["vllm k=7"]["mean_verify_budget"] <= 7  # less only in an answer's last 7 tokens
+    # a flat 0.73 profile: a 7-block verify keeps about 1 + 0.73 + ... + 0.73^7 = 3.4 tokens
+    assert 2.9 < runs["vllm k=7"]["mean_accepted_length"] < 3.9
+    static, compact, cap = (runs[f"sglang DSPARK {m}"] for m in ("static", "compact", "cap-accept"))
+    assert compact["mean_verify_budget"] < static["mean_verify_budget"]  # the planner trims
+    assert cap["mean_verify_budget"] == pytest.approx(static["mean_verify_budget"], rel=0.05)  # the whole block
+    assert cap["mean_accepted_length"] < static["mean_accepted_length"]  # ... with acceptance capped
+    assert "| drafts verified / decode | tokens / verify |" in markdown(result)
+
+
+def test_a_speculating_policy_needs_the_scenarios_drafter():
+    data = small("spec-eagle3")
+    del data["speculative"]
+    with pytest.raises(ScenarioError, match="'vllm k=2' speculates, but the scenario declares no drafter"):
+        run_scenario("spec-eagle3", data, build("meta-llama/Llama-3.1-8B", "h100"), trials=0)
+    data = small("spec-eagle3")
+    data["speculative"]["acceptance"] = [1.5]
+    with pytest.raises(ScenarioError, match="scenario 'spec-eagle3' speculative"):
+        run_scenario("spec-eagle3", data, build("meta-llama/Llama-3.1-8B", "h100"), trials=0)
