@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from fidelity import BREADTH_KEYS, LOGO_KEYS, chain_entry, overall, replay_fitter  # noqa: E402
 
-from costmodels import load_calibration, save_calibration  # noqa: E402
+from costmodels import load_calibration, load_runs, save_calibration  # noqa: E402
 from costmodels.calibration import (  # noqa: E402
     BUNDLED,
     MATCHES,
@@ -57,6 +57,7 @@ from costmodels.calibration import (  # noqa: E402
     losing_tiers,
     with_key_columns,
 )
+from costmodels.distil import aic_root, shared_dir  # noqa: E402
 from costmodels.gpus import load_gpu  # noqa: E402
 from optimizer.cli.validate import predict_runs  # noqa: E402
 from optimizer.fidelity.closedloop import BenchClient  # noqa: E402
@@ -64,8 +65,10 @@ from optimizer.robust.modelerror import error_tier  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 #: The columns of a scored run that ``predict_runs`` reads.
-RUN_COLUMNS = ["model", "gpu", "framework", "tp", "gemm_dtype", "kv_dtype", "batch_size", "isl", "osl", "ttft_ms",
-               "tpot_ms", "client", "moe_ep_size", "attention_dp_size"]
+RUN_COLUMNS = ["model", "gpu", "framework", "framework_version", "tp", "gemm_dtype", "kv_dtype", "batch_size", "isl",
+               "osl", "ttft_ms", "tpot_ms", "client", "moe_ep_size", "attention_dp_size"]
+#: The columns that identify a scored row in its runs file.
+IDENTITY = ["model", "framework", "tp", "batch_size", "isl", "osl", "ttft_ms"]
 #: (name, the columns one fold holds out)
 PROTOCOLS = (("leave (framework, dtype, GPU) out", ["framework", "gemm_dtype", "gpu"]),
              ("leave model out", ["model"]))
@@ -83,7 +86,27 @@ def load_part(results: Path, part: str) -> tuple[pl.DataFrame, list[dict]]:
     if not (csv.is_file() and calib.is_file()):
         sys.exit(f"{csv.name} or {calib.name} not in {results}: run `python benchmarks/fidelity.py --part {part}` first")
     runs = pl.read_csv(csv, infer_schema_length=None).with_columns(pl.lit(part).alias("part"))
-    return runs, load_calibration(calib)
+    return with_versions(runs, results / f"{stem}.json"), load_calibration(calib)
+
+
+def with_versions(scored: pl.DataFrame, figures: Path) -> pl.DataFrame:
+    """``scored`` with each run's framework version from the runs file it was scored from
+    (``runs_file`` in ``figures``), joined on ``row``: the version picks the scheduler loop
+    a vLLM run is replayed with (``replayfit.run_server``), as it did for LOGO; without
+    it a vLLM 0.12 run would replay on the async loop it never ran."""
+    name = json.loads(figures.read_text())["runs_file"]
+    path = aic_root(shared_dir()) / "systems" / name
+    if not path.is_file():
+        sys.exit(f"{figures.name} was scored from {name}, which is not in {path.parent}")
+    source = load_runs(path).with_row_index("row").with_columns(pl.col("row").cast(pl.Int64))
+    joined = scored.drop("framework_version", strict=False).join(
+        source.select("row", *(pl.col(c).alias(f"_{c}") for c in IDENTITY), "framework_version"), on="row", how="left")
+    moved = joined.filter(pl.any_horizontal(*(pl.col(c) != pl.col(f"_{c}") for c in IDENTITY))
+                          | pl.col("_model").is_null())
+    if len(moved):
+        sys.exit(f"{figures.with_suffix('.csv').name} row {moved['row'][0]} is not row {moved['row'][0]} of {name}: "
+                 f"rerun the part that wrote it")
+    return joined.drop(*(f"_{c}" for c in IDENTITY))
 
 
 def setup_keys(part: str) -> list[str]:

@@ -24,7 +24,7 @@ def entry(model, gpu="h100_sxm", framework="trtllm", dtype="bf16", models=None):
 def runs(*rows):
     cols = ["model", "gpu", "framework", "gemm_dtype", "tp", "moe_ep_size", "attention_dp_size"]
     base = pl.DataFrame([(*r, 1, 1) for r in rows], schema=cols[:5] + cols[5:], orient="row")
-    extra = {"kv_dtype": "bf16", "batch_size": 8, "isl": 1024, "osl": 64, "ttft_ms": 100.0, "tpot_ms": 10.0,
+    extra = {"framework_version": "1.0.0rc3", "kv_dtype": "bf16", "batch_size": 8, "isl": 1024, "osl": 64, "ttft_ms": 100.0, "tpot_ms": 10.0,
              "client": "aiperf"}
     return base.with_columns(pl.lit(v).alias(k) for k, v in extra.items()).select(unseen.RUN_COLUMNS)
 
@@ -60,3 +60,29 @@ def test_leaving_a_model_out_refits_a_pool_that_held_it_beside_others(monkeypatc
     assert set(train["model"]) == {QWEN} and keys == [("h100_sxm", "trtllm", "*", "bf16", "tp")]
     assert all(LLAMA8 not in unseen.entry_models(e, kept) for e in kept)
     assert [(e["model"], e["framework"]) for e in kept] == [(QWEN, "trtllm"), ("*", "trtllm"), (LLAMA70, "trtllm")]
+
+
+def test_each_scored_run_gets_the_framework_version_of_its_row_in_the_runs_file(tmp_path):
+    """The version picks the loop a vLLM run replays on: fidelity.csv holds none, so the
+    harsher protocols replayed vLLM 0.12 runs on the async loop until they joined it."""
+    import json
+
+    import pytest
+
+    from costmodels import load_runs
+    from costmodels.distil import aic_root, shared_dir
+
+    path = aic_root(shared_dir()) / "systems" / "silicon_dense_h100.csv"
+    if not path.is_file():
+        pytest.skip(f"{path} not found (set SERVETUNE_SHARED)")
+    source = load_runs(path).with_row_index("row").with_columns(pl.col("row").cast(pl.Int64))
+    vllm = source.filter(pl.col("framework") == "vllm").head(2)
+    scored = pl.concat([source.head(2), vllm]).drop("framework_version")
+    figures = tmp_path / "fidelity.json"
+    figures.write_text(json.dumps({"runs_file": path.name}))
+    got = unseen.with_versions(scored, figures)
+    assert got["framework_version"].to_list() == [*source.head(2)["framework_version"], "0.12.0", "0.12.0"]
+    moved = scored.with_columns(pl.when(pl.col("row") == vllm["row"][0]).then(1.0).otherwise(pl.col("ttft_ms"))
+                                .alias("ttft_ms"))
+    with pytest.raises(SystemExit, match=f"row {vllm['row'][0]} is not row"):
+        unseen.with_versions(moved, figures)
