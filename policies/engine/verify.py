@@ -32,7 +32,7 @@ from policies.engine.codes import (
     SP_SLACK,
     SP_TOK,
 )
-from policies.engine.state import _cover_reservation, _is_decode, _shares
+from policies.engine.state import _cache, _cover_reservation, _is_decode, _shares
 from policies.kernel_state import (
     B_DECODES,
     B_KV_DECODE,
@@ -40,6 +40,7 @@ from policies.kernel_state import (
     B_PAIRS,
     B_TOKENS,
     BUDGET,
+    CACHING,
     COMPUTED,
     DRAFT_S,
     FL_ALPHA,
@@ -111,6 +112,8 @@ def _plan_verify(rep, st, tables, cfg, spec):
     g[SPEC_SLOTS] = n_req
     if n_req == 0:
         return
+    if g[CACHING]:
+        _evict_for_drafts(rep, st, lim, slack, n_req, block_size)
     surv, alpha = rep.surv, rep.fl[FL_ALPHA]
     if mode == spm.MODE_DSPARK or mode == spm.MODE_DSPARK_LAGGED:
         spm.draft_confidences(reqs, tok, n_req, spec.profiles, st.si[S_SPEC_ROW], g[RNG_SEED], spec.spread,
@@ -151,6 +154,22 @@ def _plan_verify(rep, st, tables, cfg, spec):
     gf[DRAFT_S] = positions * draft_pp
     g[SPEC_DECODES] += n_req
     g[SPEC_DRAFTED] += x
+
+
+@njit(cache=True, nogil=True)
+def _evict_for_drafts(rep, st, lim, slack, n_req, block_size):
+    """Evict idle cached blocks so that every decode's whole draft window fits: the engines
+    allocate the draft slots of the block before the verify, from a pool whose free blocks
+    include idle cached ones (vLLM's num_lookahead_tokens in allocate_slots; SGLang's
+    per-decode reserve, mem_cache/allocation_sizing.py:28-70). Held past the step only as
+    far as the verify uses them (the lookahead reserve itself is not modelled)."""
+    g = rep.g
+    need = 0
+    for k in range(n_req):
+        need += (max(0, lim[k] - slack[k]) + block_size - 1) // block_size
+    short = need - (g[FREE] - g[PC_STATS + pcm.S_EVICTABLE])
+    if short > 0:
+        pcm.evict(_cache(rep, st), short)
 
 
 @njit(cache=True, nogil=True)

@@ -704,6 +704,11 @@ class Reference:
         n = len(slots)
         draft_pp = rspec.draft_per_position(self.tables, c.speculative_draft_cost_mode, c.speculative_draft_cost,
                                             n, p[3])
+        # every decode's whole draft window is allocated first, evicting idle cached blocks for it
+        short = sum(-(-max(0, m - sl) // bs) for m, sl in zip(lim, slack, strict=True)) - (
+            self.free - self.cache.cache_blocks()[1])
+        if short > 0:
+            self.cache.evict(short)
         free_blocks = max(0, self.free - self.cache.cache_blocks()[1])
         if self.spec_mode in (MODE_ADAPTIVE, MODE_SPS_TABLE, MODE_SPS_CAP_ACCEPT):
             ell, x, charged, positions = self.engine_budgets(slots, lim, slack, free_blocks, draft_pp, p)
