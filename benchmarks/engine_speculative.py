@@ -12,11 +12,18 @@ goodput (SLO ttft 2000 ms, tpot 40 ms) of:
   grid of 2-3 range schedules with the best mean goodput over the tuning window's loads;
 * for the DSpark drafter: vLLM's adaptive verification (``enable_adaptive_verification``,
   k = gamma), and SGLang's DSPARK with the SPS table servetune writes
-  (``SGLANG_RAGGED_VERIFY_MODE=compact``) and without a table (every request verifies the
-  block: static), both at SGLang's speculative default of 48 running requests.
+  (``SGLANG_RAGGED_VERIFY_MODE=compact``), with it under ``cap-accept`` (the planner's
+  budget caps acceptance over a whole-block verify) and without a table (every request
+  verifies the block: static), all at SGLang's speculative default of 48 running requests.
 
 Scored on the held-out window: the schedule against the best single fixed k (one k for all
 loads, picked on the tuning window) and against the best fixed k per load in hindsight.
+
+First it prints what servetune leaves out of compact mode: SGLang runs the verify on the
+smallest captured CUDA-graph token tier at or above the planned tokens (``GRAPH_TIERS``,
+read from SGLang's defaults for a block of 7 and 48 requests; the reading is in
+``docs/speculative.md``); the step-time model's cost of that padding, over every request
+count and planned length.
 
     python benchmarks/engine_speculative.py [--quick]
 """
@@ -24,6 +31,7 @@ loads, picked on the tuning window) and against the best fixed k per load in hin
 from __future__ import annotations
 
 import argparse
+import bisect
 import itertools
 import json
 import os
@@ -35,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from costmodels import build  # noqa: E402
+from costmodels.steptable import step_seconds  # noqa: E402
 from optimizer.search.drafter import load_drafter  # noqa: E402
 from optimizer.search.targets import engine_context  # noqa: E402
 from policies.engine import simulate_many  # noqa: E402
@@ -50,6 +59,22 @@ MODEL, GPU, SLO = "meta-llama/Llama-3.1-8B", "h100", "ttft:2000,tpot:40"
 DRAFTERS = ("dspark", "eagle3")  # studies/examples/drafters/<name>.toml
 RATES = (4, 12, 20, 28, 36, 44)
 TUNE, SCORE = (0.0, 300.0), (1200.0, 1500.0)  # seconds of the trace
+#: SGLang 0.5.23's verify token tiers for DSPARK block 7 at 48 running requests: 8 x the
+#: captured batch sizes (model_executor/decode_cuda_graph_runner.py:388-406, 699-702)
+GRAPH_TIERS = (8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240, 256, 320, 352,
+               384)
+
+
+def padding_cost(cost, gamma: int = 7, most: int = 48, context: int = 1024) -> tuple[float, float]:
+    """(mean, worst) step time at the padded tier over the planned one, over R = 1..most
+    requests and every planned length R..R(gamma + 1), at ``context`` KV tokens each."""
+    ratios = []
+    for requests in range(1, most + 1):
+        for tokens in range(requests, requests * (gamma + 1) + 1):
+            tier = GRAPH_TIERS[bisect.bisect_left(GRAPH_TIERS, tokens)]
+            seconds = [step_seconds(cost.tables, n, n, requests, requests * context + n, 0)[0] for n in (tokens, tier)]
+            ratios.append(seconds[1] / seconds[0])
+    return sum(ratios) / len(ratios), max(ratios)
 
 
 def schedules(gamma: int) -> list[tuple[int, int, int, int]]:
@@ -77,6 +102,7 @@ def configs(ctx, drafter) -> dict[str, object]:
         out["vllm adaptive"] = vllm.replace(speculative_mode="adaptive_verify", num_speculative_tokens=gamma)
         out["sglang DSPARK table"] = sgl.replace(speculative_mode="sps_table")
         out["sglang DSPARK no table"] = sgl.replace(speculative_mode="fixed")
+        out["sglang DSPARK cap-accept"] = sgl.replace(speculative_mode="sps_cap_accept")
     return out
 
 
@@ -102,6 +128,9 @@ def main() -> None:
     rates = RATES[::2] if args.quick else RATES
     ctx = engine_context(MODEL, GPU)
     cost = build(MODEL, GPU)
+    mean, worst = padding_cost(cost)
+    print(f"compact's padding to SGLang's graph tiers (not simulated): step time x{mean:.3f} on average, "
+          f"x{worst:.3f} at worst", flush=True)
     full = load_trace(SHARED / TRACE, "azure")
     tune, held = window(full, *TUNE), window(full, *SCORE)
     report = {}
@@ -111,7 +140,8 @@ def main() -> None:
         gamma = drafter.max_draft_tokens
         fixed = [f"vllm k={k}" for k in range(1, gamma + 1)]
         sched = [n for n in named if n.startswith("vllm schedule")]
-        others = [n for n in ("vllm adaptive", "sglang DSPARK table", "sglang DSPARK no table") if n in named]
+        others = [n for n in ("vllm adaptive", "sglang DSPARK table", "sglang DSPARK no table",
+                              "sglang DSPARK cap-accept") if n in named]
         print(f"drafter {label} {drafter.acceptance.default} (gamma {gamma}, draft cost {drafter.draft_cost}): "
               f"tuning window {TUNE[0]:.0f}-{TUNE[1]:.0f} s", flush=True)
         g = goodputs(tune, cost, named, drafter, rates)
@@ -136,7 +166,7 @@ def main() -> None:
         above = [r["rate"] for r in rows if r["schedule"] > r["single_fixed"] * 1.005]
         print(f"  schedule below the single fixed k (by > 0.5%) at: {below or 'no load'}; above it at: "
               f"{above or 'no load'}")
-        report[label] = {"tuned_schedule": pick, "single_fixed": single, "rows": rows}
+        report[label] = {"padding_step_time": {"mean": mean, "worst": worst}, "tuned_schedule": pick, "single_fixed": single, "rows": rows}
     out = ROOT / "benchmarks" / "results" / "engine_speculative.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1))
