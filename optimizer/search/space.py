@@ -356,8 +356,8 @@ def speculative_defaults(drafter_tokens: int,
 
 
 #: Where a searched per-batch-size schedule starts (``speculative_starts``): the drafter's whole
-#: block below 32 running requests, half of it from 32 and one less from 128 (the shape
-#: ``benchmarks/engine_speculative.py`` picked for both example drafters).
+#: block below 32 running requests, half of it from 32 and one less from 128 (the shape of the
+#: best-mean schedule ``benchmarks/engine_speculative.py`` finds for both example drafters).
 SCHEDULE_START_BATCHES = (32, 128)
 
 
