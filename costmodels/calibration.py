@@ -305,8 +305,9 @@ def match_entry(entries: list[dict], *, model: str, family: str, gpu: str, frame
     fitted on plain TP, is no ``setup`` match of another) and KV dtype (``setup``), at any
     TP or layout of its parallel path (``model``), another model of its family (``family``),
     the pooled fit of the GPU (``pooled``), the same chain fitted on another GPU
-    (``other_gpu``: the overhead and scales of one GPU's tables applied to another's; the
-    GPU nearest in memory bandwidth first, ``_nearest_gpu_first``).
+    (``other_gpu``: the scales of one GPU's tables applied to another's, the decode-step
+    overhead left at the framework's default, ``apply_calibration``; the GPU nearest in memory
+    bandwidth first, ``_nearest_gpu_first``).
     Every tier keeps to the setup's parallel path (``parallel_path``): EP and attention DP
     run other kernels and collectives with other fixed costs, so only when no entry of the
     path exists anywhere does an entry of another path stand in, and only the same model's
@@ -402,8 +403,11 @@ def apply_calibration(cost: CostModel, model: str, gpu: str, framework: str, gem
                        calibration={"file": None, "match": "none", "tier_errors": tier_errors})
     scales = {k: float(entry.get(k, 1.0)) for k in ("prefill_scale", "decode_scale")}
     prefill_step_s, comm_scale = float(entry.get("prefill_step_s", 0.0)), float(entry.get("comm_scale", 1.0))
+    # the decode-step overhead is the measured host's (its engine loop and CPU), not the GPU
+    # tables': an entry of another GPU, fitted on another machine, lends its scales but not it
+    overhead_s = float(cost.tables.overhead_s) if how == "other_gpu" else float(entry["overhead_s"])
     tables = with_comm_scale(cost.tables, cost.comm_s, comm_scale)._replace(
-        overhead_s=entry["overhead_s"], scale=entry["scale"], prefill_step_s=prefill_step_s, **scales)
+        overhead_s=overhead_s, scale=entry["scale"], prefill_step_s=prefill_step_s, **scales)
     label = "default" if calibration is None else path.name
     split = "" if scales == {"prefill_scale": 1.0, "decode_scale": 1.0} else (
         f", prefill x{scales['prefill_scale']:.3f}, decode x{scales['decode_scale']:.3f}")
@@ -415,14 +419,15 @@ def apply_calibration(cost: CostModel, model: str, gpu: str, framework: str, gem
     used = {"file": label, "match": how, "model": entry["model"], "models": models, "gpu": entry["gpu"],
             "tp": entry.get("tp"),
             "measured_server": dict(entry.get("measured_server") or {}) if entry["model"] == model else None,
-            "overhead_s": entry["overhead_s"], "scale": entry["scale"], **scales, "prefill_step_s": prefill_step_s,
+            "overhead_s": overhead_s, "scale": entry["scale"], **scales, "prefill_step_s": prefill_step_s,
             "comm_scale": comm_scale,
             "pinned_terms": pinned, "tier_errors": tier_errors,
             "error": entry.get("error") or {"in_sample_tpot_mape": entry.get("tpot_mape_after"),
                                             "in_sample_ttft_mape": entry.get("ttft_mape_after"),
                                             "out_of_sample": None}}
     return replace(cost, tables=tables, calibration=used, source=cost.source + f"; calibrated:{label} {how}{_fitted_on(entry, how, models)} "
-                   f"(overhead {entry['overhead_s'] * 1e3:.2f} ms, scale {entry['scale']:.3f}{split})")
+                   f"(overhead {overhead_s * 1e3:.2f} ms{' (the default: not lent)' if how == 'other_gpu' else ''}, "
+                   f"scale {entry['scale']:.3f}{split})")
 
 
 def _fitted_on(entry: dict, how: str, models: list[str]) -> str:
