@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import yaml
 
+from costmodels import build
 from optimizer.outputs.exports import (
     Deployment,
     ExportError,
@@ -26,9 +27,14 @@ from optimizer.search.drafter import Drafter
 from optimizer.search.targets import engine_context
 from policies import speculative as spm
 from policies.config import PolicyConfig
+from policies.engine import simulate_many
 from policies.engines import EngineError, target
 from policies.engines.sglang import SPECULATIVE_MAX_RUNNING_REQUESTS, sps_table
 from policies.engines.vllm import batch_schedule_knobs, batch_schedule_ranges
+from policies.speculative import AcceptanceModel
+from studies.scenarios import SCENARIOS, build_trace
+
+from .conftest import cost_model, make_trace
 
 LLAMA = "meta-llama/Llama-3.1-8B"
 CTX = engine_context(LLAMA, "h100")
@@ -141,7 +147,6 @@ def test_dspark_rules_are_sglangs():
 
 
 def _tables():
-    from costmodels import build
     return build(LLAMA, "h100").tables
 
 
@@ -177,9 +182,6 @@ def test_cap_accept_plans_as_compact_but_verifies_every_whole_block():
     """dspark_worker_v2.py:1103, 1151-1175 (cap-accept runs the full verify), dspark_accept.py:
     163-166 (the accepted run is cut at the planned length). Every request arrives at once, so
     both modes take the same steps and only the verify's width differs."""
-    from policies.engine import simulate_many
-    from policies.speculative import AcceptanceModel
-    from tests.policies.conftest import cost_model, make_trace
 
     trace = make_trace(np.zeros(48), np.full(48, 64), np.full(48, 300))
     runs = simulate_many(trace, cost_model(65536), [
@@ -199,10 +201,6 @@ def test_idle_cached_blocks_make_room_for_the_drafts():
     cached ones (vLLM allocate_slots' lookahead, SGLang's decode reserve): a radix cache full
     of finished chat prompts must not cut the verify. It did: SGLang's static DSPARK verified
     2.5 of 7 drafts per decode with the cache on, 7.0 with it off."""
-    from costmodels import build
-    from policies.engine import simulate_many
-    from policies.speculative import AcceptanceModel
-    from studies.scenarios import SCENARIOS, build_trace
 
     data = json.loads(json.dumps(SCENARIOS["spec-dspark"]))
     data["workload"]["duration_s"] = 30
