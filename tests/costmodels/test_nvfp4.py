@@ -15,16 +15,43 @@ LLAMA70 = "meta-llama/Llama-3.1-70B"
 VERSIONS = {"vllm": "0.24.0", "sglang": "0.5.14", "trtllm": "1.3.0rc20"}
 
 
+def measured_ms(aic_root, framework: str, m: int, n: int, k: int) -> float:
+    """The median nvfp4 GEMM latency ``framework``'s collector measured on B200 at (m, n, k)."""
+    raw = pl.read_parquet(aic_root / f"systems/data/b200_sxm/gemm/{framework}/{VERSIONS[framework]}/gemm_perf.parquet")
+    return raw.filter((pl.col("gemm_dtype") == "nvfp4") & (pl.col("m") == m) & (pl.col("n") == n)
+                      & (pl.col("k") == k))["latency"].median()
+
+
 @pytest.mark.parametrize("framework", ["vllm", "sglang", "trtllm"])
 def test_nvfp4_gemms_are_read_from_their_own_table(aic_root, framework):
-    raw = pl.read_parquet(aic_root / f"systems/data/b200_sxm/gemm/{framework}/{VERSIONS[framework]}/gemm_perf.parquet")
-    point = raw.filter((pl.col("gemm_dtype") == "nvfp4") & (pl.col("m") == 64) & (pl.col("n") == 8192)
-                       & (pl.col("k") == 8192))["latency"].median()
     ops = ProfiledOps("b200_sxm", framework, "nvfp4")
-    assert ops.gemm(np.array([64.0]), 8192, 8192)[0] * 1e3 == pytest.approx(point, rel=2e-3)
+    own = measured_ms(aic_root, framework, 64, 8192, 8192)
+    if framework == "trtllm":  # untuned: the fastest kernel measured on the GPU (next test)
+        own = min(own, *(measured_ms(aic_root, f, 64, 8192, 8192) for f in ("vllm", "sglang")))
+    assert ops.gemm(np.array([64.0]), 8192, 8192)[0] * 1e3 == pytest.approx(own, rel=2e-3)
     # a long prompt's projection is faster in NVFP4 than in FP8 on every framework's kernels
     big = np.array([8192.0])
     assert ops.gemm(big, 8192, 8192)[0] < ProfiledOps("b200_sxm", framework, "fp8").gemm(big, 8192, 8192)[0]
+
+
+def test_trtllms_untuned_nvfp4_table_is_read_as_the_fastest_kernel_measured_on_the_gpu(aic_root):
+    # aiconfigurator times TRT-LLM's NVFP4 Linear outside its autotuner (the fallback tactic):
+    # at decode sizes flat in n, and slower than FlashInfer's NVFP4 GEMM in vLLM's tables
+    trt, vllm, sglang = (ProfiledOps("b200_sxm", f, "nvfp4") for f in ("trtllm", "vllm", "sglang"))
+    decode = np.array([1.0, 8.0, 64.0])
+    for n, k in ((1280, 8192), (8192, 8192), (57344, 8192)):
+        fastest = np.minimum(vllm.gemm(decode, n, k), sglang.gemm(decode, n, k))
+        assert (trt.gemm(decode, n, k) <= fastest * (1 + 1e-9)).all()
+    assert measured_ms(aic_root, "trtllm", 64, 1024, 8192) > 1.3 * measured_ms(aic_root, "vllm", 64, 1024, 8192)
+    assert trt.gemm(np.array([64.0]), 1024, 8192)[0] * 1e3 == pytest.approx(
+        min(measured_ms(aic_root, f, 64, 1024, 8192) for f in VERSIONS), rel=2e-3)
+    assert any("untuned fallback kernel" in note for note in trt.notes)
+    # the other dtypes keep TRT-LLM's own tables, and the other frameworks theirs
+    bf16 = pl.read_parquet(aic_root / "systems/data/b200_sxm/gemm/trtllm/1.3.0rc20/gemm_perf.parquet").filter(
+        (pl.col("gemm_dtype") == "bfloat16") & (pl.col("m") == 64) & (pl.col("n") == 8192) & (pl.col("k") == 8192))
+    assert ProfiledOps("b200_sxm", "trtllm", "bf16").gemm(np.array([64.0]), 8192, 8192)[0] * 1e3 == pytest.approx(
+        bf16["latency"].median(), rel=2e-3)
+    assert not vllm.notes and not sglang.notes
 
 
 def test_nvfp4_weights_take_four_bits_and_a_scale_per_16():
