@@ -12,9 +12,11 @@ starts over):
 
 The subprocess is servetune's own entry point (``optimizer.cli:main``, the ``servetune``
 script) with one hook: the progress callback (``TuneProgress.update``) prints a wall-clock
-stamp when the first trial is told, so "seconds to the first trial" is measured from the
-launch, not inferred. Also printed: the total, and the compile time the CLI reports
-("kernels compiled in N s", the cold-start line). Figures only; nothing is asserted.
+stamp and its own CPU time when the first trial is told, so "seconds to the first trial" is
+measured from the launch, not inferred. Also printed: the total wall and CPU time (every
+thread), and the compile time the CLI reports ("kernels compiled in N s": the trials' kernels
+before the search, the fleet kernel the GPU sizing runs after it). Figures only; nothing is
+asserted.
 
     python benchmarks/first_run.py [--trials 3] [--timeout 1800]
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -41,7 +44,7 @@ from optimizer.search import progress
 _update = progress.TuneProgress.update
 def update(self, trial, stats=None):
     if self._told == 0:
-        print(f"@@first-trial {time.time():.3f}", file=sys.stderr, flush=True)
+        print(f"@@first-trial {time.time():.3f} {time.process_time():.3f}", file=sys.stderr, flush=True)
     return _update(self, trial, stats)
 progress.TuneProgress.update = update
 from optimizer.cli import main
@@ -55,20 +58,29 @@ def run_once(label: str, cache: Path, run_dir: Path, trials: int, timeout: float
     argv = [sys.executable, "-c", HOOKED, *COMMAND, "--trials", str(trials), "--run-dir", str(run_dir)]
     print(f"[{label}] servetune {' '.join(COMMAND)} --trials {trials} --run-dir {run_dir}", flush=True)
     start = time.time()
+    before = _children_cpu()
     try:
         done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         print(f"[{label}] still running after {timeout:.0f} s: stopped", flush=True)
         return {"first": None, "total": None, "compile": None, "ok": False}
     total = time.time() - start
-    stamp = re.search(r"@@first-trial (\d+\.\d+)", done.stderr)
-    compiled = re.search(r"kernels compiled in (\d+(?:\.\d+)?) s", done.stdout)
+    cpu = _children_cpu() - before
+    stamp = re.search(r"@@first-trial (\d+\.\d+) (\d+\.\d+)", done.stderr)
+    compiled = re.findall(r"kernels compiled in (\d+(?:\.\d+)?) s", done.stdout)  # the trials', the sizing's
     told = re.search(r"(\d+) trials in (\d+\.\d+) s", done.stdout)
     if done.returncode != 0:
         print(f"[{label}] exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}", flush=True)
     return {"first": float(stamp.group(1)) - start if stamp else None, "total": total,
-            "compile": float(compiled.group(1)) if compiled else None,
+            "first_cpu": float(stamp.group(2)) if stamp else None, "cpu": cpu,
+            "compile": sum(map(float, compiled)) if compiled else None,
             "loop": float(told.group(2)) if told else None, "ok": done.returncode == 0}
+
+
+def _children_cpu() -> float:
+    """User + system CPU seconds of the waited-for child processes so far (every thread)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _s(value) -> str:
@@ -87,10 +99,12 @@ def main() -> None:
         cold = run_once("cold", cache, Path(tmp) / "run-cold", args.trials, args.timeout)
         warm = run_once("warm", cache, Path(tmp) / "run-warm", args.trials, args.timeout) if cold["ok"] else None
     print()
-    print(f"{'':12} {'first trial (s)':>16} {'total (s)':>10} {'compile line (s)':>17} {'trial loop (s)':>15}")
+    print(f"{'':12} {'first trial (s)':>16} {'its CPU (s)':>12} {'total (s)':>10} {'total CPU (s)':>14} "
+          f"{'compile lines (s)':>18} {'trial loop (s)':>15}")
     for label, r in (("cold cache", cold), ("warm cache", warm)):
         if r is not None:
-            print(f"{label:12} {_s(r['first']):>16} {_s(r['total']):>10} {_s(r['compile']):>17} {_s(r.get('loop')):>15}")
+            print(f"{label:12} {_s(r['first']):>16} {_s(r.get('first_cpu')):>12} {_s(r['total']):>10} "
+                  f"{_s(r.get('cpu')):>14} {_s(r['compile']):>18} {_s(r.get('loop')):>15}")
     if warm and cold["first"] and warm["first"]:
         print(f"{'cold / warm':12} {cold['first'] / warm['first']:>15.1f}x {cold['total'] / warm['total']:>9.1f}x")
 

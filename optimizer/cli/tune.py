@@ -231,8 +231,8 @@ def _tune(spec, console: Console, *, resume: bool, outputs: bool, quiet: bool) -
                   + f"), cost model {evaluator.cost_model.source}; "
                   f"{spec.trials} trials{f', {done} done' if done else ''}; run folder {spec.run_dir}")
     enqueue_baselines(study, spec, evaluator.baselines())
-    # the fleet kernel too when outputs are written: GPUs needed are sized by fleet simulation
-    _load_kernels(console, fleet=outputs or _may_use_fleet(spec), speculative=spec.speculative is not None)
+    # only what the trials run: the first trial does not wait for the fleet kernel the sizing needs
+    _load_kernels(console, _trial_kernels(spec), speculative=spec.speculative is not None)
     stats = _run(study, spec, evaluator, quiet, done)
     _print_summary(console, study, spec, stats)
     if not outputs:
@@ -242,6 +242,7 @@ def _tune(spec, console: Console, *, resume: bool, outputs: bool, quiet: bool) -
     from optimizer.outputs.runfolder import write_run_outputs
     from optimizer.outputs.trials import OutputError
 
+    _load_kernels(console, ("fleet",), speculative=spec.speculative is not None)  # GPUs are sized by fleet runs
     console.print("choosing what to deploy (traffic variants, minimal files, error bands, GPUs by fleet runs) and "
                   "writing the run folder")
     try:
@@ -300,7 +301,7 @@ def worker_command(
             spec, study = load_for_worker(study_name, storage, trace=str(trace) if trace else None,
                                           batch_size=batch_size, seed=seed if seed is not None else os.getpid())
             evaluator = Evaluator(spec)
-            _load_kernels(console, fleet=_may_use_fleet(spec), speculative=spec.speculative is not None)
+            _load_kernels(console, _trial_kernels(spec), speculative=spec.speculative is not None)
             stats = _run(study, spec, evaluator, quiet, _counted(study))
         _print_summary(console, study, spec, stats)
     except USER_ERRORS as exc:
@@ -324,18 +325,18 @@ def warmup_command() -> None:
     typer.echo(f"kernels ready in {time.perf_counter() - start:.1f} s")
 
 
-#: A cold compile of the kernels a study runs on a 2-core machine: the single-replica engine
-#: only (73 s in benchmarks/first_run.py on a quiet machine, without the speculative planner;
-#: about twice that on a busy one or with a drafter) / with the fleet's, which every study
-#: writing outputs runs to size the GPUs (252 s in benchmarks/first_run.py).
-COLD_COMPILE = {False: "1-3 min", True: "3-10 min"}
+#: A cold compile of each kernel a study runs, on a 2-core machine: the single-replica engine
+#: (74 s of CPU for the README's main command, without the speculative planner; about twice
+#: that with a drafter) and the fleet's, which sizes the GPUs (117 s of CPU more).
+COLD_COMPILE = {"engine": "1-3 min", "fleet": "2-5 min"}
 
 
-def _may_use_fleet(spec) -> bool:
-    """Whether a trial may run the fleet kernels: more than one replica, or failures."""
+def _trial_kernels(spec) -> tuple[str, ...]:
+    """The kernels a trial may run: the single-replica engine, and the fleet's when a trial
+    may run more than one replica, or failures."""
     replicas = max((max(p.choices) if p.choices else int(p.high) for p in spec.search_space.fleet_params
                     if p.name == "replicas"), default=spec.fleet.replicas)
-    return replicas > 1 or spec.failures is not None
+    return ("engine", "fleet") if replicas > 1 or spec.failures is not None else ("engine",)
 
 
 def _cold(kernel) -> bool:
@@ -348,29 +349,30 @@ def _cold(kernel) -> bool:
         return False
 
 
-def _load_kernels(console: Console, *, fleet: bool, speculative: bool) -> None:
-    """Before a study's first trial, load the kernels it runs into this process (the
-    warm-up), so no trial and no fleet sizing loads one mid-run; if they are not compiled
-    yet, say so first, and the progress bar starts once they are. A study without a
-    drafter warms up without the speculative planner (``engine.Statics.spec``)."""
+def _load_kernels(console: Console, kernels: tuple[str, ...], *, speculative: bool) -> None:
+    """Load ``kernels`` ("engine", "fleet") into this process (the warm-up) before the part of
+    the study that runs them (the trials, then the fleet sizing), so none is loaded mid-run
+    and the first trial does not wait for a kernel only the sizing needs; if one is not
+    compiled yet, say so first, with a spinner while it compiles. A study without a drafter
+    warms up without the speculative planner (``engine.Statics.spec``)."""
     from policies import engine
     from policies import fleet as fleet_sim
 
-    kernels = [engine.simulate_kernel]
-    kernels += [fleet_sim.fleet_kernel] if fleet else []
-    steps = [("the single-replica engine", engine.warmup)] + ([("the fleet kernel (GPUs are sized by fleet runs)",
-                                                                 fleet_sim.warmup)] if fleet else [])
-    if not any(_cold(k) for k in kernels):
-        for _, warmup in steps:  # from Numba's disk cache: under a second
-            warmup(speculative)
+    known = {"engine": ("the single-replica engine", engine.simulate_kernel, engine.warmup),
+             "fleet": ("the fleet kernel (GPUs are sized by fleet runs)", fleet_sim.fleet_kernel, fleet_sim.warmup)}
+    cold = [key for key in kernels if _cold(known[key][1])]
+    for key in kernels:  # already in this process, or from Numba's disk cache: under a second
+        if key not in cold:
+            known[key][2](speculative)
+    if not cold:
         return
-    console.print(f"compiling the simulator kernels (first run of this version on this machine; usually "
-                  f"{COLD_COMPILE[fleet]} on 2 cores; cached afterwards)")
+    console.print(f"compiling {' and '.join(known[key][0] for key in cold)} (first run of this version on this "
+                  f"machine; usually {' + '.join(COLD_COMPILE[key] for key in cold)} on 2 cores; cached afterwards)")
     start = time.perf_counter()
     with _spinner(console) as progress:
-        for what, warmup in steps:
-            task = progress.add_task(f"compiling {what}", total=None)
-            warmup(speculative)
+        for key in cold:
+            task = progress.add_task(f"compiling {known[key][0]}", total=None)
+            known[key][2](speculative)
             progress.remove_task(task)
     console.print(f"kernels compiled in {time.perf_counter() - start:.0f} s")
 

@@ -149,4 +149,34 @@ def test_tune_loads_its_kernels_before_the_first_trial_even_from_a_warm_cache(tm
     result, _ = _tune(tmp_path, make_trace(60, gap_s=0.1, prompt=500, output=50), "--replicas", "2", "--no-outputs")
     assert result.exit_code == 0, result.output
     assert events == [("engine", False), ("fleet", False), "trials"]
-    assert "compiling the simulator kernels" not in result.output
+    assert "compiling" not in result.output
+
+
+def test_the_first_trial_does_not_wait_for_the_fleet_kernel_only_the_sizing_runs(tmp_path, monkeypatch):
+    """Issue 47: a one-replica study compiled the fleet kernel (117 s of CPU cold) before its
+    first trial, though only the GPU sizing after the search runs it. It is now loaded, and
+    announced when cold, right before the outputs."""
+    from optimizer.search import study as study_module
+    from policies import engine, fleet
+    from tests.optimizer.tuning_helpers import make_trace
+
+    events = []
+    for name, module in (("engine", engine), ("fleet", fleet)):
+        def warmup(speculative=True, real=module.warmup, name=name):
+            events.append(name)
+            real(speculative)
+        monkeypatch.setattr(module, "warmup", warmup)
+    real_run = study_module.run
+
+    def run(*args, **kwargs):
+        events.append("trials")
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(study_module, "run", run)
+    monkeypatch.setattr("optimizer.cli.tune._cold", lambda kernel: kernel is fleet.fleet_kernel)
+    result, _ = _tune(tmp_path, make_trace(60, gap_s=0.1, prompt=500, output=50))
+    assert result.exit_code == 0, result.output
+    assert events == ["engine", "trials", "fleet"]
+    announced = result.output.index("compiling the fleet kernel")
+    assert result.output.index("trials in") < announced < result.output.index("choosing what to deploy")
+    assert "compiling the single-replica engine" not in result.output
