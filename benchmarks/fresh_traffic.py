@@ -12,7 +12,9 @@ capacity: what servetune printed before the robust answer.
 
 Printed (issue 44's four targets):
 
-- fresh regressions: exported files below 0.97x of the defaults on a fresh split and load;
+- fresh regressions: exported files below 0.97x of the defaults on a fresh split and load
+  (both on the study's fleet, one replica here, as the claimed gain is; and, beside it, both
+  on the replicas the answer says to deploy, the answer as a capacity engineer would run it);
 - GPUs: printed count within +-1 replica (or +-15%, the larger) of the fleet the fresh part needs;
 - band: the fresh gain inside the printed gain range;
 - past the knee: the vLLM file's fresh gain on the bursty code-like workload at x4.
@@ -29,6 +31,7 @@ error) were fixed before this script was first run; the fresh windows are never 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -108,14 +111,15 @@ def run_case(name: str, engine: str, tuned, fresh, slos, trials: int, seed: int,
     old_gpus = (None if not old_capacity.rate_scale > 0 else
                 max(1, math.ceil(fleet.replicas / old_capacity.rate_scale - 1e-9)))
 
-    def fresh_gains(config) -> dict[str, float]:
+    def fresh_gains(config, on=fleet) -> dict[str, float]:
         out = {}
         for load in LOADS:
-            mine, theirs = on_fresh.reports([config, reference], load, fleets=[fleet, fleet])
+            mine, theirs = on_fresh.reports([config, reference], load, fleets=[on, on])
             out[f"x{load:g}"] = ratio(mine.weighted_goodput, theirs.weighted_goodput)
         return out
 
     printed = answer["sizing"]["recommended"]
+    deployed = dataclasses.replace(fleet, replicas=printed["deploy"]["replicas"] or fleet.replicas)
     fresh_size = fleet_size(on_fresh, exported, fleet, target, start=printed["deploy"]["replicas"] or 1)
     old_fresh_size = fleet_size(on_fresh, old.config, fleet, target, start=old_gpus or 1)
     return {
@@ -123,6 +127,8 @@ def run_case(name: str, engine: str, tuned, fresh, slos, trials: int, seed: int,
         "keep_defaults": answer["keep_defaults"], "reason": answer["reason"],
         "knobs": [k["text"] for k in answer["knobs_changed"]],
         "gain": answer["gain"], "fresh_gain": fresh_gains(exported),
+        # the answer as deployed: the file and the defaults both on the replicas it says to deploy
+        "fresh_gain_deployed": fresh_gains(exported, deployed), "deployed_replicas": deployed.replicas,
         "gpus": {"printed": printed["deploy"]["replicas"], "low": printed["replicas"]["low"],
                  "high": printed["replicas"]["high"], "fresh": fresh_size.replicas},
         "before": {"trial": old_trial.number,
@@ -146,6 +152,9 @@ def figures(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
                    if r["fresh_gain"][load] < REGRESSION]
     old_regressions = [(w, s, r["engine"], load, r["before"]["fresh_gain"][load]) for w, s, r, load in conditions
                        if r["before"]["fresh_gain"][load] < REGRESSION]
+    deployed = [(w, s, r["engine"], load, r["fresh_gain_deployed"][load]) for w, s, r, load in conditions
+                if "fresh_gain_deployed" in r]
+    deployed_regressions = [c for c in deployed if c[-1] < REGRESSION]
     inside = [r["gain"]["low"] <= r["fresh_gain"][load] <= r["gain"]["high"] for _, _, r, load in conditions]
     exported = [(r, load) for _, _, r, load in conditions if not r["keep_defaults"]]
     inside_exported = [r["gain"]["low"] <= r["fresh_gain"][load] <= r["gain"]["high"] for r, load in exported]
@@ -158,6 +167,8 @@ def figures(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "cases": len(cases), "conditions": len(conditions),
         "regressions": len(regressions), "worst": min((g for *_, g in regressions), default=None),
         "regression_list": regressions,
+        "deployed_conditions": len(deployed), "deployed_regressions": len(deployed_regressions),
+        "deployed_worst": min((g for *_, g in deployed_regressions), default=None),
         "before_regressions": len(old_regressions), "before_worst": min((g for *_, g in old_regressions), default=None),
         "inside_band": sum(inside), "inside_band_exported": sum(inside_exported), "exported_conditions": len(exported),
         "gpus_close": sum(gpus), "before_gpus_close": sum(old_gpus),
@@ -179,9 +190,9 @@ def _n(value) -> str:
 
 
 def markdown(results: dict[str, dict[str, Any]]) -> str:
-    lines = ["| workload | split | engine | file | claimed gain (range) | fresh x0.8 / x1 / x1.2 | GPUs printed "
-             "(range) / fresh | before: claimed, fresh x0.8 / x1 / x1.2, GPUs printed / fresh |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| workload | split | engine | file | claimed gain (range) | fresh x0.8 / x1 / x1.2 | on the deployed "
+             "replicas | GPUs printed (range) / fresh | before: claimed, fresh x0.8 / x1 / x1.2, GPUs printed / fresh |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for w, per in results.items():
         for s, per_split in per.items():
             for r in per_split.values():
@@ -189,7 +200,8 @@ def markdown(results: dict[str, dict[str, Any]]) -> str:
                 file = "defaults kept" if r["keep_defaults"] else ", ".join(r["knobs"]) or "no knob"
                 lines.append(
                     f"| {w} | {s} | {r['engine']} | {file} | {_x(g['point'])} ({_x(g['low'])}-{_x(g['high'])}) | "
-                    + " / ".join(_x(v) for v in r["fresh_gain"].values())
+                    + " / ".join(_x(v) for v in r["fresh_gain"].values()) + " | "
+                    + " / ".join(_x(v) for v in r.get("fresh_gain_deployed", {}).values())
                     + f" | {_n(r['gpus']['printed'])} ({_n(r['gpus']['low'])}-{_n(r['gpus']['high'])}) / "
                     f"{_n(r['gpus']['fresh'])} | {_x(b['claimed_gain'])}, "
                     + " / ".join(_x(v) for v in b["fresh_gain"].values())
@@ -204,6 +216,9 @@ def report(f: dict[str, Any]) -> str:
         f"fresh regressions below {REGRESSION}x: {f['regressions']} of {c} conditions"
         + (f" (worst {f['worst']:.2f}x)" if f["worst"] is not None else "")
         + f"; before: {f['before_regressions']}" + (f" (worst {f['before_worst']:.2f}x)" if f["before_worst"] else ""),
+        f"the same on the replicas the answer deploys (the file and the defaults both on that fleet): "
+        f"{f['deployed_regressions']} of {f['deployed_conditions']}"
+        + (f" (worst {f['deployed_worst']:.2f}x)" if f["deployed_worst"] is not None else ""),
         f"GPUs printed within +-1 replica / 15% of the fresh fleet: {f['gpus_close']} of {n} cases; "
         f"before (one replica's capacity scaled): {f['before_gpus_close']} of {n}",
         f"GPUs printed equal to the fresh fleet's: {f['gpus_exact']['now']} of {n}, fewer than it needs: "
