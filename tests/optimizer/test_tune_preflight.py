@@ -123,14 +123,11 @@ def test_an_interrupt_while_the_outputs_are_written_says_what_is_kept(tmp_path, 
     assert (run_dir / "vllm" / "study.journal").is_file()
 
 
-def test_tune_loads_its_kernels_before_the_first_trial_even_from_a_warm_cache(tmp_path, monkeypatch):
-    """Issue 51: with the kernels already in Numba's disk cache, `tune` used to skip its
-    warm-up, so the first trial and the first fleet run loaded them mid-search; it now
-    warms up in its own process either way (the fleet too for a fleet study), before any
-    trial, and only a cold cache is announced as a compile."""
+def _record_warmups_and_trials(monkeypatch) -> list:
+    """Each kernel warm-up (its name and whether it compiles the speculative planner) and the
+    start of the trials, in the order `tune` runs them."""
     from optimizer.search import study as study_module
     from policies import engine, fleet
-    from tests.optimizer.tuning_helpers import make_trace
 
     events = []
     for name, module in (("engine", engine), ("fleet", fleet)):
@@ -145,6 +142,17 @@ def test_tune_loads_its_kernels_before_the_first_trial_even_from_a_warm_cache(tm
         return real_run(*args, **kwargs)
 
     monkeypatch.setattr(study_module, "run", run)
+    return events
+
+
+def test_tune_loads_its_kernels_before_the_first_trial_even_from_a_warm_cache(tmp_path, monkeypatch):
+    """Issue 51: with the kernels already in Numba's disk cache, `tune` used to skip its
+    warm-up, so the first trial and the first fleet run loaded them mid-search; it now
+    warms up in its own process either way (the fleet too for a fleet study), before any
+    trial, and only a cold cache is announced as a compile."""
+    from tests.optimizer.tuning_helpers import make_trace
+
+    events = _record_warmups_and_trials(monkeypatch)
     monkeypatch.setattr("optimizer.cli.tune._cold", lambda kernel: False)  # as after `servetune warmup`
     result, _ = _tune(tmp_path, make_trace(60, gap_s=0.1, prompt=500, output=50), "--replicas", "2", "--no-outputs")
     assert result.exit_code == 0, result.output
@@ -156,27 +164,14 @@ def test_the_first_trial_does_not_wait_for_the_fleet_kernel_only_the_sizing_runs
     """Issue 47: a one-replica study compiled the fleet kernel (117 s of CPU cold) before its
     first trial, though only the GPU sizing after the search runs it. It is now loaded, and
     announced when cold, right before the outputs."""
-    from optimizer.search import study as study_module
-    from policies import engine, fleet
+    from policies import fleet
     from tests.optimizer.tuning_helpers import make_trace
 
-    events = []
-    for name, module in (("engine", engine), ("fleet", fleet)):
-        def warmup(speculative=True, real=module.warmup, name=name):
-            events.append(name)
-            real(speculative)
-        monkeypatch.setattr(module, "warmup", warmup)
-    real_run = study_module.run
-
-    def run(*args, **kwargs):
-        events.append("trials")
-        return real_run(*args, **kwargs)
-
-    monkeypatch.setattr(study_module, "run", run)
+    events = _record_warmups_and_trials(monkeypatch)
     monkeypatch.setattr("optimizer.cli.tune._cold", lambda kernel: kernel is fleet.fleet_kernel)
     result, _ = _tune(tmp_path, make_trace(60, gap_s=0.1, prompt=500, output=50))
     assert result.exit_code == 0, result.output
-    assert events == ["engine", "trials", "fleet"]
+    assert events == [("engine", False), "trials", ("fleet", False)]
     announced = result.output.index("compiling the fleet kernel")
     assert result.output.index("trials in") < announced < result.output.index("choosing what to deploy")
     assert "compiling the single-replica engine" not in result.output
