@@ -359,7 +359,7 @@ def _load_kernels(console: Console, kernels: tuple[str, ...], *, speculative: bo
     from policies import fleet as fleet_sim
 
     known = {"engine": ("the single-replica engine", engine.simulate_kernel, engine.warmup),
-             "fleet": ("the fleet kernel that sizes the GPUs", fleet_sim.fleet_kernel, fleet_sim.warmup)}
+             "fleet": ("the fleet kernel (replicas behind a router)", fleet_sim.fleet_kernel, fleet_sim.warmup)}
     cold = [key for key in kernels if _cold(known[key][1])]
     for key in kernels:  # already in this process, or from Numba's disk cache: under a second
         if key not in cold:
