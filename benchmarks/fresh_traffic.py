@@ -120,7 +120,7 @@ def run_case(name: str, engine: str, tuned, fresh, slos, trials: int, seed: int,
 
     printed = answer["sizing"]["recommended"]
     deployed = dataclasses.replace(fleet, replicas=printed["deploy"]["replicas"] or fleet.replicas)
-    fresh_size = fleet_size(on_fresh, exported, fleet, target, start=printed["deploy"]["replicas"] or 1)
+    fresh_size = fleet_size(on_fresh, exported, fleet, target, start=deployed.replicas)
     old_fresh_size = fleet_size(on_fresh, old.config, fleet, target, start=old_gpus or 1)
     return {
         "engine": engine, "seconds": round(seconds, 1), "tuned_requests": tuned.n, "fresh_requests": fresh.n,
@@ -128,7 +128,7 @@ def run_case(name: str, engine: str, tuned, fresh, slos, trials: int, seed: int,
         "knobs": [k["text"] for k in answer["knobs_changed"]],
         "gain": answer["gain"], "fresh_gain": fresh_gains(exported),
         # the answer as deployed: the file and the defaults both on the replicas it says to deploy
-        "fresh_gain_deployed": fresh_gains(exported, deployed), "deployed_replicas": deployed.replicas,
+        "fresh_gain_deployed": fresh_gains(exported, deployed),
         "gpus": {"printed": printed["deploy"]["replicas"], "low": printed["replicas"]["low"],
                  "high": printed["replicas"]["high"], "fresh": fresh_size.replicas},
         "before": {"trial": old_trial.number,

@@ -182,7 +182,6 @@ def test_cap_accept_plans_as_compact_but_verifies_every_whole_block():
     """dspark_worker_v2.py:1103, 1151-1175 (cap-accept runs the full verify), dspark_accept.py:
     163-166 (the accepted run is cut at the planned length). Every request arrives at once, so
     both modes take the same steps and only the verify's width differs."""
-
     trace = make_trace(np.zeros(48), np.full(48, 64), np.full(48, 300))
     runs = simulate_many(trace, cost_model(65536), [
         PolicyConfig(max_num_batched_tokens=512, max_num_seqs=48, gpu_memory_utilization=1.0, block_size=16,
@@ -201,7 +200,6 @@ def test_idle_cached_blocks_make_room_for_the_drafts():
     cached ones (vLLM allocate_slots' lookahead, SGLang's decode reserve): a radix cache full
     of finished chat prompts must not cut the verify. It did: SGLang's static DSPARK verified
     2.5 of 7 drafts per decode with the cache on, 7.0 with it off."""
-
     data = json.loads(json.dumps(SCENARIOS["spec-dspark"]))
     data["workload"]["duration_s"] = 30
     trace = build_trace("spec-dspark", data)
