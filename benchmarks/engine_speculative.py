@@ -1,9 +1,9 @@
 """The engines' own verify budgets vs load, tuned on one window and scored on another.
 
-Llama-3.1-8B on one H100, the Azure 2023 conversation trace (``../shared``), and the two
+Llama-3.1-8B on one H100, the Azure 2023 conversation trace (``../shared``), and the three
 example drafters of ``studies/examples/`` (their acceptance profiles, draft costs and
-longest drafts gamma, with their sources in the files): DSpark (gamma 7) and EAGLE-3
-(gamma 5). The trace's first 5 minutes tune, later windows score (never looked at while
+longest drafts gamma, with their sources in the files): DSpark (gamma 7), EAGLE-3
+(gamma 5) and Llama-3.2-1B as a draft model (gamma 5, the costliest per drafted position). The trace's first 5 minutes tune, later windows score (never looked at while
 tuning); each window is replayed at a sweep of arrival rates. Per load it prints request
 goodput (SLO ttft 2000 ms, tpot 40 ms) of:
 
@@ -30,7 +30,7 @@ read from SGLang's defaults for a block of 7 and 48 requests; the reading is in
 ``docs/speculative.md``); the step-time model's cost of that padding, over every request
 count and planned length.
 
-    python benchmarks/engine_speculative.py [--quick]
+    python benchmarks/engine_speculative.py [--quick] [--drafters NAME ...]
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ from studies.transforms import scale_rate, window  # noqa: E402
 SHARED = Path(os.environ.get("SERVETUNE_SHARED", ROOT / ".." / "shared"))
 TRACE = "traces/azure2023/AzureLLMInferenceTrace_conv.csv"
 MODEL, GPU, SLO = "meta-llama/Llama-3.1-8B", "h100", "ttft:2000,tpot:40"
-DRAFTERS = ("dspark", "eagle3")  # studies/examples/drafters/<name>.toml
+DRAFTERS = ("dspark", "eagle3", "draft_model")  # studies/examples/drafters/<name>.toml
 RATES = (4, 12, 20, 28, 36, 44)
 #: seconds of the trace: tuned on the first window, scored on the others (the second
 #: was added with the robust pick, after the first had been seen)
@@ -157,6 +157,7 @@ def held_row(h, rate, fixed, single, picks, others) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="every other rate")
+    parser.add_argument("--drafters", nargs="+", choices=DRAFTERS, default=DRAFTERS, help="drafters to run")
     args = parser.parse_args()
     rates = RATES[::2] if args.quick else RATES
     ctx = engine_context(MODEL, GPU)
@@ -167,7 +168,7 @@ def main() -> None:
     full = load_trace(SHARED / TRACE, "azure")
     tune = window(full, *TUNE)
     report = {"padding_step_time": {"mean": pad_mean, "worst": pad_worst}}
-    for label in DRAFTERS:
+    for label in args.drafters:
         drafter = load_drafter(ROOT / "studies" / "examples" / "drafters" / f"{label}.toml")
         named = configs(ctx, drafter)
         gamma = drafter.max_draft_tokens

@@ -63,6 +63,22 @@ def test_sglang_carries_the_algorithm_and_the_full_chain_triple():
     assert (back.speculative_mode, back.num_speculative_tokens) == ("fixed", 3)
 
 
+def test_a_draft_model_is_vllms_draft_model_method_and_sglangs_standalone_chain():
+    """The shapes both engines accepted in engine-check at stop 63 (vLLM 0.33.0 built the
+    SpeculativeConfig, its equal-vocabulary rule included, vllm/config/speculative.py:2040;
+    SGLang 0.5.23's check_server_args passed: STANDALONE drafts a chain, topk 1)."""
+    deploy = Deployment("meta-llama/Llama-3.1-8B", drafter=Drafter(method="draft_model",
+                                                                   model="meta-llama/Llama-3.2-1B-Instruct"))
+    vllm = yaml.safe_load(engine_yaml(speculating(k=5), deploy, "vllm"))
+    assert vllm["speculative-config"] == {"method": "draft_model", "model": "meta-llama/Llama-3.2-1B-Instruct",
+                                          "num_speculative_tokens": 5}
+    sglang = yaml.safe_load(engine_yaml(speculating(k=5, backend="sglang"), deploy, "sglang"))
+    assert sglang["speculative-algorithm"] == "STANDALONE"
+    assert sglang["speculative-draft-model-path"] == "meta-llama/Llama-3.2-1B-Instruct"
+    assert (sglang["speculative-num-steps"], sglang["speculative-eagle-topk"],
+            sglang["speculative-num-draft-tokens"]) == (5, 1, 6)
+
+
 @pytest.mark.parametrize("backend", ["vllm", "sglang"])
 def test_speculation_off_writes_nothing_and_reads_back_nothing(backend):
     mapped = engine_args(speculating("off", k=9, backend=backend), DEPLOY, backend)

@@ -270,7 +270,8 @@ def test_tune_names_a_bad_drafter_file(trace, tmp_path):
     assert f"drafter file {bad}" in out.stderr and "position 2 must be in [0, 1]" in out.stderr
 
 
-@pytest.mark.parametrize("name, method, sglang", [("dspark", "dspark", "DSPARK"), ("eagle3", "eagle3", "EAGLE3")])
+@pytest.mark.parametrize("name, method, sglang", [("dspark", "dspark", "DSPARK"), ("eagle3", "eagle3", "EAGLE3"),
+                                                  ("draft_model", "draft_model", "STANDALONE")])
 def test_the_example_drafters_load_with_their_engines_names(name, method, sglang):
     drafter = load_drafter(Path(__file__).parents[2] / "studies" / "examples" / "drafters" / f"{name}.toml")
     assert (drafter.method, drafter.sglang) == (method, sglang)
