@@ -20,16 +20,33 @@ Life of an entry:
 - ``insert`` runs after a step computed prompt tokens through full hash blocks (by vLLM's
   rules, as the step is formed): each new block becomes an entry referenced by its
   request (its KV blocks move from the request to the cache); a block another request
-  inserted meanwhile is deduplicated: the request references the existing entry and its
-  own copy is freed (SGLang: the radix tree frees the duplicate at once) or, with
-  ``keep_copies`` (vLLM keeps both blocks under one hash, vllm/v1/core/block_pool.py
-  ``BlockHashToBlockMap``), kept as the request's own (``R_COPIES``) until it lets go;
+  inserted meanwhile is deduplicated (SGLang: the radix tree frees the duplicate at once,
+  and the request references the existing entry) or, with ``keep_copies``, kept as a
+  *copy* (below);
 - ``release`` drops a request's references (finish, preemption, cancel, rejection);
   entries left unreferenced join the LRU list, deepest block first, so a chain's tail is
   evicted before its head (as vLLM frees blocks in reverse);
 - ``evict`` frees unreferenced entries from the LRU head when free KV runs out, a KV block
   at a time, each entry's tail first; a lookup hits the head of a partly evicted entry
   (``partial_blocks``), and the request that takes it computes the rest.
+
+Copies (vLLM, ``keep_copies``): vLLM never deduplicates. A block computed again under a hash
+that is cached stays the computing request's, and the hash maps to every such block in
+insertion order; a lookup takes the oldest surviving one (vllm/v1/core/block_pool.py:49-53,
+63-100, 666-686). Each physical copy is a node of its own here: a ``tab`` column from a pool
+past the own-run columns, held by its request at its chain position (``E_AT``) and linked
+behind the entry's column (``E_NEXT``, oldest first). Its blocks count as the request's
+(``R_COPIES`` for quotas) while it is held; when the request lets go each copy joins the LRU
+list at its place in the reversed chain, like any block vLLM frees; evicting it takes it off
+its entry's list. The entry's column is the copy lookups hit: when it is evicted whole and a
+copy survives, the oldest copy moves into the column (``_promote``), with its holder or its
+LRU place. So an entry goes idle when its hitters let go, while copies of it are still held,
+as vLLM's ref counts are per block. Not modelled: a lookup that takes an entry's head from a
+partly evicted node and its tail from a copy stops at the head, and a block recomputed over a
+partly evicted entry replaces it; and an entry is shared only once computed whole, where
+vLLM shares each 16-token block as soon as it is scheduled, so a request admitted while
+another computes a shared trace block in chunks that end inside it hits none of that block
+here (the parity fixtures ``burst-pc-leapfrog-{b2048,b8192,seed3}`` show it).
 
 Own runs (vLLM, ``keep_tail``): vLLM hashes every full block of a request, its generated
 tokens included, and a freed block keeps its hash until the block is reused
@@ -75,48 +92,59 @@ S_HIT_TOKENS = 4  # prompt tokens served from the cache, over all lookups noted
 S_QUERY_TOKENS = 5  # prompt tokens looked up
 S_INSERTS = 6  # entries created
 S_DEDUPS = 7  # blocks computed twice because another request inserted them first
-S_EVICTIONS = 8  # entries evicted (own runs not counted)
-N_STATS = 9
+S_EVICTIONS = 8  # entries no longer cached by eviction (own runs and copies not counted)
+S_POOL_NEXT = 9  # copy pool: the next column never used yet
+S_POOL_FREE = 10  # copy pool: a stack of columns freed, linked through E_NEXT (-1: empty)
+S_COPIES = 11  # copies alive (0 spares eviction a look at E_NEXT)
+N_STATS = 12
 
 
 # rows of PrefixCache.req (per request) and PrefixCache.tab (per entry)
 R_N_FULL = 0  # full hash blocks of the prompt, the only cacheable ones (0 with caching off)
-R_HELD = 1  # leading entries the request references
-R_COPIES = 2  # KV blocks of entries it computed while another request held them, kept as its own (vLLM)
-N_REQ_ROWS = 3
-E_CACHED = 0  # KV blocks the entry holds (entry_blocks, or an own run's count; 0: not cached)
+R_HELD = 1  # leading chain positions the request holds: entries it references, or its copies
+R_COPIES = 2  # KV blocks of copies it computed (vLLM), charged to its quotas until it lets go
+R_COPY_HEAD = 3  # its deepest copy still held (-1: none); E_HELD_NEXT links the shallower ones
+N_REQ_ROWS = 4
+E_CACHED = 0  # KV blocks the column holds (entry_blocks, or fewer once partly evicted; 0: not cached)
 E_REFS = 1
-E_LRU_PREV = 2  # doubly linked LRU list of unreferenced cached entries
+E_LRU_PREV = 2  # doubly linked LRU list of unreferenced cached columns
 E_LRU_NEXT = 3
 E_BORN = 4  # S_INSERTS when the entry was last created: the order SGLang's radix node gains its children
 E_WAIT = 5  # scratch, zero between calls: waiting requests whose matched chain holds the entry (dfs_weight)
-N_ENTRY_ROWS = 6
+E_NEXT = 6  # an entry's oldest copy, a copy's next younger one (-1: none); a free pool column's next
+# rows of copies only (the last ones: ``clear`` leaves them to ``_new_copy``)
+E_AT = 7  # a copy's chain position: the index into ``entry`` of (its request, its position)
+E_OWNER = 8  # the request that computed a copy
+E_HELD_NEXT = 9  # a held copy's next shallower copy held by the same request (-1: none)
+N_ENTRY_ROWS = 10
 
 
 class PrefixCache(NamedTuple):
     """Cache state as a few arrays; build with ``new_prefix_cache``.
 
     ``entry``: per trace block (aligned with ``Trace.block_hashes``), its dense entry id
-    (read-only, shared). ``req[ROW, request]`` (R_*) and ``tab[ROW, entry]`` (E_*) are
+    (read-only, shared). ``req[ROW, request]`` (R_*) and ``tab[ROW, column]`` (E_*) are
     field-major matrices: few arrays keep calls cheap in the kernel. ``tab`` has one column
-    per entry, then per request one for its own run (``own_column``) and one for the copies
-    it let go (``copies_column``).
+    per entry, then per request one for its own run (``own_column``), then the copy pool
+    (vLLM: as many columns as KV blocks, since every live copy holds one at least; only the
+    columns used are ever written).
     """
 
     entry: np.ndarray  # i8[H]
     req: np.ndarray  # i8[N_REQ_ROWS, n]
-    tab: np.ndarray  # i8[N_ENTRY_ROWS, U]
+    tab: np.ndarray  # i8[N_ENTRY_ROWS, n_entries + n + copy pool]
     stats: np.ndarray  # i8[N_STATS]
     block_tokens: int
     entry_blocks: int  # KV blocks per entry
     kv_block_size: int
+    n_entries: int
 
     # Python-side views by name (tests, inspection)
     n_full = property(lambda self: self.req[R_N_FULL])
     held = property(lambda self: self.req[R_HELD])
     copies = property(lambda self: self.req[R_COPIES])
-    cached = property(lambda self: self.tab[E_CACHED] != 0)
-    refs = property(lambda self: self.tab[E_REFS])
+    cached = property(lambda self: self.tab[E_CACHED, :self.n_entries] != 0)  # per entry
+    refs = property(lambda self: self.tab[E_REFS, :self.n_entries])
 
 
 def prefix_layout(
@@ -133,29 +161,35 @@ def prefix_layout(
 
 
 @njit(cache=True, nogil=True)
-def empty_cache(entry, n_full, n_entries, block_tokens, kv_block_size):
-    """An empty cache over a ``prefix_layout`` for one KV block size (``n_full`` is copied)."""
+def empty_cache(entry, n_full, n_entries, block_tokens, kv_block_size, copy_pool):
+    """An empty cache over a ``prefix_layout`` for one KV block size (``n_full`` is copied),
+    with ``copy_pool`` columns for copies (0 without ``keep_copies``)."""
     pc = PrefixCache(entry, np.empty((N_REQ_ROWS, n_full.shape[0]), dtype=np.int64),
-                     np.empty((N_ENTRY_ROWS, n_entries + 2 * n_full.shape[0]), dtype=np.int64),
+                     np.empty((N_ENTRY_ROWS, n_entries + n_full.shape[0] + copy_pool), dtype=np.int64),
                      np.empty(N_STATS, dtype=np.int64),
-                     block_tokens, (block_tokens + kv_block_size - 1) // kv_block_size, kv_block_size)
+                     block_tokens, (block_tokens + kv_block_size - 1) // kv_block_size, kv_block_size, n_entries)
     clear(pc, n_full)
     return pc
 
 
 @njit(cache=True, nogil=True)
 def clear(pc, n_full):
-    """Empty the cache in place: no entry cached or referenced, counters zero;
-    ``n_full`` sets the cacheable blocks per request (zeros: caching off)."""
+    """Empty the cache in place: no entry cached or referenced, counters zero, the copy pool
+    unused; ``n_full`` sets the cacheable blocks per request (zeros: caching off)."""
     pc.req[R_N_FULL] = n_full
     pc.req[R_HELD] = 0
     pc.req[R_COPIES] = 0
-    pc.tab[:] = 0
-    pc.tab[E_LRU_PREV] = -1
-    pc.tab[E_LRU_NEXT] = -1
+    pc.req[R_COPY_HEAD] = -1
+    fixed = pc.n_entries + pc.req.shape[1]  # the pool's columns are written as they are taken,
+    pc.tab[:E_AT, :fixed] = 0  # and so are the rows only copies use
+    pc.tab[E_LRU_PREV, :fixed] = -1
+    pc.tab[E_LRU_NEXT, :fixed] = -1
+    pc.tab[E_NEXT, :fixed] = -1
     pc.stats[:] = 0
     pc.stats[S_HEAD] = -1
     pc.stats[S_TAIL] = -1
+    pc.stats[S_POOL_NEXT] = fixed
+    pc.stats[S_POOL_FREE] = -1
 
 
 def new_prefix_cache(
@@ -164,12 +198,14 @@ def new_prefix_cache(
     prompt_tokens: np.ndarray,
     block_tokens: int,
     kv_block_size: int,
+    copy_pool: int = 0,
 ) -> PrefixCache:
-    """An empty cache for one trace (CSR prefix blocks) and one KV block size."""
+    """An empty cache for one trace (CSR prefix blocks) and one KV block size; ``keep_copies``
+    needs ``copy_pool`` columns, one per KV block of the GPU at most."""
     if kv_block_size <= 0:
         raise ValueError(f"kv_block_size must be positive, got {kv_block_size}")
     entry, n_full, n_entries = prefix_layout(block_offsets, block_hashes, prompt_tokens, block_tokens)
-    return empty_cache(entry, n_full, n_entries, int(block_tokens), int(kv_block_size))
+    return empty_cache(entry, n_full, n_entries, int(block_tokens), int(kv_block_size), int(copy_pool))
 
 
 # -- KV accounting (pure arithmetic) ------------------------------------------------------
@@ -220,18 +256,22 @@ def _lru_append(pc, e):
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _lru_link(pc, a, b):
+    """Make b follow a in the LRU list (a = -1: b is its head; b = -1: a is its tail)."""
+    if a >= 0:
+        pc.tab[E_LRU_NEXT, a] = b
+    else:
+        pc.stats[S_HEAD] = b
+    if b >= 0:
+        pc.tab[E_LRU_PREV, b] = a
+    else:
+        pc.stats[S_TAIL] = a
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _lru_unlink(pc, e):
     """Take e off the LRU list; its blocks stop being evictable."""
-    prev = pc.tab[E_LRU_PREV, e]
-    nxt = pc.tab[E_LRU_NEXT, e]
-    if prev >= 0:
-        pc.tab[E_LRU_NEXT, prev] = nxt
-    else:
-        pc.stats[S_HEAD] = nxt
-    if nxt >= 0:
-        pc.tab[E_LRU_PREV, nxt] = prev
-    else:
-        pc.stats[S_TAIL] = prev
+    _lru_link(pc, pc.tab[E_LRU_PREV, e], pc.tab[E_LRU_NEXT, e])
     pc.tab[E_LRU_PREV, e] = -1
     pc.tab[E_LRU_NEXT, e] = -1
     pc.stats[S_EVICTABLE] -= pc.tab[E_CACHED, e]
@@ -253,6 +293,94 @@ def _ref(pc, e):
     if pc.tab[E_REFS, e] == 0:
         _lru_unlink(pc, e)
     pc.tab[E_REFS, e] += 1
+
+
+# -- copies (vLLM) ---------------------------------------------------------------------------
+@njit(cache=True, nogil=True)
+def _new_copy(pc, e, at, i):
+    """Request i computed entry e's blocks again at chain index ``at`` while e is cached: a
+    copy it holds, the youngest of e's."""
+    c = pc.stats[S_POOL_FREE]
+    if c >= 0:
+        pc.stats[S_POOL_FREE] = pc.tab[E_NEXT, c]
+    else:
+        c = pc.stats[S_POOL_NEXT]
+        pc.stats[S_POOL_NEXT] += 1
+    pc.stats[S_COPIES] += 1
+    pc.tab[E_CACHED, c] = pc.entry_blocks
+    pc.tab[E_REFS, c] = 1
+    pc.tab[E_LRU_PREV, c] = -1
+    pc.tab[E_LRU_NEXT, c] = -1
+    pc.tab[E_NEXT, c] = -1
+    pc.tab[E_AT, c] = at
+    pc.tab[E_OWNER, c] = i
+    pc.tab[E_HELD_NEXT, c] = pc.req[R_COPY_HEAD, i]
+    pc.req[R_COPY_HEAD, i] = c
+    last = e
+    while pc.tab[E_NEXT, last] >= 0:
+        last = pc.tab[E_NEXT, last]
+    pc.tab[E_NEXT, last] = c
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _recycle(pc, c):
+    pc.tab[E_NEXT, c] = pc.stats[S_POOL_FREE]
+    pc.stats[S_POOL_FREE] = c
+    pc.stats[S_COPIES] -= 1
+
+
+@njit(cache=True, nogil=True)
+def _unhold(pc, c):
+    """Take held copy c off its request's list of held copies."""
+    i = pc.tab[E_OWNER, c]
+    nxt = pc.tab[E_HELD_NEXT, c]
+    if pc.req[R_COPY_HEAD, i] == c:
+        pc.req[R_COPY_HEAD, i] = nxt
+        return
+    prev = pc.req[R_COPY_HEAD, i]
+    while pc.tab[E_HELD_NEXT, prev] != c:
+        prev = pc.tab[E_HELD_NEXT, prev]
+    pc.tab[E_HELD_NEXT, prev] = nxt
+
+
+@njit(cache=True, nogil=True)
+def _promote(pc, e):
+    """Entry e's column, just emptied, takes its oldest copy, which lookups hit from now on:
+    with its holder, who now references e, or with its place in the LRU list."""
+    c = pc.tab[E_NEXT, e]
+    blocks = pc.tab[E_CACHED, c]
+    pc.tab[E_NEXT, e] = pc.tab[E_NEXT, c]
+    pc.tab[E_CACHED, e] = blocks
+    pc.tab[E_REFS, e] = pc.tab[E_REFS, c]
+    if pc.tab[E_REFS, c] > 0:
+        _unhold(pc, c)
+        pc.stats[S_CACHED] += blocks
+    else:
+        nxt = pc.tab[E_LRU_NEXT, c]
+        _lru_link(pc, pc.tab[E_LRU_PREV, c], e)
+        _lru_link(pc, e, nxt)
+    _recycle(pc, c)
+
+
+@njit(cache=True, nogil=True)
+def _drop_copy(pc, c):
+    """Idle copy c was evicted whole: off its entry's list, back to the pool."""
+    prev = pc.entry[pc.tab[E_AT, c]]
+    while pc.tab[E_NEXT, prev] != c:
+        prev = pc.tab[E_NEXT, prev]
+    pc.tab[E_NEXT, prev] = pc.tab[E_NEXT, c]
+    _recycle(pc, c)
+
+
+@njit(cache=True, nogil=True, inline="always")  # inlined: eviction's hot path, where copies are rare
+def _drop(pc, e):
+    """Idle entry e stops being cached (``_forget``); its oldest copy takes its place.
+    Returns whether one did."""
+    _forget(pc, e)
+    if pc.stats[S_COPIES] == 0 or pc.tab[E_NEXT, e] < 0:
+        return False
+    _promote(pc, e)
+    return True
 
 
 # -- operations ----------------------------------------------------------------------------
@@ -309,8 +437,8 @@ def insert(pc, block_offsets, i, ctx, keep_copies):
 
     Returns the KV blocks freed by deduplication (blocks of this request that another
     request had cached first); the caller returns them to the free pool. With
-    ``keep_copies`` they stay the request's (``R_COPIES``) and nothing is freed. An idle
-    entry counts as free already, so deduplicating onto it frees nothing: the request's
+    ``keep_copies`` they stay the request's as copies (``R_COPIES``) and nothing is freed. An
+    idle entry counts as free already, so deduplicating onto it frees nothing: the request's
     copy goes back to the pool exactly as the entry it now references leaves it.
     """
     base = block_offsets[i]
@@ -318,12 +446,16 @@ def insert(pc, block_offsets, i, ctx, keep_copies):
     freed = 0
     for j in range(pc.req[R_HELD, i], last):
         e = pc.entry[base + j]
+        while keep_copies and 0 < pc.tab[E_CACHED, e] < pc.entry_blocks and pc.tab[E_NEXT, e] >= 0:
+            _drop(pc, e)  # a partly evicted entry gives way to a copy that may be whole
         if pc.tab[E_CACHED, e] == pc.entry_blocks:
-            if pc.tab[E_REFS, e] > 0 and keep_copies:
+            if keep_copies:
+                _new_copy(pc, e, base + j, i)
                 pc.req[R_COPIES, i] += pc.entry_blocks
-            elif pc.tab[E_REFS, e] > 0:
-                freed += pc.entry_blocks
-            _ref(pc, e)
+            else:
+                if pc.tab[E_REFS, e] > 0:
+                    freed += pc.entry_blocks
+                _ref(pc, e)
             pc.stats[S_DEDUPS] += 1
         else:
             _forget(pc, e)  # what eviction left of it, if anything: this copy replaces it
@@ -339,14 +471,23 @@ def insert(pc, block_offsets, i, ctx, keep_copies):
 
 @njit(cache=True, nogil=True)
 def release(pc, block_offsets, i):
-    """Drop request i's references, deepest first; idle entries become evictable. Its kept
-    copies (``R_COPIES``) are the caller's to free.
+    """Drop request i's references and copies, deepest first (vLLM frees a request's blocks
+    in reverse): idle entries and copies become evictable.
 
-    Returns the KV blocks of entries that became idle (evictable, so available again).
+    Returns the KV blocks of entries and copies that became idle (so available again).
     """
     base = block_offsets[i]
     idle = 0
+    c = pc.req[R_COPY_HEAD, i]
     for j in range(pc.req[R_HELD, i] - 1, -1, -1):
+        if c >= 0 and pc.tab[E_AT, c] == base + j:
+            nxt = pc.tab[E_HELD_NEXT, c]
+            pc.tab[E_REFS, c] = 0
+            pc.stats[S_CACHED] += pc.tab[E_CACHED, c]
+            _lru_append(pc, c)
+            idle += pc.tab[E_CACHED, c]
+            c = nxt
+            continue
         e = pc.entry[base + j]
         pc.tab[E_REFS, e] -= 1
         if pc.tab[E_REFS, e] == 0:
@@ -354,6 +495,7 @@ def release(pc, block_offsets, i):
             idle += pc.entry_blocks
     pc.req[R_HELD, i] = 0
     pc.req[R_COPIES, i] = 0
+    pc.req[R_COPY_HEAD, i] = -1
     return idle
 
 
@@ -366,16 +508,20 @@ def evict(pc, kv_blocks_needed):
 
     Returns the KV blocks freed.
     """
-    own_from = pc.tab.shape[1] - 2 * pc.req.shape[1]
+    copies_from = pc.n_entries + pc.req.shape[1]
     freed = 0
     while freed < kv_blocks_needed and pc.stats[S_HEAD] >= 0:
         e = pc.stats[S_HEAD]
         blocks = pc.tab[E_CACHED, e]
         take = min(blocks, kv_blocks_needed - freed)
         if take == blocks:
-            _forget(pc, e)
-            if e < own_from:
-                pc.stats[S_EVICTIONS] += 1
+            if e < pc.n_entries:
+                if not _drop(pc, e):
+                    pc.stats[S_EVICTIONS] += 1
+            else:
+                _forget(pc, e)
+                if e >= copies_from:
+                    _drop_copy(pc, e)
         else:
             pc.tab[E_CACHED, e] -= take
             pc.stats[S_EVICTABLE] -= take
@@ -398,20 +544,14 @@ def take_partial(pc, block_offsets, i, k):
     """Request i takes the partly evicted entry k (``partial_blocks``) out of the cache: the
     caller makes the blocks it hit private; it enters the cache whole once computed."""
     if k < pc.req[R_N_FULL, i]:
-        _forget(pc, pc.entry[block_offsets[i] + k])
+        _drop(pc, pc.entry[block_offsets[i] + k])
 
 
 # -- own runs (vLLM) -----------------------------------------------------------------------
 @njit(cache=True, nogil=True, inline="always")
 def own_column(pc, i):
     """Request i's own-run column of ``tab``."""
-    return pc.tab.shape[1] - 2 * pc.req.shape[1] + i
-
-
-@njit(cache=True, nogil=True, inline="always")
-def copies_column(pc, i):
-    """The column of the copies request i let go (``keep_copies``)."""
-    return pc.tab.shape[1] - pc.req.shape[1] + i
+    return pc.n_entries + i
 
 
 @njit(cache=True, nogil=True)
@@ -442,22 +582,6 @@ def keep_tail(pc, block_offsets, i, blocks):
 
 
 @njit(cache=True, nogil=True)
-def let_copies_go(pc, i):
-    """Request i lets go of its copies (``R_COPIES``): vLLM frees them into its free queue
-    still hashed, so they are evicted in turn like any idle block; they stay idle here, at
-    the LRU tail, holding nothing a lookup hits. Returns the blocks let go."""
-    copies = pc.req[R_COPIES, i]
-    if copies > 0:
-        e = copies_column(pc, i)
-        blocks = copies + _forget(pc, e)  # with copies let go before and not evicted yet: one run
-        pc.tab[E_CACHED, e] = blocks
-        pc.stats[S_CACHED] += blocks
-        _lru_append(pc, e)
-        pc.req[R_COPIES, i] = 0
-    return copies
-
-
-@njit(cache=True, nogil=True)
 def take_own(pc, i):
     """Request i is readmitted: its own run leaves the cache (the caller makes the blocks it
     hit private again; the rest were counted free already)."""
@@ -466,5 +590,18 @@ def take_own(pc, i):
 
 @njit(cache=True, nogil=True)
 def cache_blocks(pc):
-    """KV blocks held by cached entries and own runs, and how many of them are evictable."""
+    """KV blocks held by cached entries, own runs and idle copies, and how many of them are
+    evictable."""
     return pc.stats[S_CACHED], pc.stats[S_EVICTABLE]
+
+
+@njit(cache=True, nogil=True)
+def held_copy_blocks(pc, i):
+    """KV blocks of the copies request i holds (its quota is charged ``R_COPIES``: a copy that
+    took its entry's place stays charged until the request lets go)."""
+    blocks = 0
+    c = pc.req[R_COPY_HEAD, i]
+    while c >= 0:
+        blocks += pc.tab[E_CACHED, c]
+        c = pc.tab[E_HELD_NEXT, c]
+    return blocks

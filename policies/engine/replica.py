@@ -293,7 +293,8 @@ def new_replica(st, cfg, cap_blocks, host_blocks, kv_bytes, swap_bw, seed, serie
     g[AD_SKIP_ROW] = N_FL + (1 if speculating else 0)
     lists = np.zeros((g[AD_POOL_ROW] + (adm.N_ROWS if lora else 0), n + 1), dtype=np.int64)
     fl = np.zeros((g[AD_SKIP_ROW] + (3 if lora else 0), n))
-    entries = np.empty((pcm.N_ENTRY_ROWS, st.n_entries + 2 * n if caching else 0), dtype=np.int64)
+    copy_pool = int(cap_blocks) if g[VLLM_CACHE] else 0  # a live copy holds a KV block at least
+    entries = np.empty((pcm.N_ENTRY_ROWS, st.n_entries + n + copy_pool if caching else 0), dtype=np.int64)
     lanes = np.empty((qm.N_LANE_ROWS, st.lane_tenant.shape[0]), dtype=np.int64)
     ledger = np.empty((fm.N_TENANT_ROWS + fm.N_CLASS_ROWS, max(tenant_params.shape[0], class_params.shape[0])))
     rf = np.full((N_RF, n), np.nan)

@@ -164,7 +164,8 @@ def _cache(rep, st):
     """The replica's prefix cache (``policies.prefix_cache``), as views of its arrays."""
     g = rep.g
     return pcm.PrefixCache(st.entry, rep.ri[PC_REQ:PC_REQ + pcm.N_REQ_ROWS], rep.entries,
-                           g[PC_STATS:PC_STATS + pcm.N_STATS], st.block_tokens, g[ENTRY_BLOCKS], g[KV_BLOCK_SIZE])
+                           g[PC_STATS:PC_STATS + pcm.N_STATS], st.block_tokens, g[ENTRY_BLOCKS], g[KV_BLOCK_SIZE],
+                           st.n_entries)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -297,11 +298,10 @@ def _free_gpu(rep, st, r, drop_refs):
     if g[QUOTAS]:
         fm.hold_kv(_shares(rep), st.si[S_TENANT, r], st.si[S_CLASS, r], -held)
     if drop_refs and g[CACHING] and ri[PC_REQ + pcm.R_HELD, r] > 0:
-        pc = _cache(rep, st)
-        copies = pcm.let_copies_go(pc, r)  # before its entries: vLLM frees a request's blocks tail first
+        copies = ri[PC_REQ + pcm.R_COPIES, r]
         if copies > 0 and g[QUOTAS]:
             fm.hold_kv(_shares(rep), st.si[S_TENANT, r], st.si[S_CLASS, r], -copies)
-        idle = pcm.release(pc, st.offsets, r) + copies
+        idle = pcm.release(_cache(rep, st), st.offsets, r)  # its copies too
         g[FREE] += idle
         g[USED] -= idle
 

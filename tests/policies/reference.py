@@ -233,9 +233,8 @@ class Reference:
         self.free += r.held
         self.hold(r, -r.held)
         if drop_refs:
-            copies = self.cache.let_copies_go(r.id)  # before its entries: tail first
-            self.hold_copies(r, -copies)
-            self.free += self.cache.release(r.id) + copies
+            self.hold_copies(r, -self.cache.copies[r.id])
+            self.free += self.cache.release(r.id)  # its copies too
 
     def tail_full_blocks(self, r: Req) -> int:
         """Full blocks of r's known tokens computed past the prefix entries it holds."""

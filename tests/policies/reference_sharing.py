@@ -20,8 +20,10 @@ def private_blocks(ctx: int, held: int, block_tokens: int, kv_block_size: int) -
 
 
 class RefPrefixCache:
-    """Hash-keyed prefix cache with reference counts and LRU eviction of idle entries, and
-    each request's own run (its blocks past its prefix, kept for its readmission: vLLM)."""
+    """Hash-keyed prefix cache with reference counts and LRU eviction of idle entries, each
+    request's own run (its blocks past its prefix, kept for its readmission: vLLM) and
+    copies (vLLM: a block computed again while its hash is cached is a second copy under
+    the hash; lookups hit the oldest that survives)."""
 
     def __init__(self, hashes_per_request, prompt_tokens, block_tokens: int, kv_block_size: int):
         self.hashes = [list(h) for h in hashes_per_request]
@@ -30,12 +32,15 @@ class RefPrefixCache:
         self.entry_blocks = math.ceil(block_tokens / kv_block_size)
         self.n_full = [min(len(h), p // block_tokens) for h, p in zip(self.hashes, self.prompt, strict=True)]
         self.held = [0] * len(self.prompt)
-        self.copies = [0] * len(self.prompt)  # blocks computed while another request held them, kept (vLLM)
-        self.refs: dict[int, int] = {}  # cached hash -> references
+        self.copies = [0] * len(self.prompt)  # blocks of copies computed, charged to quotas (vLLM)
+        self.held_copies: list[dict[int, int]] = [{} for _ in self.prompt]  # chain position -> copy held
+        self.refs: dict[int, int] = {}  # cached hash -> references (its lookups' copy)
         self.part: dict[int, int] = {}  # idle hash partly evicted -> KV blocks of its head left
         self.own: dict[int, int] = {}  # request -> blocks of its own run still cached
-        self.let_go: dict[int, int] = {}  # request -> copies it let go, idle until evicted
-        # least recently released first: hashes, ("own", request) for own runs and ("copies", request)
+        self.copy_of: dict[int, list[int]] = {}  # hash -> its copies, oldest first (copy ids)
+        self.copy: dict[int, list] = {}  # copy id -> [hash, blocks, holder or None, position]
+        self.next_copy = 0
+        # least recently released first: hashes, ("own", request) for own runs, ("copy", id)
         self.idle: OrderedDict[object, None] = OrderedDict()
         self.hit_tokens = self.query_tokens = self.inserts = self.dedups = self.evictions = 0
 
@@ -49,10 +54,28 @@ class RefPrefixCache:
     def partial_blocks(self, i, k):
         return self.part.get(self.hashes[i][k], 0) if k < self.n_full[i] else 0
 
+    def _drop(self, h):
+        """Idle h leaves the cache; its oldest copy, if any, takes its place (``_promote``)."""
+        self.part.pop(h, None)
+        del self.refs[h], self.idle[h]
+        if not self.copy_of.get(h):
+            return False
+        c = self.copy_of[h].pop(0)
+        _, blocks, holder, position = self.copy.pop(c)
+        if blocks < self.entry_blocks:
+            self.part[h] = blocks
+        if holder is None:
+            self.refs[h] = 0
+            self.idle = OrderedDict((h if key == ("copy", c) else key, None) for key in self.idle)
+        else:
+            self.refs[h] = 1
+            del self.held_copies[holder][position]
+        return True
+
     def take_partial(self, i, k):
         h = self.hashes[i][k] if k < self.n_full[i] else None
         if h in self.part:
-            del self.part[h], self.refs[h], self.idle[h]
+            self._drop(h)
 
     def _ref(self, h):
         if self.refs[h] == 0:
@@ -70,15 +93,22 @@ class RefPrefixCache:
     def insert(self, i, ctx, keep_copies=False):
         last = min(self.n_full[i], ctx // self.bt)
         freed = 0
-        for h in self.hashes[i][self.held[i] : last]:
+        for j in range(self.held[i], last):
+            h = self.hashes[i][j]
+            while keep_copies and h in self.part and self.copy_of.get(h):
+                self._drop(h)
             if h in self.part:  # what eviction left of it: this copy replaces it
                 del self.part[h], self.refs[h], self.idle[h]
-            if h in self.refs:  # an idle entry is free already: taking it back nets zero
-                if self.refs[h] > 0 and keep_copies:
+            if h in self.refs:
+                if keep_copies:
+                    self.copy[self.next_copy] = [h, self.entry_blocks, i, j]
+                    self.copy_of.setdefault(h, []).append(self.next_copy)
+                    self.held_copies[i][j] = self.next_copy
+                    self.next_copy += 1
                     self.copies[i] += self.entry_blocks
-                elif self.refs[h] > 0:
-                    freed += self.entry_blocks
-                self._ref(h)
+                else:  # an idle entry is free already: taking it back nets zero
+                    freed += self.entry_blocks if self.refs[h] > 0 else 0
+                    self._ref(h)
                 self.dedups += 1
             else:
                 self.refs[h] = 1
@@ -88,7 +118,14 @@ class RefPrefixCache:
 
     def release(self, i):
         idle = 0
-        for h in reversed(self.hashes[i][: self.held[i]]):
+        for j in reversed(range(self.held[i])):
+            c = self.held_copies[i].pop(j, None)
+            if c is not None:
+                self.copy[c][2] = None
+                self.idle[("copy", c)] = None
+                idle += self.copy[c][1]
+                continue
+            h = self.hashes[i][j]
             self.refs[h] -= 1
             if self.refs[h] == 0:
                 self.idle[h] = None
@@ -121,21 +158,27 @@ class RefPrefixCache:
         freed = 0
         while freed < needed and self.idle:
             key = next(iter(self.idle))
-            if isinstance(key, tuple):  # an own run (or let-go copies) goes a block at a time, tail first
-                runs = self.own if key[0] == "own" else self.let_go
-                take = min(runs[key[1]], needed - freed)
-                runs[key[1]] -= take
-                if runs[key[1]] == 0:
-                    del runs[key[1]], self.idle[key]
+            if isinstance(key, tuple):  # an own run or a copy goes a block at a time, tail first
+                kind, x = key
+                left = self.own[x] if kind == "own" else self.copy[x][1]
+                take = min(left, needed - freed)
+                if kind == "own":
+                    self.own[x] -= take
+                else:
+                    self.copy[x][1] -= take
+                if take == left:
+                    del self.idle[key]
+                    if kind == "own":
+                        del self.own[x]
+                    else:
+                        self.copy_of[self.copy.pop(x)[0]].remove(x)
                 freed += take
                 continue
             left = self.part.get(key, self.entry_blocks)  # so does an entry
             take = min(left, needed - freed)
             if take < left:
                 self.part[key] = left - take
-            else:
-                self.part.pop(key, None)
-                del self.idle[key], self.refs[key]
+            elif not self._drop(key):
                 self.evictions += 1
             freed += take
         return freed
@@ -149,19 +192,15 @@ class RefPrefixCache:
             - private_blocks(ctx_old, held, self.bt, kv_block_size)
         )
 
-    def let_copies_go(self, i):
-        copies, self.copies[i] = self.copies[i], 0
-        if copies > 0:
-            self.let_go[i] = self.let_go.pop(i, 0) + copies
-            self.idle.pop(("copies", i), None)
-            self.idle[("copies", i)] = None
-        return copies
+    def held_copy_blocks(self, i):
+        return sum(self.copy[c][1] for c in self.held_copies[i].values())
 
     def cache_blocks(self):
-        own = sum(self.own.values()) + sum(self.let_go.values())
+        own = sum(self.own.values())
         whole = len(self.refs) * self.entry_blocks - sum(self.entry_blocks - b for b in self.part.values())
         idle = sum(self.part.get(key, self.entry_blocks) for key in self.idle if not isinstance(key, tuple))
-        return whole + own, idle + own
+        copies = sum(c[1] for c in self.copy.values() if c[2] is None)
+        return whole + own + copies, idle + own + copies
 
 
 # -- waiting queue -------------------------------------------------------------------------

@@ -16,7 +16,7 @@ def _cache(hashes, prompts, kv_block_size, block_tokens=BT):
     offsets[1:] = np.cumsum([len(h) for h in hashes])
     flat = np.array([x for h in hashes for x in h], dtype=np.int64)
     prompts = np.asarray(prompts, dtype=np.int64)
-    pc = pcm.new_prefix_cache(offsets, flat, prompts, block_tokens, kv_block_size)
+    pc = pcm.new_prefix_cache(offsets, flat, prompts, block_tokens, kv_block_size, copy_pool=400)
     ref = RefPrefixCache(hashes, prompts.tolist(), block_tokens, kv_block_size)
     return pc, ref, offsets, prompts
 
@@ -82,11 +82,9 @@ def test_kernels_agree_with_twin_and_ledger_balances(workload):
             ctx[i] = new
         elif op in ("release", "release_own") and i in ctx:
             private = pcm.private_blocks(ctx.pop(i), pc.held[i], BT, bs)
-            in_use -= pc.copies[i]  # its copies of blocks others held are freed with it
             if op == "release_own":  # blocks past its entries stay cached, idle, ahead of its entries
                 pcm.keep_tail(pc, offsets, i, x % (private + 1))
                 ref.keep_tail(i, x % (private + 1))
-                assert pcm.let_copies_go(pc, i) == ref.let_copies_go(i)  # idle, hit by no lookup
             in_use -= private
             idle = pcm.release(pc, offsets, i)
             assert idle == ref.release(i)
@@ -97,8 +95,10 @@ def test_kernels_agree_with_twin_and_ledger_balances(workload):
         assert list(pc.held) == ref.held and list(pc.copies) == ref.copies
         assert pcm.cache_blocks(pc) == ref.cache_blocks()
         private = sum(pcm.private_blocks(c, pc.held[r], BT, bs) for r, c in ctx.items())
+        copies = [pcm.held_copy_blocks(pc, r) for r in range(len(hashes))]
+        assert copies == [ref.held_copy_blocks(r) for r in range(len(hashes))]
         cached, evictable = pcm.cache_blocks(pc)
-        assert in_use == private + cached - evictable + pc.copies.sum(), "KV ledger out of balance"
+        assert in_use == private + cached - evictable + sum(copies), "KV ledger out of balance"
         assert np.all(pc.refs >= 0) and np.all(pc.refs[~pc.cached] == 0)
     s = pc.stats
     assert (s[pcm.S_INSERTS], s[pcm.S_DEDUPS], s[pcm.S_EVICTIONS]) == (ref.inserts, ref.dedups, ref.evictions)
@@ -209,7 +209,8 @@ def test_own_run_goes_before_the_prefix_it_follows_and_tail_first():
 
 def test_a_copy_of_a_held_block_is_kept_until_its_request_lets_go():
     """vLLM keeps a block two requests computed at once twice under one hash: the second
-    request's copy is its own until it lets go, when it is freed."""
+    request's copy is its own until it lets go, when it joins the idle blocks; SGLang frees
+    the duplicate at once and the request references the entry."""
     for keep in (False, True):
         pc, ref, offsets, _ = _cache([[9], [9]], [BT + 1] * 2, 16)
         freed = 0 if keep else pc.entry_blocks
@@ -217,9 +218,80 @@ def test_a_copy_of_a_held_block_is_kept_until_its_request_lets_go():
         ref.insert(0, BT, keep)
         assert pcm.insert(pc, offsets, 1, BT, keep) == ref.insert(1, BT, keep) == freed
         assert pc.copies[1] == ref.copies[1] == (pc.entry_blocks if keep else 0)
-        assert pc.refs[pc.cached].tolist() == [2], "both reference the entry"
-        pcm.release(pc, offsets, 1)
+        assert pc.refs[pc.cached].tolist() == [1 if keep else 2], "a copy's holder does not reference the entry"
+        assert pcm.release(pc, offsets, 1) == ref.release(1) == (pc.entry_blocks if keep else 0)
         assert pc.copies[1] == 0
+        assert pcm.cache_blocks(pc) == ref.cache_blocks() == ((2 if keep else 1) * pc.entry_blocks,
+                                                              pc.entry_blocks if keep else 0)
+
+
+def _leapfrog(hashes, prompts):
+    """Request 0 computes the chain first; request 1 computes it again while 0 holds it."""
+    pc, ref, offsets, prompts = _cache(hashes, prompts, 16)
+    for r in (0, 1):
+        assert pcm.insert(pc, offsets, r, len(hashes[r]) * BT, True) == ref.insert(r, len(hashes[r]) * BT, True) == 0
+    return pc, ref, offsets, prompts
+
+
+def test_the_entry_goes_idle_when_its_hitters_let_go_while_a_copy_is_held():
+    """vLLM's ref counts are per block (vllm/v1/core/block_pool.py:816-849): the first
+    computer's blocks are free once it lets go, though request 1 still holds its copy."""
+    pc, ref, offsets, prompts = _leapfrog([[9], [9], [9]], [BT + 1] * 3)
+    assert pcm.release(pc, offsets, 0) == ref.release(0) == pc.entry_blocks
+    assert pcm.cache_blocks(pc) == ref.cache_blocks() == (pc.entry_blocks, pc.entry_blocks)
+    assert pcm.match(pc, offsets, prompts, 2) == ref.match(2) == (1, BT, pc.entry_blocks), \
+        "a lookup hits the oldest copy, idle, and pays for it"
+
+
+def test_a_surviving_copy_takes_the_place_of_an_evicted_entry():
+    """Once the oldest copy of a hash is evicted, lookups hit the next oldest
+    (vllm/v1/core/block_pool.py:63-72, 102-128): held by request 1, it costs a hitter nothing."""
+    pc, ref, offsets, prompts = _leapfrog([[9], [9], [9]], [BT + 1] * 3)
+    pcm.release(pc, offsets, 0)
+    ref.release(0)
+    assert pcm.evict(pc, pc.entry_blocks) == ref.evict(pc.entry_blocks) == pc.entry_blocks
+    assert pc.stats[pcm.S_EVICTIONS] == ref.evictions == 0, "the hash is still cached"
+    assert pcm.match(pc, offsets, prompts, 2) == ref.match(2) == (1, BT, 0)
+    assert pcm.held_copy_blocks(pc, 1) == 0 and pc.refs[pc.cached].tolist() == [1], "request 1 holds the entry now"
+    assert pcm.release(pc, offsets, 1) == ref.release(1) == pc.entry_blocks
+    assert pcm.evict(pc, 100) == ref.evict(100) == pc.entry_blocks and pc.stats[pcm.S_EVICTIONS] == 1
+
+
+def test_an_idle_copy_takes_its_own_place_in_the_lru_order():
+    """A promoted idle copy keeps the place its holder's release gave it, behind blocks
+    released after the evicted entry."""
+    pc, ref, offsets, prompts = _leapfrog([[9], [9], [5], [9]], [BT + 1] * 4)
+    pcm.release(pc, offsets, 0)  # the entry, idle first
+    pcm.release(pc, offsets, 1)  # then the copy
+    pcm.insert(pc, offsets, 2, BT, True)
+    pcm.release(pc, offsets, 2)  # then entry 5
+    ref.release(0)
+    ref.release(1)
+    ref.insert(2, BT, True)
+    ref.release(2)
+    assert pcm.evict(pc, pc.entry_blocks) == ref.evict(pc.entry_blocks)
+    assert pcm.match(pc, offsets, prompts, 3) == ref.match(3) == (1, BT, pc.entry_blocks), "the copy still hits"
+    assert pcm.evict(pc, pc.entry_blocks) == ref.evict(pc.entry_blocks)
+    assert pcm.match(pc, offsets, prompts, 3)[0] == ref.match(3)[0] == 0, "the copy went next, before entry 5"
+    assert pcm.match(pc, offsets, prompts, 2)[0] == 1
+
+
+def test_a_request_frees_its_copies_and_entries_deepest_first():
+    """vLLM frees a request's blocks in reverse chain order (single_type_kv_cache_manager.py:
+    591-599), copies and entries interleaved: the deepest goes into the free queue first."""
+    hashes = [[1, 2, 3], [1, 2, 3]]
+    pc, ref, offsets, prompts = _cache(hashes, [3 * BT + 1] * 2, 16)
+    pcm.insert(pc, offsets, 0, 2 * BT, True)  # request 0 computes entries 1 and 2
+    ref.insert(0, 2 * BT, True)
+    pcm.insert(pc, offsets, 1, 3 * BT, True)  # request 1: copies of 1 and 2, then entry 3
+    ref.insert(1, 3 * BT, True)
+    pcm.release(pc, offsets, 1)
+    ref.release(1)
+    eb = pc.entry_blocks
+    for left in (2, 1, 0):  # entry 3, then the copy of 2, then the copy of 1
+        assert pcm.evict(pc, eb) == ref.evict(eb) == eb
+        assert pcm.cache_blocks(pc) == ref.cache_blocks() == ((2 + left) * eb, left * eb)
+    assert pcm.match(pc, offsets, prompts, 1)[0] == ref.match(1)[0] == 2, "request 0's entries 1 and 2 stay"
 
 
 def test_caching_off_grow_is_plain_block_arithmetic():
@@ -243,7 +315,11 @@ def test_clear_returns_a_used_cache_to_empty():
     pcm.acquire(pc, offsets, 1, k)
     pcm.release(pc, offsets, 0)
     assert pc.stats[pcm.S_CACHED] == 3 * pc.entry_blocks and pc.held[1] == 2
+    pcm.insert(pc, offsets, 0, 3 * BT, True)  # request 0 computes its chain again: three copies
+    assert pc.stats[pcm.S_POOL_NEXT] > pc.n_entries + 2
     pcm.clear(pc, fresh.n_full)
-    for a, b in ((pc.req, fresh.req), (pc.tab, fresh.tab), (pc.stats, fresh.stats)):
+    fixed = pc.n_entries + 2  # the copy pool's columns and rows are written only as copies are made
+    for a, b in ((pc.req, fresh.req), (pc.tab[:pcm.E_AT, :fixed], fresh.tab[:pcm.E_AT, :fixed]),
+                 (pc.stats, fresh.stats)):
         np.testing.assert_array_equal(a, b)
     assert pcm.match(pc, offsets, prompts, 1) == (0, 0, 0)
