@@ -437,9 +437,9 @@ def insert(pc, block_offsets, i, ctx, keep_copies):
 
     Returns the KV blocks freed by deduplication (blocks of this request that another
     request had cached first); the caller returns them to the free pool. With
-    ``keep_copies`` they stay the request's as copies (``R_COPIES``) and nothing is freed. An
-    idle entry counts as free already, so deduplicating onto it frees nothing: the request's
-    copy goes back to the pool exactly as the entry it now references leaves it.
+    ``keep_copies`` they stay the request's as copies (``R_COPIES``) and nothing is freed.
+    Without, an idle entry counts as free already, so deduplicating onto it frees nothing:
+    the request's copy goes back to the pool exactly as the entry it now references leaves it.
     """
     base = block_offsets[i]
     last = min(pc.req[R_N_FULL, i], ctx // pc.block_tokens)
