@@ -1,6 +1,7 @@
 """The replica's named slots: each block of slots another module sizes ends where the next name starts."""
 
-from policies import adapters, kernel_state as ks, prefix_cache
+from policies import adapters, prefix_cache
+from policies import kernel_state as ks
 
 
 def test_sized_blocks_of_slots_neither_overlap_nor_leave_gaps():

@@ -44,10 +44,35 @@ def workloads(draw):
     return hashes, prompts, draw(st.sampled_from([1, 16, 48, 64, 100])), ops, draw(st.booleans())
 
 
+@st.composite
+def copy_workloads(draw):
+    """Requests of one conversation admitted before the shared blocks are computed, so they
+    compute them side by side (vLLM's copies), with evictions between: every copy rule runs."""
+    n = draw(st.integers(2, 5))
+    shared = draw(st.integers(1, 4))
+    hashes = [[hash(("shared", j)) for j in range(shared)] + [hash((r, j)) for j in range(draw(st.integers(0, 1)))]
+              for r in range(n)]
+    prompts = [len(chain) * BT + draw(st.integers(0, 40)) for chain in hashes]
+    admits = [("admit", r, 1) for r in range(n)]
+    ops = draw(st.lists(st.tuples(st.sampled_from(["compute"] * 4 + ["release", "release_own", "evict", "admit"]),
+                                  st.integers(0, n - 1), st.integers(1, 2 * BT)), min_size=20, max_size=60))
+    return hashes, prompts, draw(st.sampled_from([16, 64])), admits + ops, True
+
+
 @settings(max_examples=150, deadline=None)
 @given(workloads())
 def test_kernels_agree_with_twin_and_ledger_balances(workload):
-    hashes, prompts, bs, ops, keep = workload
+    _agree_and_balance(*workload)
+
+
+@settings(max_examples=150, deadline=None)
+@given(copy_workloads())
+def test_copies_agree_with_twin_and_ledger_balances(workload):
+    _agree_and_balance(*workload)
+
+
+def _agree_and_balance(hashes, prompts, bs, ops, keep):
+    """Run the ops on the kernels and the twin: same answers, and the KV ledger balances."""
     pc, ref, offsets, prompts = _cache(hashes, prompts, bs)
     ctx = {}  # active request -> computed tokens
     # The engine's ledger: idle (evictable) entries count as free KV, so "in use" is the
