@@ -34,10 +34,10 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 from costmodels import build  # noqa: E402
+from optimizer.fidelity.parity import stepping_replica  # noqa: E402
 from optimizer.search.targets import engine_context  # noqa: E402
 from policies import engine as eng  # noqa: E402
 from policies import prefix_cache as pcm  # noqa: E402
-from policies.engine.run import default_series_every, fairness_params, statics  # noqa: E402
 from policies.engines import preset  # noqa: E402
 from policies.kernel_state import (  # noqa: E402
     CACHED_FIRST,
@@ -83,14 +83,7 @@ def main() -> None:
         trace = scale_rate(trace, factor=args.rate_scale)
     cost = build(args.model, args.gpu)
     config = preset("vllm-default", engine_context(args.model, args.gpu))
-    cap, host = eng.validate(trace, cost, config)
-    st = statics(trace, cost, [config])
-    cfg = config.to_vector()
-    tenants, classes = fairness_params(trace, config, None)
-    rep = eng.new_replica(st, cfg, cap, host, cost.kv_bytes_per_token, cost.swap_bytes_per_s, 0,
-                          default_series_every(trace), False, tenants, classes, float(trace.arrival_s[0]))
-    for r in range(trace.n):
-        eng.deliver(rep, r, float(trace.arrival_s[r]))
+    rep, st, cfg = stepping_replica(trace, cost, config)
     ri, rf, g, gf = rep.ri, rep.rf, rep.g, rep.gf
     bt, bs = st.block_tokens, config.block_size
     entry, offsets, n_full, prompt = st.entry, st.offsets, ri[PC_REQ + pcm.R_N_FULL], trace.prompt_tokens

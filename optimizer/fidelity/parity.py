@@ -120,10 +120,27 @@ def replay(scenario: Scenario, mode: str):
     return simulate(scenario.trace, scenario.cost_model, scenario.config_for(mode), seed=0)
 
 
+def stepping_replica(trace, cost_model, config):
+    """A replica of ``config`` for stepping through ``trace`` by hand: fast-forward off, every
+    request delivered at its arrival; returns (replica, statics, config vector) for
+    ``policies.engine.advance``."""
+    from policies import engine as eng
+    from policies.engine.run import default_series_every, fairness_params, statics
+
+    cap, host = eng.validate(trace, cost_model, config)
+    st = statics(trace, cost_model, [config])
+    cfg = config.to_vector()
+    tenants, classes = fairness_params(trace, config, None)
+    rep = eng.new_replica(st, cfg, cap, host, cost_model.kv_bytes_per_token, cost_model.swap_bytes_per_s, 0,
+                          default_series_every(trace), False, tenants, classes, float(trace.arrival_s[0]))
+    for r in range(trace.n):
+        eng.deliver(rep, r, float(trace.arrival_s[r]))
+    return rep, st, cfg
+
+
 def replay_steps(scenario: Scenario, mode: str) -> list[tuple[float, int, tuple[int, ...], tuple[int, ...]]]:
     """servetune's steps, one ``advance`` per step with fast-forward off, as ``vllm_steps``."""
     from policies import engine as eng
-    from policies.engine.run import default_series_every, fairness_params, statics
     from policies.kernel_state import (
         B_TOKENS,
         DONE,
@@ -138,15 +155,8 @@ def replay_steps(scenario: Scenario, mode: str) -> list[tuple[float, int, tuple[
     )
     from policies.kernel_state import T as CLOCK
 
-    trace, cost_model, config = scenario.trace, scenario.cost_model, scenario.config_for(mode)
-    cap, host = eng.validate(trace, cost_model, config)
-    st = statics(trace, cost_model, [config])
-    cfg = config.to_vector()
-    tenants, classes = fairness_params(trace, config, None)
-    rep = eng.new_replica(st, cfg, cap, host, cost_model.kv_bytes_per_token, cost_model.swap_bytes_per_s, 0,
-                          default_series_every(trace), False, tenants, classes, float(trace.arrival_s[0]))
-    for r in range(trace.n):
-        eng.deliver(rep, r, float(trace.arrival_s[r]))
+    trace, cost_model = scenario.trace, scenario.cost_model
+    rep, st, cfg = stepping_replica(trace, cost_model, scenario.config_for(mode))
     ri, rf, g, gf = rep.ri, rep.rf, rep.g, rep.gf
     steps = []
     while g[N_DONE] < g[N_DELIVERED]:
