@@ -305,6 +305,8 @@ def _new_copy(pc, e, at, i):
         pc.stats[S_POOL_FREE] = pc.tab[E_NEXT, c]
     else:
         c = pc.stats[S_POOL_NEXT]
+        if c >= pc.tab.shape[1]:  # every live copy holds a KV block: more than the pool is a ledger bug
+            raise RuntimeError("prefix cache: more copies than the copy pool holds")
         pc.stats[S_POOL_NEXT] += 1
     pc.stats[S_COPIES] += 1
     pc.tab[E_CACHED, c] = pc.entry_blocks

@@ -319,6 +319,16 @@ def test_a_request_frees_its_copies_and_entries_deepest_first():
     assert pcm.match(pc, offsets, prompts, 1)[0] == ref.match(1)[0] == 2, "request 0's entries 1 and 2 stay"
 
 
+def test_a_copy_beyond_the_pool_is_refused_not_written_past_it():
+    offsets = np.array([0, 1, 2, 3], dtype=np.int64)
+    pc = pcm.new_prefix_cache(offsets, np.full(3, 9, dtype=np.int64), np.full(3, BT + 1, dtype=np.int64), BT, 16,
+                              copy_pool=1)
+    pcm.insert(pc, offsets, 0, BT, True)
+    pcm.insert(pc, offsets, 1, BT, True)  # the pool's one column
+    with pytest.raises(RuntimeError, match="copy pool"):
+        pcm.insert(pc, offsets, 2, BT, True)
+
+
 def test_caching_off_grow_is_plain_block_arithmetic():
     for old, new, bs in [(0, 1, 16), (15, 17, 16), (0, 1000, 7), (33, 33, 4)]:
         expected = -(-new // bs) - -(-old // bs)
