@@ -3,8 +3,9 @@
 Llama-3.1-8B on one H100, the Azure 2023 conversation trace (``../shared``), and the three
 example drafters of ``studies/examples/`` (their acceptance profiles, draft costs and
 longest drafts gamma, with their sources in the files): DSpark (gamma 7), EAGLE-3
-(gamma 5) and Llama-3.2-1B as a draft model (gamma 5, the costliest per drafted position). The trace's first 5 minutes tune, later windows score (never looked at while
-tuning); each window is replayed at a sweep of arrival rates. Per load it prints request
+(gamma 5) and Llama-3.2-1B as a draft model (gamma 5, the costliest per drafted position).
+The trace's first 5 minutes tune, later windows score (never looked at while tuning); each
+window is replayed at a sweep of arrival rates. Per load it prints request
 goodput (SLO ttft 2000 ms, tpot 40 ms) of:
 
 * vLLM's defaults without speculation, and at every fixed k (``num_speculative_tokens``);

@@ -87,7 +87,8 @@ def main() -> None:
     ri, rf, g, gf = rep.ri, rep.rf, rep.g, rep.gf
     bt, bs = st.block_tokens, config.block_size
     entry, offsets, n_full, prompt = st.entry, st.offsets, ri[PC_REQ + pcm.R_N_FULL], trace.prompt_tokens
-    admitted = hit_tokens = floor_tokens = ceiling_tokens = floor_requests = ceiling_requests = 0
+    admitted = hit_tokens = 0
+    missed_tokens, missed_requests = [0, 0], [0, 0]  # floor (progress before the step), ceiling (after it)
     while g[N_DONE] < g[N_DELIVERED]:
         t = gf[CLOCK]
         if g[N_RUN] + g[N_WAIT] == 0 and gf[NEXT_DELIVERY] > t:
@@ -95,7 +96,7 @@ def main() -> None:
             continue
         steps = g[STEPS]
         unscheduled = np.isnan(rf[FIRST_SCHED])
-        before = writers(ri, rep.lists[L_RUN].copy(), int(g[N_RUN]), entry, offsets, bt, n_full)
+        before = writers(ri, rep.lists[L_RUN], int(g[N_RUN]), entry, offsets, bt, n_full)
         eng.advance(rep, st, cost.tables, cfg, np.nextafter(t, np.inf))
         if g[STEPS] == steps:
             continue
@@ -109,19 +110,17 @@ def main() -> None:
                 continue  # it hit into a block (its own run or an evicted head), or its prompt has no next block
             e = int(entry[offsets[r] + k])
             cap_tokens = int(prompt[r]) - 1 - cached  # a hit leaves one token to compute
-            for progress, kind in ((before.get(e, 0), "floor"), (after.get(e, 0), "ceiling")):
+            for bound, progress in enumerate((before.get(e, 0), after.get(e, 0))):
                 missed = min(progress // bs * bs, cap_tokens)
-                if missed > 0 and kind == "floor":
-                    floor_tokens += missed
-                    floor_requests += 1
-                elif missed > 0:
-                    ceiling_tokens += missed
-                    ceiling_requests += 1
+                if missed > 0:
+                    missed_tokens[bound] += missed
+                    missed_requests[bound] += 1
     looked_up = int(prompt.sum())
     print(f"{trace.source}: {trace.n:,} requests, {admitted:,} first admissions; vLLM defaults on {args.gpu} "
           f"({args.model}), rate x{args.rate_scale:g}, prefix caching on")
     print(f"  prompt tokens served by servetune's cached hits: {hit_tokens:,} ({hit_tokens / looked_up:.2%} of "
           f"{looked_up:,} prompt tokens)")
+    (floor_tokens, ceiling_tokens), (floor_requests, ceiling_requests) = missed_tokens, missed_requests
     print(f"  left out, a block still computed by another request: {floor_tokens:,} to {ceiling_tokens:,} tokens "
           f"({floor_tokens / looked_up:.3%} to {ceiling_tokens / looked_up:.3%} of prompt tokens; "
           f"{floor_requests:,} to {ceiling_requests:,} admissions, "
