@@ -216,7 +216,7 @@ def _float_bits_jit(x):
     return lambda x: _bitcast_to_int64(float(x))
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def bucket_key(x, bits):
     """Bucket of x: 2**bits equal-width buckets per octave, all of x < 1 in the first.
 
@@ -227,7 +227,7 @@ def bucket_key(x, bits):
     return float_bits(max(float(x), 1.0)) >> (52 - bits)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=True)
 def _bucket_keys(axis, bits):
     keys = np.empty(axis.shape[0], dtype=np.int64)
     for k in range(axis.shape[0]):
@@ -339,7 +339,7 @@ def step_seconds(t, n_tokens, n_logit_seqs, n_decode, kv_decode_tokens, prefill_
                          float(prefill_pairs))
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _step_seconds(t, n_tokens, n_logit_seqs, n_decode, kv_decode_tokens, prefill_pairs):
     """``step_seconds`` on float arguments."""
     if n_tokens <= 0:
@@ -377,7 +377,7 @@ def _linear_parts(t, n_tokens, n_decode):
     return 0.0, total, out
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def linear_step_seconds(t, n_tokens, n_decode):
     """The token-linear part of ``step_seconds`` (GEMMs, MoE layers, collectives), scaled
     as there, for ``n_tokens`` new tokens of which ``n_decode`` decode (floats allowed: an
@@ -388,7 +388,7 @@ def linear_step_seconds(t, n_tokens, n_decode):
     return t.scale * (t.decode_scale * decode_part + t.prefill_scale * prefill_part)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def decode_run_base(t, n_seqs):
     """For a run of pure-decode steps of ``n_seqs`` (>= 1) sequences, the parts of
     ``step_seconds(t, n, n, n, kv, 0)`` that do not depend on kv: (token-linear plus
@@ -452,7 +452,7 @@ def _curve_at_tile_ends(d, block, x):
     return d[values + lo] + w * (d[values + hi] - d[values + lo])
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def step_seconds_at_tile_ends(t, n_tokens, n_logit_seqs, n_decode, kv_decode_tokens, prefill_pairs):
     """``step_seconds`` with the token and logit curves read between GEMM tile ends.
 

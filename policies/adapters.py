@@ -55,7 +55,7 @@ def new_pool(adapters: int, slots: int, host_slots: int, policy: int, preload: b
     return pool, state
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=True)
 def clear(pool, state, slots, host_slots, policy, preload):
     """Nothing on the GPU, nothing running: ``slots`` GPU slots, ``host_slots`` host entries,
     empty or (``preload``, which needs ``host_slots >= adapters``) holding every adapter."""
@@ -94,7 +94,7 @@ def _oldest(stamps, running, exclude_gpu, gpu):
     return best
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def acquire(pool, state, a):
     """A request on adapter ``a`` (>= 0; ``can_join`` said yes) starts running: make ``a``
     resident, evicting per the policy. Returns ``RESIDENT``, ``FROM_HOST`` or ``FROM_DISK``:
@@ -125,7 +125,7 @@ def acquire(pool, state, a):
     return kind
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def release(pool, state, a):
     """A request on adapter ``a`` (>= 0) stops running (it ended, was preempted or left)."""
     stamp = _tick(state)
@@ -149,7 +149,7 @@ def load_seconds(kind, adapter_bytes, host_bytes_per_s, disk_bytes_per_s):
     return seconds
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def step_seconds(grid, rank, tokens):
     """Seconds the adapters' GEMMs add to a step of ``tokens`` adapter tokens at ``rank``:
     ``grid`` is ``costmodels.lora.LoRACost.grid()`` (row 0 tokens, column 0 ranks), read

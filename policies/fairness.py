@@ -79,7 +79,7 @@ class Shares(NamedTuple):
     waiting = property(lambda self: self.tenants[TS_WAITING].astype(np.int64))
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=True)
 def new_shares(tenant_params, class_params):
     """Zeroed ledger and usage for ``side_params`` arrays (f8[T, 3], f8[C, 3])."""
     sh = Shares(np.empty((N_TENANT_ROWS, tenant_params.shape[0])), np.empty((N_CLASS_ROWS, class_params.shape[0])))
@@ -87,7 +87,7 @@ def new_shares(tenant_params, class_params):
     return sh
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=True)
 def clear(sh, tenant_params, class_params):
     """Zero the ledger and usage in place and set the side parameters. The matrices may
     be wider than the tenants and classes given; extra columns stay zero (never used)."""
@@ -142,7 +142,7 @@ def step_cost(unit, request_tokens, step_tokens, step_s, kv_tokens, kv_bytes_per
     return 0.0
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def token_cost(unit, prompt_tokens, output_tokens, w_in, w_out):
     """Charge for computed prompt and generated output tokens under the ``tokens`` unit."""
     if unit == TOKENS:
@@ -169,7 +169,7 @@ def use_tokens(sh, t, c, n):
     sh.classes[CS_TOKENS, c] += n
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def admission_check(sh, t, c, need_blocks, first_tokens, free_blocks_after, kv_capacity, token_budget, n_running):
     """ADMIT, OVER_TENANT_QUOTA or OVER_CLASS_BUDGET for a new request of tenant t, class c.
 

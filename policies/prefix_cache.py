@@ -160,7 +160,7 @@ def prefix_layout(
     return inverse.astype(np.int64).ravel(), n_full.astype(np.int64), len(uniques)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=True)
 def empty_cache(entry, n_full, n_entries, block_tokens, kv_block_size, copy_pool):
     """An empty cache over a ``prefix_layout`` for one KV block size (``n_full`` is copied),
     with ``copy_pool`` columns for copies (0 without ``keep_copies``)."""
@@ -172,7 +172,7 @@ def empty_cache(entry, n_full, n_entries, block_tokens, kv_block_size, copy_pool
     return pc
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=True)
 def clear(pc, n_full):
     """Empty the cache in place: no entry cached or referenced, counters zero, the copy pool
     unused; ``n_full`` sets the cacheable blocks per request (zeros: caching off)."""
@@ -224,7 +224,7 @@ def private_blocks(ctx, held, block_tokens, kv_block_size):
     return kv_blocks(own, kv_block_size)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def grow_blocks(ctx_old, ctx_new, held, n_full, block_tokens, kv_block_size, entry_blocks):
     """KV blocks to allocate for computing tokens ``ctx_old..ctx_new`` of a request.
 
@@ -296,7 +296,7 @@ def _ref(pc, e):
 
 
 # -- copies (vLLM) ---------------------------------------------------------------------------
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _new_copy(pc, e, at, i):
     """Request i computed entry e's blocks again at chain index ``at`` while e is cached: a
     copy it holds, the youngest of e's."""
@@ -331,7 +331,7 @@ def _recycle(pc, c):
     pc.stats[S_COPIES] -= 1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _unhold(pc, c):
     """Take held copy c off its request's list of held copies."""
     i = pc.tab[E_OWNER, c]
@@ -345,7 +345,7 @@ def _unhold(pc, c):
     pc.tab[E_HELD_NEXT, prev] = nxt
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _promote(pc, e):
     """Entry e's column, just emptied, takes its oldest copy, which lookups hit from now on:
     with its holder, who now references e, or with its place in the LRU list."""
@@ -364,7 +364,7 @@ def _promote(pc, e):
     _recycle(pc, c)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _drop_copy(pc, c):
     """Idle copy c was evicted whole: off its entry's list, back to the pool."""
     prev = pc.entry[pc.tab[E_AT, c]]
@@ -386,7 +386,7 @@ def _drop(pc, e):
 
 
 # -- operations ----------------------------------------------------------------------------
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def match(pc, block_offsets, prompt_tokens, i):
     """Leading entries of request i cached whole: (entries, cached tokens, KV blocks now idle).
 
@@ -408,7 +408,7 @@ def match(pc, block_offsets, prompt_tokens, i):
     return k, tokens, idle
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def acquire(pc, block_offsets, i, k):
     """Reference request i's first k entries (all cached, as ``match`` found them).
 
@@ -426,14 +426,14 @@ def acquire(pc, block_offsets, i, k):
     return taken
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def note_lookup(pc, hit_tokens, query_tokens):
     """Count one admission's lookup for the hit rate."""
     pc.stats[S_HIT_TOKENS] += hit_tokens
     pc.stats[S_QUERY_TOKENS] += query_tokens
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def insert(pc, block_offsets, i, ctx, keep_copies):
     """Cache the full hash blocks request i completed by ``ctx`` computed tokens.
 
@@ -471,7 +471,7 @@ def insert(pc, block_offsets, i, ctx, keep_copies):
     return freed
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def release(pc, block_offsets, i):
     """Drop request i's references and copies, deepest first (vLLM frees a request's blocks
     in reverse): idle entries and copies become evictable.
@@ -501,7 +501,7 @@ def release(pc, block_offsets, i):
     return idle
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def evict(pc, kv_blocks_needed):
     """Evict from the LRU head until ``kv_blocks_needed`` KV blocks are freed or none is
     idle, a KV block at a time, each entry's tail first (vLLM evicts single blocks, and frees
@@ -532,7 +532,7 @@ def evict(pc, kv_blocks_needed):
     return freed
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def partial_blocks(pc, block_offsets, i, k):
     """KV blocks cached of request i's entry k, the first one ``match`` did not find whole:
     the head of an entry partly evicted (0 when none). Such an entry is always idle."""
@@ -541,7 +541,7 @@ def partial_blocks(pc, block_offsets, i, k):
     return pc.tab[E_CACHED, pc.entry[block_offsets[i] + k]]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def take_partial(pc, block_offsets, i, k):
     """Request i takes the partly evicted entry k (``partial_blocks``) out of the cache: the
     caller makes the blocks it hit private; it enters the cache whole once computed."""
@@ -556,13 +556,13 @@ def own_column(pc, i):
     return pc.n_entries + i
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def own_blocks(pc, i):
     """KV blocks of request i's own run still cached (its leading blocks past its prefix)."""
     return pc.tab[E_CACHED, own_column(pc, i)]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def keep_tail(pc, block_offsets, i, blocks):
     """Request i lets go of the ``blocks`` full KV blocks it computed past the entries it
     holds: they stay cached, idle (the caller counts them free), at the LRU tail. Mid-prompt
@@ -583,21 +583,21 @@ def keep_tail(pc, block_offsets, i, blocks):
     _lru_append(pc, e)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def take_own(pc, i):
     """Request i is readmitted: its own run leaves the cache (the caller makes the blocks it
     hit private again; the rest were counted free already)."""
     _forget(pc, own_column(pc, i))
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def cache_blocks(pc):
     """KV blocks held by cached entries, own runs and idle copies, and how many of them are
     evictable."""
     return pc.stats[S_CACHED], pc.stats[S_EVICTABLE]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def held_copy_blocks(pc, i):
     """KV blocks of the copies request i holds (its quota is charged ``R_COPIES``: a copy that
     took its entry's place stays charged until the request lets go)."""

@@ -107,7 +107,7 @@ def new_wait_queue(lane_of: np.ndarray, lane_tenant: np.ndarray) -> WaitQueue:
     return empty_wait_queue(lane_of, lane_tenant)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=True)
 def empty_wait_queue(lane_of, lane_tenant):
     q = WaitQueue(np.empty((2, lane_of.shape[0])), np.empty((2, lane_of.shape[0]), dtype=np.int64), lane_of,
                   np.empty((N_LANE_ROWS, lane_tenant.shape[0]), dtype=np.int64))
@@ -115,7 +115,7 @@ def empty_wait_queue(lane_of, lane_tenant):
     return q
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=True)
 def clear(q, lane_tenant):
     """Empty the queue in place; each lane gets room for every request mapped to it."""
     q.keys[:] = 0.0
@@ -132,7 +132,7 @@ def clear(q, lane_tenant):
     lanes[L_TENANT] = lane_tenant
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def queued(q):
     """Requests queued over all lanes."""
     return q.lanes[L_SIZE].sum()
@@ -150,7 +150,7 @@ def lanes(tenant: np.ndarray, slo_class: np.ndarray, n_tenants: int, n_classes: 
 
 
 # -- keys ----------------------------------------------------------------------------------
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def order_keys(order, seq, arrival, priority, deadline, job_s, aging_rate, max_out=0):
     """Static heap key (key1, key2) of a request under a queue order; smaller goes first.
     ``max_out``: the request's output cap (lof only)."""
@@ -165,13 +165,13 @@ def order_keys(order, seq, arrival, priority, deadline, job_s, aging_rate, max_o
     return 0.0, float(seq)  # fcfs, lpm, vtc and dfs_weight (until ``dfs_rekey``): enqueue order
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def deadline_unmeetable(now, deadline, min_service_s, margin_s):
     """True when even an immediate, uncontended run would finish past the deadline."""
     return not np.isnan(deadline) and now + min_service_s + margin_s > deadline
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=True)
 def service_estimates(tables, prompt_tokens, max_tokens):
     """Per request: a lower bound on its completion time, and its predicted job length.
 
@@ -214,7 +214,7 @@ def _swap(q, a, b):
     sl[POS, sl[SLOT_REQ, b]] = b
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _sift_up(q, base, s):
     while s > base:
         parent = base + (s - base - 1) // 2
@@ -224,7 +224,7 @@ def _sift_up(q, base, s):
         s = parent
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _sift_down(q, base, size, s):
     while True:
         child = base + 2 * (s - base) + 1
@@ -238,7 +238,7 @@ def _sift_down(q, base, size, s):
         s = child
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def push(q, i, key1, key2):
     """Queue request i (not already queued) with its key."""
     lane = q.lane_of[i]
@@ -250,7 +250,7 @@ def push(q, i, key1, key2):
     _sift_up(q, base, s)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def remove(q, i):
     """Take request i out of the queue (admitted, rejected, cancelled); no-op if absent."""
     s = q.slots[POS, i]
@@ -269,7 +269,7 @@ def remove(q, i):
         _sift_up(q, base, s)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def promote(q, i):
     """Move a queued request ahead of every unpromoted one (hard max wait, admit first)."""
     key2 = q.keys[K2, q.slots[POS, i]]
@@ -285,7 +285,7 @@ def top(q, lane):
     return q.slots[SLOT_REQ, q.lanes[L_BASE, lane]]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _lpm_head(q, lane, pc, block_offsets, prompt_tokens):
     """Lane member with the longest cached prefix (ties: heap order); and its tokens."""
     best = -1
@@ -298,7 +298,7 @@ def _lpm_head(q, lane, pc, block_offsets, prompt_tokens):
     return q.slots[SLOT_REQ, best], best_tokens
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def pick(q, order, lane_blocked, vtc_counter, pc, block_offsets, prompt_tokens):
     """Request to try next under ``order``, skipping blocked lanes; -1 if none.
 
@@ -332,7 +332,7 @@ def pick(q, order, lane_blocked, vtc_counter, pc, block_offsets, prompt_tokens):
     return best
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=True)
 def dfs_rekey(q, pc, block_offsets, prompt_tokens):
     """Rewrite every queued request's key1 to its position in SGLang's dfs-weight order
     (``position - queued``, so all precede key1 0, the key of later arrivals), keeping

@@ -153,7 +153,7 @@ def true_confidence(profiles, row, seed, r, t, i, spread):
     return p
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def draft_confidences(reqs, tok, n_req, profiles, rows, seed, spread, bias, gamma, surv):
     """Seen survival ``surv[k, j-1] = prod_{i<=j} seen c`` for batch slot k (request
     ``reqs[k]`` at token index ``tok[k]``), j = 1..gamma; non-increasing along j."""
@@ -167,7 +167,7 @@ def draft_confidences(reqs, tok, n_req, profiles, rows, seed, spread, bias, gamm
             surv[k, i] = a
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def sample_verify(reqs, tok, ell, n_req, profiles, rows, seed, spread, accepted):
     """Draft tokens the target accepts for each slot (the run before the first
     rejection among its ``ell[k]`` drafts); returns their total."""
@@ -202,7 +202,7 @@ def planned_seconds(tables, b_tokens, b_logits, b_decodes, b_kv, b_pairs, x, dra
     return seconds + draft_s
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def draft_seconds_per_position(tables, mode, value, n_decode, kv_decode):
     """Seconds to draft one position for n_decode requests: ``fraction`` = value times
     the target's decode step of the same requests (a small draft model); ``mtp`` =
@@ -240,7 +240,7 @@ def _grant(slack, k, want, free_blocks, block_size):
     return got, taken
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def fixed_budgets(k_verify, lim, n_req, token_left, slack, free_blocks, block_size, ell):
     """``ell[k] = min(k_verify, lim[k])`` in batch order while tokens and KV last.
     Returns (verify tokens, blocks taken)."""
@@ -268,7 +268,7 @@ def expected_tokens(alpha, k):
     return total
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def smartspec_k(alpha, lim, n_req, gamma, tables, b_tokens, b_logits, b_decodes, b_kv, b_pairs,
                 draft_pp, token_left):
     """The k in 0..gamma (first of ties) maximising expected tokens per second of the
@@ -293,7 +293,7 @@ def smartspec_k(alpha, lim, n_req, gamma, tables, b_tokens, b_logits, b_decodes,
     return best_k
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def acceptance_estimate(hits, trials, est, reqs, n_req, alpha):
     """SmartSpec's alpha per slot: the request's moving acceptance counts shrunk to the
     run's (Laplace-smoothed) rate with the weight of PRIOR_TRIALS trials."""
@@ -303,7 +303,7 @@ def acceptance_estimate(hits, trials, est, reqs, n_req, alpha):
         alpha[k] = (hits[r] + PRIOR_TRIALS * run_rate) / (trials[r] + PRIOR_TRIALS)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def observe_acceptance(hits, trials, est, reqs, ell, accepted, n_req):
     """Fold one step's outcomes into the moving counts: a verify of l drafts tests
     ``accepted`` positions that passed plus, if one failed, that one."""
@@ -381,7 +381,7 @@ def _merge_drop(heap, surv, pos):
         _sift_down(heap, surv, pos, 1)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def dspark_budgets(surv, lim, n_req, gamma, tables, b_tokens, b_logits, b_decodes, b_kv, b_pairs,
                    draft_pp, token_left, slack, free_blocks, block_size, ell, heap):
     """DSpark's Algorithm 1 with the causal early stop, under the token budget and KV.
@@ -417,7 +417,7 @@ def dspark_budgets(surv, lim, n_req, gamma, tables, b_tokens, b_logits, b_decode
     return x, blocks, positions
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def dspark_global_k(surv, lim, n_req, gamma, tables, b_tokens, b_logits, b_decodes, b_kv, b_pairs,
                     draft_pp, token_left, scratch, heap):
     """dspark_lagged's budget: the number of extensions K (first of ties) maximising
@@ -440,7 +440,7 @@ def dspark_global_k(surv, lim, n_req, gamma, tables, b_tokens, b_logits, b_decod
     return best_x
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def topk_budgets(surv, lim, n_req, gamma, k_total, token_left, slack, free_blocks, block_size, ell, heap):
     """The first ``k_total`` extensions of the merge order that fit the token budget and
     KV (a slot out of KV is skipped). Returns (verify tokens, blocks taken, drafted positions)."""
@@ -472,7 +472,7 @@ SPS_TABLE_CONTEXT = 1024
 SURVIVAL_EPS = 1e-6
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def batch_schedule_k(gamma, batch_2, k_2, batch_3, k_3, scheduled):
     """vLLM's k for the drafts proposed after a step that scheduled ``scheduled`` requests:
     gamma below batch_2, k_2 from it, k_3 from batch_3 (0 = no such range); none scheduled:
@@ -485,7 +485,7 @@ def batch_schedule_k(gamma, batch_2, k_2, batch_3, k_3, scheduled):
     return min(k, gamma)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def stale_confidences(reqs, tok, n_req, profiles, rows, seed, spread, bias, gamma, surv):
     """Survival the engines' budgets see: an earlier draft's (token index t - 1), or 1.0 at
     every position for a request verifying its first draft (t <= 1)."""
@@ -500,7 +500,7 @@ def stale_confidences(reqs, tok, n_req, profiles, rows, seed, spread, bias, gamm
             surv[k, i] = a
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def sps_probe_floor(requests, most):
     """The largest request count SGLang's SPS profiler probes at or below ``requests``
     (sglang/benchmark/dspark_sps_profiler.py:557-573, ``build_request_count_sweep``: 1, 2,
@@ -524,7 +524,7 @@ def sps_probe_floor(requests, most):
     return requests - requests % 64
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def sps_table_seconds(tables, requests, gamma, context, draft_mode, draft_value):
     """Seconds of the decode step an SPS probe times: ``requests`` requests of ``context``
     KV tokens verifying gamma + 1 tokens each, after drafting gamma positions."""
@@ -552,7 +552,7 @@ def _budget_value(mode, tau, b, n_req, b_tokens, gamma, tables, draft_s, most, c
     return tau / sps_table_seconds(tables, probe, gamma, context, draft_mode, draft_value)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def engine_budget(mode, surv, lim, n_req, tau0, gamma, tables, b_tokens, draft_s, most, context, draft_mode,
                   draft_value, pos, heap):
     """The total drafts b (first of ties) the engine's budget keeps, over stale survivals
@@ -582,7 +582,7 @@ def engine_budget(mode, surv, lim, n_req, tau0, gamma, tables, b_tokens, draft_s
 # ======================================================================================
 # one call per step
 # ======================================================================================
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def verify_budgets(mode, gamma, k_fixed, n_req, surv, alpha, lim, tables, b_tokens, b_logits, b_decodes, b_kv,
                    b_pairs, draft_pp, token_left, slack, free_blocks, block_size, lag_k, ell, heap, scratch):
     """Fill ``ell[:n_req]`` under ``mode`` for the decode slots of a step (the modes whose

@@ -12,7 +12,7 @@ from __future__ import annotations
 from numba import njit
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _before(key0, key1, a, b):
     if key0[a] != key0[b]:
         return key0[a] < key0[b]
@@ -21,7 +21,7 @@ def _before(key0, key1, a, b):
     return a < b
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def heap_push(heap, key0, key1, rid):
     heap[0] += 1
     i = heap[0]
@@ -34,7 +34,7 @@ def heap_push(heap, key0, key1, rid):
         i = parent
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def heap_pop(heap, key0, key1):
     """Remove and return the first id (the heap must not be empty)."""
     top = heap[1]
@@ -57,7 +57,7 @@ def heap_pop(heap, key0, key1):
     return top
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def heap_first_live(heap, key0, key1, status, live_lo, live_hi):
     """First id with live_lo <= status <= live_hi, dropping stale entries above it; -1 if none."""
     while heap[0] > 0:

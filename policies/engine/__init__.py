@@ -150,10 +150,15 @@ it), stops the replica with ``ERROR_NO_PROGRESS``. A replica in error runs no mo
 Python side raises ``SimulationStalled`` naming the time and the replica's state.
 
 ``simulate_kernel`` is new_replica, deliver every request, ``advance(inf)``,
-``write_outputs``. Inside ``advance`` every array is *borrowed* (``borrowed``): Numba
-reference-counts each array argument of every non-inlined call with an atomic add, which
-cost more than the simulation itself; a borrowed view carries no reference count, and
-the caller's ``Replica`` keeps the memory alive for the whole call.
+``write_outputs``. Kernels compile without Numba's reference counting (``_nrt=False``;
+those that allocate, e.g. ``new_replica``, say ``_nrt=True``): every array a step touches
+is owned by the caller for the whole call, and with counting on, Numba wraps each array a
+kernel or inlined helper takes in calls to its (non-inlinable) incref and decref, inside
+the hot loops too, which took more than half of a replay (``benchmarks/engine_speed.py``).
+Such a kernel cannot allocate or return an array (Numba refuses to compile it), and callees
+inherit the setting unless they state it, so every kernel here states it
+(``tests/policies/test_kernel_refcounts.py``). Kernels with counting on (the fleet's)
+pass *borrowed* views (``borrowed``), which carry no reference count.
 
 Modules, in the order a step meets them: ``codes`` (the constants the kernels compile
 with), ``state`` (``Statics``, ``Replica``, borrowed views, small helpers), ``events``,

@@ -100,7 +100,7 @@ from policies.kernel_state import (
 from policies.kernel_state import T as CLOCK
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _predicted_out(g, hist_bins, max_out):
     """predicted mode: output tokens to reserve, from the calibrated ratio quantile."""
     b = g[PRED_BIN]
@@ -109,7 +109,7 @@ def _predicted_out(g, hist_bins, max_out):
     return ((b + 1) * max_out + hist_bins - 1) // hist_bins
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _reservation_blocks(ri, g, prompt, cfg, r):
     block_size = int(cfg[I_BLOCK_SIZE])
     max_out = ri[MAX_OUT, r]
@@ -126,7 +126,7 @@ def _watermark_free(ri, g, pc, prompt, cfg, r, held, idle_blocks):
     return _need_blocks(ri, pc, r, prompt[r] + ri[GENERATED, r], held, idle_blocks, int(cfg[I_BLOCK_SIZE])) + g[HEADROOM]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _admissible(ri, g, gf, pc, prompt, cfg, r, held, idle_blocks):
     """Whether waiting r may start now: watermark over its whole prompt (past its cached
     prefix), then the mode's rule (``_rule_admits``)."""
@@ -135,7 +135,7 @@ def _admissible(ri, g, gf, pc, prompt, cfg, r, held, idle_blocks):
     return _rule_admits(ri, g, gf, prompt, cfg, r)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _rule_admits(ri, g, gf, prompt, cfg, r):
     """The admission mode's rule for waiting r (reservations, or new_token_ratio's
     running budget, which an admitted request draws down)."""
@@ -180,7 +180,7 @@ def _first_chunk(ri, prompt, cfg, r, computed, budget, rem_input, prefill_starte
     return min(n, budget)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _head_start_free(rep, st, cfg):
     """The fewest free KV blocks at which the coming step, every running request decoding,
     would start the waiting head (``_admit_waiting``'s first pick); ``NEVER`` when it
@@ -213,7 +213,7 @@ def _head_start_free(rep, st, cfg):
     return _watermark_free(ri, g, pc, prompt, cfg, r, held, idle)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _start(rep, st, cfg, r):
     """Move waiting r (just popped) to running: swap its KV back in, take its reservation."""
     ri, rf, g, gf = rep.ri, rep.rf, rep.g, rep.gf
@@ -236,7 +236,7 @@ def _start(rep, st, cfg, r):
         g[RESERVED_TOTAL] += ri[RESERVED, r]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _running_future(ri, g, run, cfg):
     """new_token_ratio: sum over running requests of their clipped remaining output, from
     the outputs the scheduler has (``pipeline._committed``: under overlap, a token in
@@ -248,7 +248,7 @@ def _running_future(ri, g, run, cfg):
     return total
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _admit_waiting(rep, st, tables, cfg, prefill_first, threshold):
     """Start waiting requests in queue order until a budget or the admission rule stops
     (``threshold``: the step's long-prefill threshold, fixed as its formation began).
@@ -327,7 +327,7 @@ def _admit_waiting(rep, st, tables, cfg, prefill_first, threshold):
         _unskip(rep, wq, skipped)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _skip(rep, wq, r, k):
     """Take queued r out of this round's picks, keeping its queue key (``_unskip``)."""
     slot, row = wq.slots[qm.POS, r], rep.g[AD_SKIP_ROW]
@@ -337,7 +337,7 @@ def _skip(rep, wq, r, k):
     qm.remove(wq, r)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _unskip(rep, wq, k):
     """Put the k requests skipped this round back under their own keys: each keeps its place."""
     row = rep.g[AD_SKIP_ROW]
@@ -345,7 +345,7 @@ def _unskip(rep, wq, k):
         qm.push(wq, int(rep.fl[row, i]), rep.fl[row + 1, i], rep.fl[row + 2, i])
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _lookup(ri, g, pc, offsets, prompt, r):
     """What waiting r finds in the prefix cache: (entries cached whole, cached tokens, idle
     blocks of those entries, blocks it takes as its own: the head of the next entry, left by
@@ -369,7 +369,7 @@ def _lookup(ri, g, pc, offsets, prompt, r):
     return held, min(prefix // block_size + take, cap) * block_size, idle, take
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _take_cached_prefix(rep, st, tables, r, held, cached, idle_blocks, take, n):
     """Reference r's cached prefix (its idle entries stop being evictable), take out of the
     cache what it hits past it (a partly evicted entry, or its own run: ``_lookup``) as ``take``

@@ -96,7 +96,7 @@ def _schedule(ri, g, batch, prompt, r, n, blocks):
     g[BUDGET] -= n
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _schedule_shared(rep, st, cfg, r, n):
     """``_schedule`` with the sharing side: blocks past the cached prefix (evicting idle
     cached prefixes to make room), the tenant's usage and its prompt-token charge."""
@@ -119,7 +119,7 @@ def _schedule_shared(rep, st, cfg, r, n):
         _cache_prompt_blocks(rep, st, r, ri[COMPUTED, r] + n, int(cfg[I_BLOCK_SIZE]))
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _fits_cap(ri, g, gf, tables, prompt, cap_s, r, n):
     _batch_account(ri, g, prompt, r, n, 1)
     seconds, _ = step_seconds(tables, g[B_TOKENS], g[B_LOGITS], g[B_DECODES], g[B_KV_DECODE], g[B_PAIRS])
@@ -127,7 +127,7 @@ def _fits_cap(ri, g, gf, tables, prompt, cap_s, r, n):
     return seconds + gf[SWAP_S] <= cap_s
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _fit_step_cap(ri, g, gf, tables, prompt, cfg, r, n, may_split):
     """Tokens of r the step-time cap allows (0 = none); decodes are never held back.
 

@@ -69,7 +69,7 @@ from policies.kernel_state import (
 from policies.waitqueue import heap_first_live, heap_pop, heap_push
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _exceeds_capacity(ri, g, pc, cfg, r, p, max_out):
     """Whether r (prompt p, up to max_out tokens out) could never run here, not even alone:
     the arrival rule EXCEEDS_CAPACITY, whatever the replica's state."""
@@ -92,7 +92,7 @@ def _max_out(g, si, r):
     return min(si[S_MAX_TOKENS, r], g[MAX_LEN] - si[S_PROMPT, r])
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _arrival_reject(ri, g, pc, tables, prompt, deadline, cfg, r, t):
     """Reason to turn r away on arrival, or R_NONE."""
     p = prompt[r]
@@ -117,7 +117,7 @@ def _next_delivery(rep):
     return rep.gf[NEXT_DELIVERY]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _arrive(rep, st, tables, cfg, t):
     """Admit to the queue (or reject) every delivered request due by boundary t."""
     ri, rf, g = rep.ri, rep.rf, rep.g
@@ -144,13 +144,13 @@ def _arrive(rep, st, tables, cfg, t):
             heap_push(rep.lists[L_DHEAP], deadline, st.sf[S_ARRIVAL], r)  # arrival breaks no tie: r does
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _next_deadline(rep, st):
     r = heap_first_live(rep.lists[L_DHEAP], st.sf[S_DEADLINE], st.sf[S_ARRIVAL], rep.ri[STATUS], WAITING, RUNNING)
     return np.inf if r < 0 else st.sf[S_DEADLINE, r]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _expire(rep, st, cfg, t):
     """End requests whose deadline has passed; past max_wait_s a never-scheduled request is
     rejected or moved to the front of the queue, per ``max_wait_action``."""

@@ -33,7 +33,7 @@ from policies.engine.codes import (
 )
 from policies.engine.formation import _batch_waits, _decay_ratio
 from policies.engine.pipeline import _visible_until
-from policies.engine.state import _cover_reservation, _is_decode
+from policies.engine.state import _copy_running, _cover_reservation, _is_decode
 from policies.engine.step_end import _book_stretch_step, _end_done, _note_step_tokens
 from policies.kernel_state import (
     BUSY,
@@ -66,7 +66,7 @@ from policies.kernel_state import (
 from policies.kernel_state import T as CLOCK
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _decode_layout(ri, run, k, cached_held, prompt, hash_tokens, residues):
     """For the first k running requests, all decoding: fill ``residues`` (a histogram of
     positions modulo the block size: which step allocates whose next block) and return
@@ -100,7 +100,7 @@ def _stretch_opens(g, gf, cfg, k, next_event, next_deadline, seen_delivery):
     return next_event > t and next_deadline > t and seen_delivery > _visible_until(gf, cfg)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables, cfg, hash_tokens, next_event, next_deadline,
                   truly_free, evictable, start_free, seen_delivery, ghost_decodes, ghost_kv):
     """Run consecutive all-decode steps that the step-by-step loop would form identically.
@@ -204,7 +204,7 @@ def _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables, cfg, hash
     return j, sum_dt, sum_j_dt, j == run_len, evicted
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _fast_forward_chunk(ri, g, gf, series, run, cached_held, prompt, ledger, tenant, tables, cfg, hash_tokens,
                         next_event, next_deadline, truly_free, seen_delivery):
     """Run consecutive steps of the same shape: every running request but the newest
@@ -305,7 +305,7 @@ def _fast_forward_chunk(ri, g, gf, series, run, cached_held, prompt, ledger, ten
     return j, j == run_len
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _chunk_modes(cfg, quotas, hand_off):
     """Modes under which ``_fast_forward_chunk`` applies: decode-first scheduling, no
     step-time cap, quota or max wait (its expiries need every boundary), no batch wait
@@ -317,7 +317,7 @@ def _chunk_modes(cfg, quotas, hand_off):
             and int(cfg[I_COST_UNIT]) == fm.TOKENS and not hand_off)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _end_fast_forward(rep, st, cfg):
     """End the requests that reached their last token in a stretch's final step, in
     batch (admission) order, as ``_end_step`` would."""
@@ -325,7 +325,7 @@ def _end_fast_forward(rep, st, cfg):
     run, order = rep.lists[L_RUN], rep.lists[L_ORDER]
     t_end = rep.gf[CLOCK]
     k = g[N_RUN]
-    order[:k] = run[:k]  # ending edits `run`
+    _copy_running(order, run, k)  # ending edits `run`
     for i in range(k):
         r = order[i]
         if ri[GENERATED, r] < ri[TARGET, r]:
@@ -333,7 +333,7 @@ def _end_fast_forward(rep, st, cfg):
         _end_done(rep, st, cfg, r, t_end)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _settle_fast_forward(ri, g, gf, run, k, cached_held, si, ledger, cfg, hash_tokens, j, sum_dt, sum_j_dt):
     """Apply j fast-forwarded decode steps to the first k running requests: tokens,
     blocks, reservations and their tenants' usage and charge."""
@@ -364,7 +364,7 @@ def _settle_fast_forward(ri, g, gf, run, k, cached_held, si, ledger, cfg, hash_t
         ledger[fm.TS_COUNTER, tenant[r]] += cost / ledger[fm.TS_WEIGHT, tenant[r]]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _stuck_modes(cfg, quotas):
     """Modes under which a blocked waiting head stays blocked while decodes only grow:
     admission by free KV or reservation (new_token_ratio decays, so it may unblock), no

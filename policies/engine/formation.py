@@ -26,7 +26,7 @@ from policies.engine.codes import (
 )
 from policies.engine.pipeline import _decodes_past_stop, _lingers
 from policies.engine.preemption import _schedule_running
-from policies.engine.state import _cache, _is_decode, _shares
+from policies.engine.state import _cache, _copy_running, _is_decode, _shares
 from policies.engine.summary import _queued_sum
 from policies.kernel_state import (
     B_TOKENS,
@@ -60,7 +60,7 @@ from policies.kernel_state import (
 )
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _form_batch(rep, st, tables, cfg):
     """Fill the batch for the step starting now (the rules are in the ``policies.engine`` docstring)."""
     ri, g, gf = rep.ri, rep.g, rep.gf
@@ -78,7 +78,7 @@ def _form_batch(rep, st, tables, cfg):
     hash_tokens = st.block_tokens
     plain_decodes = g[QUOTAS] == 0
     k = g[N_RUN]
-    order[:k] = run[:k]  # preemption edits `run` while we walk it
+    _copy_running(order, run, k)  # preemption edits `run` while we walk it
     for i in range(k):
         if g[BUDGET] <= 0:
             break
@@ -108,7 +108,7 @@ def _form_batch(rep, st, tables, cfg):
         _admit_waiting(rep, st, tables, cfg, prefill_first, threshold)
     if prefill_first and g[B_TOKENS] == 0:
         k = g[N_RUN]
-        order[:k] = run[:k]
+        _copy_running(order, run, k)
         if g[GHOSTS] > 0 and _waits_for_finishing(rep, st, cfg, k):
             k = 0
         for i in range(k):
@@ -119,7 +119,7 @@ def _form_batch(rep, st, tables, cfg):
         _retract_ratio(ri, g, gf, run, cfg)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _waits_for_finishing(rep, st, cfg, k):
     """SGLang's overlap loop, its decode short of KV while requests that end by length are in
     flight: it decodes nobody this step rather than retract, since their KV is freed once
@@ -143,7 +143,7 @@ def _waits_for_finishing(rep, st, cfg, k):
     return finishing and need > g[FREE]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _batch_wait_over(rep, st, cfg):
     """Whether waiting requests may start this step under TensorRT-LLM's batch waiting
     (``PyExecutor._waiting_requests``): beside running requests that took tokens, they
@@ -166,12 +166,12 @@ def _batch_waits(cfg):
     return cfg[I_BATCH_WAIT_ITERS] > 0 and cfg[I_BATCH_WAIT_RATIO] > 0.0
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _ntr_init(cfg):
     return min(NTR_INIT * cfg[I_CONSERVATIVENESS], 1.0)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _retract_ratio(ri, g, gf, run, cfg):
     """SGLang after a retraction: ratio from the decoded share of what is left running."""
     k = g[N_RUN]
@@ -187,7 +187,7 @@ def _retract_ratio(ri, g, gf, run, cfg):
     gf[RATIO] = min(1.0, (decoded + NTR_RETRACT_STEPS * k) / max_new)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _decay_ratio(gf, cfg):
     init = _ntr_init(cfg)
     low = NTR_MIN_FACTOR * init

@@ -68,7 +68,7 @@ from policies.kernel_state import (
 from policies.kernel_state import T as CLOCK
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=True)
 def advance_group(nodes, first, count, cfg, t_limit, through):
     """Run the steps of the group ``nodes[first:first + count]`` (borrowed (replica,
     statics, tables) triples, clocks equal) that start before ``t_limit`` (``through``: at
@@ -142,7 +142,7 @@ def advance_group(nodes, first, count, cfg, t_limit, through):
         _idle_group(nodes, first, count, cfg, t_limit)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=True)
 def _balance(nodes, first, count, cfg):
     """TensorRT-LLM's attention-DP balancing (PyExecutor._balance_adp_requests, on the
     ranks' allgathered counts), setting every rank's DP_HOLD: when every rank has a prompt
@@ -178,7 +178,7 @@ def _balance(nodes, first, count, cfg):
         nodes[k][0].g[DP_HOLD] = 1 if hold else 0
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=True)
 def _outstanding(nodes, first, count):
     """Whether a rank holds a delivered request that has not ended."""
     for k in range(first, first + count):
@@ -187,7 +187,7 @@ def _outstanding(nodes, first, count):
     return False
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=True)
 def _budget(nodes, first, count):
     """The group's progress guard: the sum of its ranks' (``replica.bound_progress``)."""
     total = 0
@@ -197,14 +197,14 @@ def _budget(nodes, first, count):
     return total
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=True)
 def _idle_group(nodes, first, count, cfg, t):
     for k in range(first, first + count):
         rep = nodes[k][0]
         _idle_until(rep.g, rep.gf, rep.series, cfg, t)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _sit_out(rep, cfg, t_end):
     """A rank with no batch this step waits for the group's to end: idle if it holds
     nothing, else (it only preempted) with its state kept."""

@@ -56,7 +56,7 @@ from policies.waitqueue import heap_push
 
 
 # -- requests moving between replicas (the fleet) ------------------------------------------
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=True)
 def new_carried(n):
     """Empty carried rows for n requests: nothing computed, generated, scheduled or observed yet."""
     carried_f = np.full((N_KF, n), np.nan)
@@ -64,7 +64,7 @@ def new_carried(n):
     return np.zeros((N_KI, n), dtype=np.int64), carried_f
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def carry(rep, r, keep_kv, carried_i, carried_f):
     """Write what r takes from this replica to its next one: the tokens it generated (they
     were streamed), its counters, first times and sampler state, and its computed KV only
@@ -80,7 +80,7 @@ def carry(rep, r, keep_kv, carried_i, carried_f):
     carried_f[K_SPEC_TRIALS, r] = rf[SPEC_TRIALS, r]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def withdraw(rep, st, r, keep_kv, carried_i, carried_f):
     """Take r (in the inbox, queued or running) off this replica and ``carry`` it: a failure
     drops its KV (``keep_kv`` False), a migration keeps it. Its blocks, prefix references,
@@ -96,7 +96,7 @@ def withdraw(rep, st, r, keep_kv, carried_i, carried_f):
     return 0 if keep_kv else ri[COMPUTED, r]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _leave_inbox(rep, r):
     g = rep.g
     inbox = rep.lists[L_INBOX]
@@ -115,7 +115,7 @@ def _leave_inbox(rep, r):
         rep.gf[NEXT_DELIVERY] = np.inf if empty else rep.rf[DELIVERED, inbox[g[INBOX_HEAD] % ring]]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def deliver_carried(rep, st, r, t, carried_i, carried_f):
     """``deliver`` r with what it carries from its last replica (``carry``; fresh rows for a
     new arrival). KV it carries is allocated when it is admitted, never recomputed."""
@@ -138,7 +138,7 @@ def deliver_carried(rep, st, r, t, carried_i, carried_f):
     deliver(rep, r, t)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=True)
 def _compact_deadlines(rep, st):
     """Rebuild the deadline heap from its live entries, once each: a request delivered
     here again leaves a stale entry behind, and the heap holds at most n."""
@@ -153,7 +153,7 @@ def _compact_deadlines(rep, st):
             heap_push(heap, st.sf[S_DEADLINE], st.sf[S_ARRIVAL], r)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def hand_off_after_first_token(rep):
     """Make this a P/D prefill replica: a request leaves as soon as a step samples a token
     for it (unless it is done, or its deadline has passed), into ``handed_off``, and

@@ -83,7 +83,7 @@ def _visible_until(gf, cfg):
     return gf[CLOCK]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _linger(rep, r, t_end):
     """r sampled its last token in the step ending at t_end: it ends (finished) but keeps
     its seat, KV and running-list place until the next step is formed."""
@@ -136,7 +136,7 @@ def _retraction_discards(cfg):
     return cfg[I_ASYNC] != 0.0 and int(cfg[I_SCHEDULE_MODE]) == PREFILL_FIRST
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _release_ghost(rep, st, r):
     """Free what ended r still holds: its seat, adapter, reservation and KV (a decode past
     its stop, if scheduled, is timed with its step but advances nothing)."""
@@ -147,7 +147,7 @@ def _release_ghost(rep, st, r):
     rep.g[GHOSTS] -= 1  # formation's running loop (preempted it as it walked) come to it again
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _release_ghosts(rep, st):
     """The step formed: the requests that lingered for it leave (their outputs are in)."""
     ri, g = rep.ri, rep.g
@@ -161,7 +161,7 @@ def _release_ghosts(rep, st):
             i += 1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _ghosts_change_nothing(rep, st, cfg):
     """(blocks, decodes, KV tokens) the lingering requests add to the coming step if they
     can leave before a fast-forwarded stretch starts with it; blocks is -1 when they cannot.

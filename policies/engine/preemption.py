@@ -70,7 +70,7 @@ from policies.kernel_state import (
 from policies.kernel_state import T as CLOCK
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _pick_victim(ri, g, run, prompt, priority, arrival, cfg):
     k = g[N_RUN]
     mode = int(cfg[I_VICTIM])
@@ -93,7 +93,7 @@ def _pick_victim(ri, g, run, prompt, priority, arrival, cfg):
     return best
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _return_wait_s(ri, g, run, tables, v, need):
     """Expected seconds until the running batch (less victim v) frees ``need`` KV blocks,
     the victim's to come back: each running request is expected to free its blocks over
@@ -116,7 +116,7 @@ def _return_wait_s(ri, g, run, tables, v, need):
     return need / rate * dt
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _preempt(rep, st, tables, cfg, v):
     """Take v off the GPU: swap its KV out or drop it for recompute, and requeue it.
 
@@ -187,7 +187,7 @@ def _preempt(rep, st, tables, cfg, v):
     _push_waiting(rep, st, cfg, v, True)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _schedule_running(rep, st, tables, cfg, r, n):
     """Schedule n tokens of running r, preempting victims until its blocks fit."""
     ri, g = rep.ri, rep.g

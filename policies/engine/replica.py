@@ -82,10 +82,6 @@ from policies.engine.state import (
     _pool,
     _queue,
     _shares,
-    borrow_replica,
-    borrow_statics,
-    borrow_tables,
-    borrowed,
 )
 from policies.engine.step_end import _book_step, _end_step, _sample_until
 from policies.engine.verify import _plan_verify, _settle_verify
@@ -233,7 +229,7 @@ from policies.kernel_state import T as CLOCK
 from policies.result import STEP_HIST_BINS
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=True)
 def new_replica(st, cfg, cap_blocks, host_blocks, kv_bytes, swap_bw, seed, series_every, fast_forward,
                 tenant_params, class_params, t0):
     """A replica with nothing delivered, clock ``t0``, every buffer sized for the trace.
@@ -322,7 +318,7 @@ def new_replica(st, cfg, cap_blocks, host_blocks, kv_bytes, swap_bw, seed, serie
     return rep
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def default_progress_budget(units):
     """The default (base, per) of a progress guard: a loop may iterate base + per *
     progress times, for a run with ``units`` units of work known up front (requests, and
@@ -332,7 +328,7 @@ def default_progress_budget(units):
     return 16 * units + 1024, 4
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def bound_progress(rep, budget):
     """Bound the replica's progress guard by ``budget``: i8[2] (base, per)."""
     rep.g[PROGRESS_BASE] = budget[0]
@@ -348,7 +344,7 @@ def _progress(g):
     return g[STEPS] + g[INBOX_HEAD] + g[N_DONE] + g[ADVANCES]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def deliver(rep, r, t):
     """Request r reaches the replica's inbox at time t (times never decrease)."""
     g = rep.g
@@ -366,22 +362,22 @@ def deliver(rep, r, t):
     g[N_DELIVERED] = tail + 1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def advance(rep, st, tables, cfg, t_limit):
     """Run the steps that start before ``t_limit`` (see the ``policies.engine`` docstring)."""
-    _advance(borrow_replica(rep), borrow_statics(st), borrow_tables(tables), borrowed(cfg), t_limit, False)
+    _advance(rep, st, tables, cfg, t_limit, False)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def advance_through(rep, st, tables, cfg, t):
     """``advance`` that also runs the step starting at ``t`` (the fleet watching a
     replica's step ends calls it at t = the replica's clock)."""
-    _advance(borrow_replica(rep), borrow_statics(st), borrow_tables(tables), borrowed(cfg), t, True)
+    _advance(rep, st, tables, cfg, t, True)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _advance(rep, st, tables, cfg, t_limit, through):
-    """``advance`` on borrowed arrays (``through``: steps starting at ``t_limit`` too).
+    """``advance`` (``through``: steps starting at ``t_limit`` too).
     Helpers are called only when they have work."""
     ri, g, gf, series = rep.ri, rep.g, rep.gf, rep.series
     dheap, run = rep.lists[L_DHEAP], rep.lists[L_RUN]
@@ -477,7 +473,7 @@ def _advance(rep, st, tables, cfg, t_limit, through):
         _idle_until(g, gf, series, cfg, t_limit)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _form_or_restart(rep, st, tables, cfg, speculating):
     """``_form_step`` under async scheduling (``policies.engine.pipeline``): a batch formed
     empty while one was in flight makes the engine wait for that one's outputs and form
@@ -501,7 +497,7 @@ def _form_or_restart(rep, st, tables, cfg, speculating):
     return dt, oor
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _form_step(rep, st, tables, cfg, speculating):
     """Form the step starting at the clock and time it: (its seconds, copies included;
     whether the tables were read beyond their range), or (-1, False) when it holds no
@@ -534,7 +530,7 @@ def _form_step(rep, st, tables, cfg, speculating):
     return dt + gf[SWAP_S], oor
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _commit_step(rep, st, cfg, dt, oor):
     """End the formed step after ``dt`` seconds and move the clock there."""
     g, gf = rep.g, rep.gf
@@ -543,7 +539,7 @@ def _commit_step(rep, st, cfg, dt, oor):
     gf[CLOCK] = t_end
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _idle_until(g, gf, series, cfg, t):
     """Nothing runs or waits: sample the idle state and move the clock to t."""
     _sample_until(g, gf, series, t)
@@ -552,7 +548,7 @@ def _idle_until(g, gf, series, cfg, t):
     gf[PIPELINE_T] = np.nan
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=True)
 def write_outputs(rep, out_i, out_f, out_counts, out_fcounts, series, out_cached, out_service, out_prefix):
     """Per-request outputs of the requests that ended on this replica, and its counters.
 

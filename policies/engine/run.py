@@ -49,7 +49,7 @@ from policies.engine.replica import (
     new_replica,
     write_outputs,
 )
-from policies.engine.state import SpecInputs, Statics, borrow_replica
+from policies.engine.state import SpecInputs, Statics
 from policies.kernel_state import (
     C_AD_DISK_LOADS,
     C_AD_LOADS,
@@ -104,7 +104,7 @@ from policies.kernel_state import (
 from policies.result import STEP_HIST_BINS, SimResult
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=True)
 def simulate_kernel(st, tables, cfg, cap_blocks, host_blocks, kv_bytes, swap_bw, seed, series_every, fast_forward,
                     tenant_params, class_params, out_i, out_f, out_counts, out_fcounts, series, out_cached,
                     out_service, out_prefix, budget):
@@ -116,9 +116,8 @@ def simulate_kernel(st, tables, cfg, cap_blocks, host_blocks, kv_bytes, swap_bw,
     rep = new_replica(st, cfg, cap_blocks, host_blocks, kv_bytes, swap_bw, seed, series_every, fast_forward,
                       tenant_params, class_params, arrival[0])
     bound_progress(rep, budget)
-    inbox = borrow_replica(rep)  # rep outlives it
     for r in range(arrival.shape[0]):
-        deliver(inbox, r, arrival[r])
+        deliver(rep, r, arrival[r])
     advance(rep, st, tables, cfg, np.inf)
     write_outputs(rep, out_i, out_f, out_counts, out_fcounts, series, out_cached, out_service, out_prefix)
 

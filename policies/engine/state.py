@@ -151,7 +151,7 @@ class Replica(NamedTuple):
     surv: np.ndarray  # f8[m, gamma], speculative survival per slot (m = n when speculating, else 0)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=True)
 def borrow_replica(rep):
     """``rep`` with every array borrowed (valid while ``rep`` lives)."""
     return Replica(borrowed(rep.ri), borrowed(rep.rf), borrowed(rep.g), borrowed(rep.gf), borrowed(rep.lists),
@@ -202,7 +202,7 @@ def _pool_column(rep, st, r):
     return a if a >= 0 else rep.g[AD_BASE]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _adapter_start(rep, st, r):
     """r starts running: its adapter joins the pool's running set, loaded if it is not on the
     GPU; the copy's seconds go to the step being formed (the engines load before the forward
@@ -230,7 +230,7 @@ def _adapter_stop(rep, st, r):
             adm.release(_pool(rep), _adapter_state(rep), a)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _adapter_tokens(rep, st):
     """Tokens of the batch being formed whose request runs an adapter (the LoRA GEMMs' m)."""
     total = 0
@@ -242,7 +242,7 @@ def _adapter_tokens(rep, st):
     return total
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=True)
 def borrow_statics(st):
     """``st`` with every array borrowed (valid while ``st`` lives)."""
     return Statics(borrowed(st.si), borrowed(st.sf), borrowed(st.offsets), borrowed(st.entry),
@@ -250,7 +250,7 @@ def borrow_statics(st):
                    borrowed(st.lora))
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=True)
 def _borrow_spec(spec):
     if spec is None:  # pruned by type
         return None
@@ -271,7 +271,15 @@ def _is_decode(ri, prompt, r, n):
     return n == 1 and generated >= 1 and ri[COMPUTED, r] == prompt[r] + generated - 1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
+def _copy_running(order, run, k):
+    """``order[:k] = run[:k]``, element by element: a slice assignment allocates a temporary
+    (the two might overlap), which the step loop's kernels, compiled without NRT, cannot."""
+    for i in range(k):
+        order[i] = run[i]
+
+
+@njit(cache=True, nogil=True, _nrt=False)
 def _run_remove(run, g, r):
     k = g[N_RUN]
     i = 0
@@ -368,7 +376,7 @@ def _leave_running(rep, st, r):
     _release_reservation(rep.ri, rep.g, r)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _vacate(rep, st, r):
     """Free everything admitted r holds here and take it off the running list or the
     queue; the replica is done with it (it ended, or left for another replica)."""
@@ -386,7 +394,7 @@ def _vacate(rep, st, r):
     g[N_DONE] += 1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _end_by_deadline(rep, st, r):
     """The client left at its deadline: TIMED_OUT if it had seen a token by then, else
     CANCELLED with no token delivered (one produced after it left reached nobody)."""

@@ -81,7 +81,7 @@ from policies.kernel_state import T as CLOCK
 from policies.result import STEP_HIST_EDGES, STEP_HIST_MIN_S
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _calibrate(ri, g, hist, cfg, r):
     """predicted mode: add a finished request's output/max_out ratio, refresh the quantile."""
     bins = hist.shape[0]
@@ -99,7 +99,7 @@ def _calibrate(ri, g, hist, cfg, r):
             return
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _end_step(rep, st, cfg, t_end, dt):
     """Advance every scheduled request by its tokens: cache the prompt blocks it completed,
     charge its tenant for the step, then sample, finish or time out."""
@@ -158,7 +158,7 @@ def _end_done(rep, st, cfg, r, t_end):
         _calibrate(rep.ri, rep.g, rep.g[G_HIST:G_STEP_HIST], cfg, r)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _sample_until(g, gf, series, t_stop):
     """Record the state at every series grid time before t_stop (state is constant until then)."""
     capacity = series.shape[0]
@@ -169,7 +169,8 @@ def _sample_until(g, gf, series, t_stop):
         m = g[N_SAMPLES]
         if m == capacity:  # keep every other sample and double the spacing
             for i in range(capacity // 2):
-                series[i, :] = series[2 * i, :]
+                for c in range(series.shape[1]):
+                    series[i, c] = series[2 * i, c]
             g[N_SAMPLES] = capacity // 2
             gf[SERIES_EVERY] *= 2.0
             g[SAMPLE_K] = (g[SAMPLE_K] + 1) // 2
@@ -214,7 +215,7 @@ def _note_step_tokens(g, gf, tokens):
         gf[PEAK_STEP_S] = gf[CLOCK]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _book_step(g, gf, series, cfg, dt, oor):
     """Book one formed step of dt seconds (copies included); return its end. The caller
     then runs ``_end_step`` and moves the clock."""
@@ -233,7 +234,7 @@ def _book_step(g, gf, series, cfg, dt, oor):
     return t_end
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _hand_off(rep, st, r):
     g = rep.g
     _vacate(rep, st, r)

@@ -86,7 +86,7 @@ def headroom_blocks(rep):
     return rep.g[HEADROOM]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=True)
 def head_request(rep, st, cfg):
     """The request the scheduler would try next: the queue head under the configured
     order, else the first inbox request; -1 if none."""
@@ -98,7 +98,7 @@ def head_request(rep, st, cfg):
     return r
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def head_demand_blocks(rep, st, cfg):
     """KV blocks of prompt + generated tokens of ``head_request``; 0 if none."""
     r = head_request(rep, st, cfg)
@@ -107,21 +107,21 @@ def head_demand_blocks(rep, st, cfg):
     return pcm.kv_blocks(st.si[S_PROMPT, r] + rep.ri[GENERATED, r], int(cfg[I_BLOCK_SIZE]))
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def queued_tokens(rep, st):
     """Tokens still to compute before the first token of every queued and inbox request:
     prompt + generated - computed."""
     return _waiting_sum(rep, st, True)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def waiting_tokens(rep, st):
     """prompt + generated tokens of every queued and inbox request (SGLang's ``seqlen``
     summed over its waiting queue in the load report)."""
     return _waiting_sum(rep, st, False)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _queued_sum(rep, st, less_computed):
     """prompt + generated tokens of every queued request, less those computed if asked."""
     ri, wq = rep.ri, _queue(rep, st)
@@ -135,7 +135,7 @@ def _queued_sum(rep, st, less_computed):
     return total
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _waiting_sum(rep, st, less_computed):
     ri, g = rep.ri, rep.g
     prompt = st.si[S_PROMPT]
@@ -148,7 +148,7 @@ def _waiting_sum(rep, st, less_computed):
     return total
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def cached_tokens(rep, st, r):
     """Leading prompt tokens of request r found in this replica's prefix cache."""
     if rep.g[CACHING] == 0:
@@ -156,7 +156,7 @@ def cached_tokens(rep, st, r):
     return pcm.match(_cache(rep, st), st.offsets, st.si[S_PROMPT], r)[1]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def adapter_load_s(rep, st, r):
     """Seconds loading request r's LoRA adapter would add on this replica: 0 when it is on
     the GPU (or r runs the base model, or LoRA is off), the host copy when it is in the host
@@ -181,7 +181,7 @@ def newest_running(rep):
     return -1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def stays_unqueued(rep, st, cfg):
     """Whether nothing waits here and nothing will until the next delivery: all the KV its
     running requests can still take (whole prompt and output, full prompt hash blocks
@@ -217,7 +217,7 @@ def max_len(rep):
     return rep.g[MAX_LEN]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def never_admits(rep, st, cfg, r):
     """Whether request r, never delivered here, would be rejected EXCEEDS_CAPACITY on
     arrival whatever this replica's state (P/D: the fleet turns it away before a decode

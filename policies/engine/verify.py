@@ -78,7 +78,7 @@ from policies.kernel_state import (
 )
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _plan_verify(rep, st, tables, cfg, spec):
     """Give the batch's decodes their verify budgets (``policies.speculative``) from the
     token budget and KV the formed batch left, taking blocks for the draft tokens.
@@ -156,7 +156,7 @@ def _plan_verify(rep, st, tables, cfg, spec):
     g[SPEC_DRAFTED] += x
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _evict_for_drafts(rep, st, lim, slack, n_req, block_size):
     """Evict idle cached blocks so that every decode's whole draft window fits: the engines
     allocate the draft slots of the block before the verify, from a pool whose free blocks
@@ -172,7 +172,7 @@ def _evict_for_drafts(rep, st, lim, slack, n_req, block_size):
         pcm.evict(_cache(rep, st), short)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _engine_budgets(rep, st, tables, cfg, spec, mode, n_req, draft_pp, free_blocks):
     """``adaptive_verify`` / ``sps_table`` / ``sps_cap_accept`` (``policies.speculative``):
     the budget from stale survivals, then the top drafts by fresh ones. Under
@@ -207,7 +207,7 @@ def _engine_budgets(rep, st, tables, cfg, spec, mode, n_req, draft_pp, free_bloc
     return x, (charged if mode == spm.MODE_ADAPTIVE else x), positions
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _settle_verify(rep, st, cfg, spec):
     """Sample the verifies and keep the accepted drafts: each request advances by them on
     top of its own token (up to its output length), and the rejected drafts' KV is freed.
