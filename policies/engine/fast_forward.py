@@ -159,6 +159,7 @@ def _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables, cfg, hash
     sum_dt = 0.0
     sum_j_dt = 0.0  # for KV byte-seconds: context grows by one token per step
     evicted = 0
+    near = 0  # the last step's histogram bin
     while j < run_len and next_event > t and next_deadline > t and seen_delivery > seen:
         need = residues[slot]
         short = need - truly_free
@@ -177,7 +178,7 @@ def _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables, cfg, hash
             dt, oor = step_seconds(tables, n, n, n, kv + ghost_kv, 0)
         else:
             dt, oor = decode_run_step(tables, base, kv)
-        t_sample = _book_stretch_step(g, gf, series, t, dt, used, t_sample)
+        t_sample, near = _book_stretch_step(g, gf, series, t, dt, used, t_sample, near)
         if oor:
             out_of_range += 1
         t_last = t
@@ -260,6 +261,7 @@ def _fast_forward_chunk(ri, g, gf, series, run, cached_held, prompt, ledger, ten
     j = 0
     t_last = t
     slot = 0  # as in ``_fast_forward``
+    near = 0
     while j < run_len and computed + chunk < total and next_event > t and next_deadline > t and seen_delivery > seen:
         held_after = pcm.private_blocks(computed + chunk, held_entries, hash_tokens, block_size)
         need = held_after - held
@@ -276,7 +278,7 @@ def _fast_forward_chunk(ri, g, gf, series, run, cached_held, prompt, ledger, ten
         ledger[fm.TS_COUNTER, tenant[p]] += cost / ledger[fm.TS_WEIGHT, tenant[p]]
         pairs = chunk * computed + chunk * (chunk + 1) // 2
         dt, oor = step_seconds(tables, d + chunk, d, d, kv, pairs)
-        t_sample = _book_stretch_step(g, gf, series, t, dt, used, t_sample)
+        t_sample, near = _book_stretch_step(g, gf, series, t, dt, used, t_sample, near)
         if oor:
             out_of_range += 1
         t_last = t
