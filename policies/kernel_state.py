@@ -137,33 +137,34 @@ FAST_FORWARD = 48  # fast-forward pure-decode stretches (1/0)
 ERROR = 49  # 0, or an internal error code (the kernel could not make progress)
 HOST_CAP = 50  # host KV blocks
 KV_BLOCK_SIZE = 51  # block_size of the config
-ENTRY_BLOCKS = 52  # KV blocks per prefix-cache entry
-PC_STATS = 53  # policies.prefix_cache stats (N_STATS = 12 slots)
-HAND_OFF = 65  # P/D prefill replica: a request leaves once it has sampled a token (1/0)
-N_OUTBOX = 66  # requests in L_OUTBOX
-UNSORTED = 67  # a delivery arrived before one delivered earlier (a fleet's re-route): 1/0
+ENTRY_BLOCKS = 52  # KV blocks per prefix-cache unit (policies.prefix_cache.unit_shape)
+PC_STATS = 53  # policies.prefix_cache stats (N_STATS = 11 slots)
+HAND_OFF = 64  # P/D prefill replica: a request leaves once it has sampled a token (1/0)
+N_OUTBOX = 65  # requests in L_OUTBOX
+UNSORTED = 66  # a delivery arrived before one delivered earlier (a fleet's re-route): 1/0
 # progress guard (engine.replica._progress): advance's loop may iterate PROGRESS_BASE + PROGRESS_PER * progress times
-ITERATIONS = 68  # iterations of advance's loop so far
-ADVANCES = 69  # calls of advance (each may idle once, to its limit)
-PROGRESS_BASE = 70
-PROGRESS_PER = 71
-PEAK_STEP = 72  # most tokens one step computed (its activation workspace: policies.workspace)
-LORA = 73  # the adapter pool is on (enable_lora): 1/0
-AD_STATE = 74  # policies.adapters state (N_STATE = 7 slots)
-AD_BASE = 81  # pool column of a base-model request: the base column when it takes a slot, else -1
-AD_LOADS = 82  # adapters loaded onto the GPU (the base column never counts)
-AD_DISK_LOADS = 83  # ... of them read from disk first
-AD_COLUMNS = 84  # adapter pool columns: the trace's adapters, and the base model's when it takes a slot
-AD_POOL_ROW = 85  # first row of lists holding the pool (policies.adapters N_ROWS rows; LoRA only)
-AD_SKIP_ROW = 86  # first row of fl holding (request, key1, key2) of requests skipped this round (LoRA only)
-BATCH_WAITED = 87  # steps the waiting prompts have been held for the batch to fill (batch_wait_iters)
-DP_HOLD = 88  # attention DP: this rank's waiting prompts are held this step (policies.engine.lockstep): 1/0
-DP_WAITED = 89  # attention DP, on a group's first rank: steps prompts waited for every rank to have one
-DP_BATCHED = 90  # ... and steps they waited beside every rank's decodes
-GHOSTS = 91  # async scheduling: finished requests still holding their seat and KV (engine.pipeline)
+ITERATIONS = 67  # iterations of advance's loop so far
+ADVANCES = 68  # calls of advance (each may idle once, to its limit)
+PROGRESS_BASE = 69
+PROGRESS_PER = 70
+PEAK_STEP = 71  # most tokens one step computed (its activation workspace: policies.workspace)
+LORA = 72  # the adapter pool is on (enable_lora): 1/0
+AD_STATE = 73  # policies.adapters state (N_STATE = 7 slots)
+AD_BASE = 80  # pool column of a base-model request: the base column when it takes a slot, else -1
+AD_LOADS = 81  # adapters loaded onto the GPU (the base column never counts)
+AD_DISK_LOADS = 82  # ... of them read from disk first
+AD_COLUMNS = 83  # adapter pool columns: the trace's adapters, and the base model's when it takes a slot
+AD_POOL_ROW = 84  # first row of lists holding the pool (policies.adapters N_ROWS rows; LoRA only)
+AD_SKIP_ROW = 85  # first row of fl holding (request, key1, key2) of requests skipped this round (LoRA only)
+BATCH_WAITED = 86  # steps the waiting prompts have been held for the batch to fill (batch_wait_iters)
+DP_HOLD = 87  # attention DP: this rank's waiting prompts are held this step (policies.engine.lockstep): 1/0
+DP_WAITED = 88  # attention DP, on a group's first rank: steps prompts waited for every rank to have one
+DP_BATCHED = 89  # ... and steps they waited beside every rank's decodes
+GHOSTS = 90  # async scheduling: finished requests still holding their seat and KV (engine.pipeline)
 # prefix caching by vLLM's rules (1/0): a block is cached as soon as it is scheduled, and a
 # request's blocks past its entries stay cached when it lets go (prefix_cache.keep_tail)
-VLLM_CACHE = 92
+VLLM_CACHE = 91
+UNIT_TOKENS = 92  # prompt tokens per prefix-cache unit (policies.prefix_cache.unit_shape)
 N_G = 93
 #: predicted mode: output/max_tokens ratio histogram bins (in g's tail, below).
 CALIBRATION_BINS = 64

@@ -292,7 +292,8 @@ def _lpm_head(q, lane, pc, block_offsets, prompt_tokens):
     best_tokens = -1
     base = q.lanes[L_BASE, lane]
     for s in range(base, base + q.lanes[L_SIZE, lane]):
-        tokens = prefix_cache.match(pc, block_offsets, prompt_tokens, q.slots[SLOT_REQ, s])[1]
+        r = q.slots[SLOT_REQ, s]
+        tokens = prefix_cache.match(pc, block_offsets, prompt_tokens, r, prompt_tokens[r])[1]
         if best < 0 or tokens > best_tokens or (tokens == best_tokens and _before(q, s, best)):
             best, best_tokens = s, tokens
     return q.slots[SLOT_REQ, best], best_tokens
@@ -359,7 +360,8 @@ def dfs_rekey(q, pc, block_offsets, prompt_tokens):
         base = lanes[L_BASE, lane]
         for s in range(base, base + lanes[L_SIZE, lane]):
             r = q.slots[SLOT_REQ, s]
-            k = prefix_cache.match(pc, block_offsets, prompt_tokens, r)[0]
+            # the tree's nodes are whole hash blocks (a radix node per block), whatever the cache's unit
+            k = prefix_cache.match(pc, block_offsets, prompt_tokens, r, prompt_tokens[r])[0] // pc.per_entry
             reqs[m], slot[m], depth[m] = r, s, k
             dmax = max(dmax, k)
             for j in range(k):

@@ -65,18 +65,20 @@ Sharing (issue 6; state in ``Replica.pc``/``wq``/``sh``, rules in
 ``policies.prefix_cache``, ``policies.queues`` and ``policies.fairness``):
 
 * Prefix caching (``enable_prefix_caching``): a request new to the GPU (or recomputed)
-  takes references on the leading cached hash blocks of its prompt and starts computing
-  after them (at most ``prompt - 1`` tokens are skipped); the attention over the cached
-  context is still paid. The full prompt hash blocks a step computes become shared
-  entries. ``free`` counts idle cached entries as available (as vLLM's free queue); they
-  are evicted LRU, a KV block at a time, only when an allocation needs their blocks, and
-  a lookup hits the head of a partly evicted entry. Any end or preemption drops a
-  request's references; a request holding some is recomputed, never swapped. By vLLM's
-  rules (``VLLM_CACHE``: not ``prefill_first``) an entry is cached when the step that
-  computes it is formed, so a request started later in that step hits it; a block a
-  request computes while another holds it stays its own copy until it lets go; and a
-  request letting go leaves the full blocks it computed past its entries cached (its own
-  run), where its readmission finds them, generated tokens included.
+  takes references on the leading cached units of its prompt and starts computing after
+  them (at most ``prompt - 1`` tokens are skipped); the attention over the cached context
+  is still paid. The full units a step computes become shared: whole prompt hash blocks
+  (SGLang), or each 16-token KV block of them (vLLM's rules, ``VLLM_CACHE``: not
+  ``prefill_first``; ``policies.prefix_cache`` keeps a hash block one node while its blocks
+  agree). ``free`` counts idle cached units as available (as vLLM's free queue); they are
+  evicted LRU, a KV block at a time, only when an allocation needs their blocks. Any end or
+  preemption drops a request's references; a request holding some is recomputed, never
+  swapped. By vLLM's rules a block is cached when the step that computes it is formed, so
+  a request started later in that step, or while its computer is still at the hash block,
+  hits it; a lookup hits at most ``(tokens - 1) // block_size`` blocks; a block a request
+  computes while another holds it stays its own copy until it lets go; and a request
+  letting go leaves the full blocks it computed past its prefix cached (its own run),
+  where its readmission finds them, generated tokens included.
 * Waiting order (``scheduling_policy``): fcfs, priority (with ``aging_rate``), edf
   (a never-scheduled head whose deadline is lost even alone, with ``deadline_margin_ms``,
   is rejected DEADLINE_UNMEETABLE), sjf, lpm, vtc, lof (SGLang: largest ``max_out``

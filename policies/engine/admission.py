@@ -347,19 +347,19 @@ def _unskip(rep, wq, k):
 
 @njit(cache=True, nogil=True, _nrt=False)
 def _lookup(ri, g, pc, offsets, prompt, r):
-    """What waiting r finds in the prefix cache: (entries cached whole, cached tokens, idle
-    blocks of those entries, blocks it takes as its own: the head of the next entry, left by
-    eviction, or its own run).
+    """What waiting r finds in the prefix cache: (units cached, cached tokens, idle blocks of
+    those units, blocks it takes as its own: the head of the next entry, left by eviction
+    (SGLang), or its own run (vLLM)).
 
     With own runs (vLLM) the lookup spans the request's generated tokens too and hits whole
     KV blocks, at most ``(tokens - 1) // block_size`` of them, so at least one token is
     computed (vllm/v1/core/kv_cache_manager.py ``get_computed_blocks``: ``max_cache_hit_length``).
-    Its own blocks follow its prefix, so they count only when every prefix entry is cached.
+    Its own blocks follow its prefix, so they count only when every prefix unit is cached.
     """
-    held, cached, idle = pcm.match(pc, offsets, prompt, r)
+    held, cached, idle = pcm.match(pc, offsets, prompt, r, prompt[r] + ri[GENERATED, r])
     block_size = g[KV_BLOCK_SIZE]
     take = pcm.partial_blocks(pc, offsets, r, held)
-    prefix = held * pc.block_tokens
+    prefix = held * pc.unit_tokens
     if not g[VLLM_CACHE]:
         return held, min(prefix + take * block_size, prompt[r] - 1), idle, take
     if held == pc.req[pcm.R_N_FULL, r]:

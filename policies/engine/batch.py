@@ -63,13 +63,13 @@ def _batch_account(ri, g, prompt, r, n, sign):
 
 @njit(cache=True, nogil=True, inline="always")
 def _need_blocks(ri, pc, r, ctx, held, idle_blocks, block_size):
-    """Blocks r must add to hold ``ctx`` computed tokens while referencing ``held`` cached
-    entries (``idle_blocks`` of them not yet acquired). Full prompt hash blocks it completes
-    count whole (``policies.prefix_cache``); without caching this is
+    """Blocks r must add to hold ``ctx`` computed tokens while holding ``held`` cached units
+    (``idle_blocks`` of them not yet acquired). Full units it completes count whole
+    (``policies.prefix_cache``); without caching this is
     ``ceil(ctx / block_size) - blocks held``."""
-    h_after = max(held, min(pc.req[pcm.R_N_FULL, r], ctx // pc.block_tokens))
-    return (pcm.private_blocks(ctx, h_after, pc.block_tokens, block_size)
-            + pc.entry_blocks * (h_after - held) + idle_blocks - ri[HELD, r])
+    h_after = max(held, min(pc.req[pcm.R_N_FULL, r], ctx // pc.unit_tokens))
+    return (pcm.private_blocks(ctx, h_after, pc.unit_tokens, block_size)
+            + pc.unit_blocks * (h_after - held) + idle_blocks - ri[HELD, r])
 
 
 @njit(cache=True, nogil=True, inline="always")

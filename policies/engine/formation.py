@@ -57,6 +57,7 @@ from policies.kernel_state import (
     S_PROMPT,
     STATUS,
     TARGET,
+    UNIT_TOKENS,
 )
 
 
@@ -75,7 +76,7 @@ def _form_batch(rep, st, tables, cfg):
         fm.new_step(_shares(rep))
     # decodes take the plain path: sharing state is touched only when it matters
     cached_held = ri[PC_REQ + pcm.R_HELD]
-    hash_tokens = st.block_tokens
+    hash_tokens = g[UNIT_TOKENS]
     plain_decodes = g[QUOTAS] == 0
     k = g[N_RUN]
     _copy_running(order, run, k)  # preemption edits `run` while we walk it

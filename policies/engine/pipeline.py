@@ -71,6 +71,7 @@ from policies.kernel_state import (
     STATUS,
     STEPS,
     TARGET,
+    UNIT_TOKENS,
 )
 from policies.kernel_state import T as CLOCK
 
@@ -141,7 +142,7 @@ def _release_ghost(rep, st, r):
     """Free what ended r still holds: its seat, adapter, reservation and KV (a decode past
     its stop, if scheduled, is timed with its step but advances nothing)."""
     _leave_running(rep, st, r)
-    _free_gpu(rep, st, r, True)
+    _free_gpu(rep, st, r, True, False)
     rep.ri[SCHED, r] = 0
     rep.ri[COMPUTED, r] = st.si[S_PROMPT, r] + rep.ri[GENERATED, r]  # nothing left to schedule, should a
     rep.g[GHOSTS] -= 1  # formation's running loop (preempted it as it walked) come to it again
@@ -196,7 +197,7 @@ def _ghosts_change_nothing(rep, st, cfg):
             kv += ri[COMPUTED, r] + 1
         elif not _is_decode(ri, prompt, r, 1):
             return -1, 0, 0
-        need += pcm.private_blocks(ri[COMPUTED, r] + 1, cached_held[r], st.block_tokens, block_size) - ri[HELD, r]
+        need += pcm.private_blocks(ri[COMPUTED, r] + 1, cached_held[r], g[UNIT_TOKENS], block_size) - ri[HELD, r]
     if need > g[FREE] - g[PC_STATS + pcm.S_EVICTABLE]:
         return -1, 0, 0
     return need, decodes, kv

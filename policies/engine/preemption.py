@@ -65,6 +65,7 @@ from policies.kernel_state import (
     SWAP_BW,
     SWAP_OUTS,
     SWAP_S,
+    UNIT_TOKENS,
     USED,
 )
 from policies.kernel_state import T as CLOCK
@@ -138,7 +139,7 @@ def _preempt(rep, st, tables, cfg, v):
             fm.use_tokens(_shares(rep), st.si[S_TENANT, v], st.si[S_CLASS, v], -n)
         g[BUDGET] += n
         ri[SCHED, v] = 0
-        keep = pcm.private_blocks(ri[COMPUTED, v], held_entries[v], st.block_tokens, block_size)
+        keep = pcm.private_blocks(ri[COMPUTED, v], held_entries[v], g[UNIT_TOKENS], block_size)
         extra = ri[HELD, v] - keep
         g[FREE] += extra
         g[USED] -= extra
@@ -175,7 +176,8 @@ def _preempt(rep, st, tables, cfg, v):
             ri[HOST, v] = held
             gf[SWAP_S] += copy_s
             g[SWAP_OUTS] += 1
-    _free_gpu(rep, st, v, not swap)  # before its progress is reset: vLLM keeps the blocks it computed
+    # before its progress is reset: vLLM keeps the blocks it computed
+    _free_gpu(rep, st, v, not swap, _in_flight(ri, g, cfg, v))
     if not swap:
         ri[COMPUTED, v] = 0
         if _retraction_discards(cfg) and _in_flight(ri, g, cfg, v):

@@ -222,6 +222,7 @@ from policies.kernel_state import (
     SWAP_BW,
     SWAP_OUTS,
     SWAP_S,
+    UNIT_TOKENS,
     USED,
     VLLM_CACHE,
 )
@@ -270,7 +271,6 @@ def new_replica(st, cfg, cap_blocks, host_blocks, kv_bytes, swap_bw, seed, serie
     gf[PIPELINE_T] = np.nan
     caching = cfg[I_PREFIX_CACHING] != 0.0
     g[KV_BLOCK_SIZE] = block_size
-    g[ENTRY_BLOCKS] = pcm.kv_blocks(st.block_tokens, block_size)
     quotas = (np.any(tenant_params[:, fm.T_KV_QUOTA] < 1.0) or np.any(tenant_params[:, fm.T_TOKEN_QUOTA] < 1.0)
               or np.any(class_params[:, fm.C_HEADROOM] > 0.0) or np.any(class_params[:, fm.C_KV_SHARE] < 1.0)
               or np.any(class_params[:, fm.C_TOKEN_SHARE] < 1.0))
@@ -279,6 +279,7 @@ def new_replica(st, cfg, cap_blocks, host_blocks, kv_bytes, swap_bw, seed, serie
     # without caching it (srt/managers/schedule_batch.py:2388-2389)
     g[VLLM_CACHE] = 1 if (caching and int(cfg[I_SCHEDULE_MODE]) != PREFILL_FIRST
                         and st.block_tokens % block_size == 0) else 0
+    g[UNIT_TOKENS], g[ENTRY_BLOCKS], _ = pcm.unit_shape(st.block_tokens, block_size, g[VLLM_CACHE] != 0)
     g[QUOTAS] = 1 if quotas else 0
     g[STUCK_MODES] = 1 if _stuck_modes(cfg, quotas) else 0
     g[FAST_FORWARD] = 1 if fast_forward else 0
@@ -289,8 +290,8 @@ def new_replica(st, cfg, cap_blocks, host_blocks, kv_bytes, swap_bw, seed, serie
     g[AD_SKIP_ROW] = N_FL + (1 if speculating else 0)
     lists = np.zeros((g[AD_POOL_ROW] + (adm.N_ROWS if lora else 0), n + 1), dtype=np.int64)
     fl = np.zeros((g[AD_SKIP_ROW] + (3 if lora else 0), n))
-    copy_pool = int(cap_blocks) if g[VLLM_CACHE] else 0  # a live copy holds a KV block at least
-    entries = np.empty((pcm.N_ENTRY_ROWS, st.n_entries + n + copy_pool if caching else 0), dtype=np.int64)
+    pool = int(cap_blocks) if g[VLLM_CACHE] else 0  # a live copy or split unit holds a KV block at least
+    entries = np.empty((pcm.N_ENTRY_ROWS, st.n_entries + n + pool if caching else 0), dtype=np.int64)
     lanes = np.empty((qm.N_LANE_ROWS, st.lane_tenant.shape[0]), dtype=np.int64)
     ledger = np.empty((fm.N_TENANT_ROWS + fm.N_CLASS_ROWS, max(tenant_params.shape[0], class_params.shape[0])))
     rf = np.full((N_RF, n), np.nan)
@@ -299,8 +300,8 @@ def new_replica(st, cfg, cap_blocks, host_blocks, kv_bytes, swap_bw, seed, serie
     base_slot = lora and cfg[I_LORA_BASE_SLOT] != 0.0
     adapters = int(st.lora[0, LORA_ADAPTERS])
     g[AD_COLUMNS] = adapters + (1 if base_slot else 0) if lora else 0  # at most n + 1: adapters in use
-    rep = Replica(ri, rf, g, gf, lists, fl, entries, lanes, ledger, np.zeros((SERIES_CAPACITY, 4)),
-                  np.zeros((n if speculating else 0, int(cfg[I_SPEC_GAMMA]))))
+    rep = Replica(ri, rf, g, gf, lists, fl, entries, pcm.new_unit_table(pool), lanes, ledger,
+                  np.zeros((SERIES_CAPACITY, 4)), np.zeros((n if speculating else 0, int(cfg[I_SPEC_GAMMA]))))
     g[LORA] = 1 if lora else 0
     g[AD_BASE] = adapters if base_slot else -1
     if lora:
@@ -381,7 +382,7 @@ def _advance(rep, st, tables, cfg, t_limit, through):
     Helpers are called only when they have work."""
     ri, g, gf, series = rep.ri, rep.g, rep.gf, rep.series
     dheap, run = rep.lists[L_DHEAP], rep.lists[L_RUN]
-    cached_held, hash_tokens = ri[PC_REQ + pcm.R_HELD], st.block_tokens
+    cached_held, hash_tokens = ri[PC_REQ + pcm.R_HELD], g[UNIT_TOKENS]
     prompt = st.si[S_PROMPT]
     speculating = int(cfg[I_SPEC_MODE]) != spm.MODE_OFF
     # every speculative step draws its own outcomes; VTC keeps exact counters step by step

@@ -73,6 +73,7 @@ from policies.kernel_state import (
     STATUS,
     SWAP_BW,
     SWAP_S,
+    UNIT_TOKENS,
     USED,
     VLLM_CACHE,
     WAITING,
@@ -145,6 +146,7 @@ class Replica(NamedTuple):
     lists: np.ndarray  # i8[N_LISTS (+ N_SPEC_I), n + 1], index lists and queue slots
     fl: np.ndarray  # f8[N_FL (+ 1), n], queue keys (and SmartSpec's estimates)
     entries: np.ndarray  # i8[pcm.N_ENTRY_ROWS, entries], prefix-cache entries
+    units: np.ndarray  # i8[2, slots], the prefix cache's table of split units (vLLM's rules)
     lanes: np.ndarray  # i8[qm.N_LANE_ROWS, lanes], waiting-queue lanes
     ledger: np.ndarray  # f8[fm.N_TENANT_ROWS + fm.N_CLASS_ROWS, max(tenants, classes)]
     series: np.ndarray  # f8[SERIES_CAPACITY, 4]: (t, KV blocks used, running, waiting)
@@ -155,8 +157,8 @@ class Replica(NamedTuple):
 def borrow_replica(rep):
     """``rep`` with every array borrowed (valid while ``rep`` lives)."""
     return Replica(borrowed(rep.ri), borrowed(rep.rf), borrowed(rep.g), borrowed(rep.gf), borrowed(rep.lists),
-                   borrowed(rep.fl), borrowed(rep.entries), borrowed(rep.lanes), borrowed(rep.ledger),
-                   borrowed(rep.series), borrowed(rep.surv))
+                   borrowed(rep.fl), borrowed(rep.entries), borrowed(rep.units), borrowed(rep.lanes),
+                   borrowed(rep.ledger), borrowed(rep.series), borrowed(rep.surv))
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -164,8 +166,8 @@ def _cache(rep, st):
     """The replica's prefix cache (``policies.prefix_cache``), as views of its arrays."""
     g = rep.g
     return pcm.PrefixCache(st.entry, rep.ri[PC_REQ:PC_REQ + pcm.N_REQ_ROWS], rep.entries,
-                           g[PC_STATS:PC_STATS + pcm.N_STATS], st.block_tokens, g[ENTRY_BLOCKS], g[KV_BLOCK_SIZE],
-                           st.n_entries)
+                           g[PC_STATS:PC_STATS + pcm.N_STATS], rep.units, g[UNIT_TOKENS], g[ENTRY_BLOCKS],
+                           g[KV_BLOCK_SIZE], st.n_entries, st.block_tokens // g[UNIT_TOKENS], g[VLLM_CACHE])
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -291,15 +293,17 @@ def _run_remove(run, g, r):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _free_gpu(rep, st, r, drop_refs):
-    """Free r's own blocks; with drop_refs also its prefix-cache references (idle entries
+def _free_gpu(rep, st, r, drop_refs, in_flight):
+    """Free r's own blocks; with drop_refs also its prefix-cache references (idle units
     stay cached but count as free: evictable on demand, as vLLM's free queue). With own
-    runs (vLLM), the full blocks r computed past the entries it holds stay cached too, ahead
-    of those entries in eviction order (vLLM frees a request's blocks tail first)."""
+    runs (vLLM), the full blocks r computed past the units it holds stay cached too, ahead
+    of those units in eviction order (vLLM frees a request's blocks tail first);
+    ``in_flight``: r's last token was sampled by the step in flight (async scheduling)."""
     ri, g = rep.ri, rep.g
     held = ri[HELD, r]
     if drop_refs and g[VLLM_CACHE]:
-        pcm.keep_tail(_cache(rep, st), st.offsets, r, _tail_full_blocks(ri, st, r, g[KV_BLOCK_SIZE]))
+        tail = _tail_full_blocks(ri, st, r, g[KV_BLOCK_SIZE], g[UNIT_TOKENS], in_flight)
+        pcm.keep_tail(_cache(rep, st), st.offsets, r, tail)
     g[FREE] += held
     g[USED] -= held
     ri[HELD, r] = 0
@@ -321,9 +325,9 @@ def _cache_prompt_blocks(rep, st, r, ctx, block_size):
     kept as r's copies until it lets go."""
     ri, g = rep.ri, rep.g
     copies = ri[PC_REQ + pcm.R_COPIES, r]
-    freed = pcm.insert(_cache(rep, st), st.offsets, r, ctx, g[VLLM_CACHE] != 0)
+    freed = pcm.insert(_cache(rep, st), st.offsets, r, ctx)
     before = ri[HELD, r] - (ri[PC_REQ + pcm.R_COPIES, r] - copies)
-    ri[HELD, r] = pcm.private_blocks(ctx, ri[PC_REQ + pcm.R_HELD, r], st.block_tokens, block_size)
+    ri[HELD, r] = pcm.private_blocks(ctx, ri[PC_REQ + pcm.R_HELD, r], g[UNIT_TOKENS], block_size)
     if g[QUOTAS]:
         fm.hold_kv(_shares(rep), st.si[S_TENANT, r], st.si[S_CLASS, r], ri[HELD, r] - before)
     g[FREE] += freed
@@ -331,12 +335,17 @@ def _cache_prompt_blocks(rep, st, r, ctx, block_size):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _tail_full_blocks(ri, st, r, block_size):
-    """Full KV blocks of r's known tokens it has computed past the prefix entries it holds
-    (vLLM hashes a block once its tokens are known and computed; vllm/v1/core/block_pool.py
-    ``cache_full_blocks``)."""
+def _tail_full_blocks(ri, st, r, block_size, unit_tokens, in_flight):
+    """Full KV blocks of r's known tokens it has computed past the prefix units it holds.
+
+    vLLM caches a block when it schedules it, if the block's tokens are known by then
+    (vllm/v1/core/kv_cache_manager.py:616-625, block_pool.py ``cache_full_blocks``): when r
+    decoded in the step in flight (async), the token that step computed was still a
+    placeholder at its scheduling, so the block it completes was never cached."""
     known = min(ri[COMPUTED, r], st.si[S_PROMPT, r] + ri[GENERATED, r])
-    prefix = ri[PC_REQ + pcm.R_HELD, r] * st.block_tokens // block_size
+    if in_flight and ri[COMPUTED, r] > st.si[S_PROMPT, r]:
+        known -= 1
+    prefix = ri[PC_REQ + pcm.R_HELD, r] * unit_tokens // block_size
     return min(max(0, known // block_size - prefix), ri[HELD, r])
 
 
@@ -388,7 +397,7 @@ def _vacate(rep, st, r):
         g[N_WAIT] -= 1
         qm.remove(_queue(rep, st), r)
         fm.dequeue(_shares(rep), st.si[S_TENANT, r])
-    _free_gpu(rep, st, r, True)
+    _free_gpu(rep, st, r, True, False)
     g[HOST_FREE] += ri[HOST, r]
     ri[HOST, r] = 0
     g[N_DONE] += 1

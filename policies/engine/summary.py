@@ -41,6 +41,7 @@ from policies.kernel_state import (
     STATUS,
     SWAP_BW,
     TARGET,
+    UNIT_TOKENS,
 )
 from policies.kernel_state import T as CLOCK
 
@@ -153,7 +154,7 @@ def cached_tokens(rep, st, r):
     """Leading prompt tokens of request r found in this replica's prefix cache."""
     if rep.g[CACHING] == 0:
         return 0
-    return pcm.match(_cache(rep, st), st.offsets, st.si[S_PROMPT], r)[1]
+    return pcm.match(_cache(rep, st), st.offsets, st.si[S_PROMPT], r, st.si[S_PROMPT, r])[1]
 
 
 @njit(cache=True, nogil=True, _nrt=False)
@@ -199,10 +200,12 @@ def stays_unqueued(rep, st, cfg):
     run = rep.lists[L_RUN]
     prompt = st.si[S_PROMPT]
     block_size = int(cfg[I_BLOCK_SIZE])
+    per_entry = st.block_tokens // g[UNIT_TOKENS]  # R_N_FULL counts cache units
     demand = 0
     for i in range(g[N_RUN]):
         r = run[i]
-        demand += pcm.kv_blocks(prompt[r] + ri[TARGET, r], block_size) + ri[PC_REQ + pcm.R_N_FULL, r] - ri[HELD, r]
+        entries = ri[PC_REQ + pcm.R_N_FULL, r] // per_entry
+        demand += pcm.kv_blocks(prompt[r] + ri[TARGET, r], block_size) + entries - ri[HELD, r]
     return demand <= g[FREE]
 
 

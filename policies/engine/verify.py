@@ -74,6 +74,7 @@ from policies.kernel_state import (
     STATUS,
     STEPS,
     TARGET,
+    UNIT_TOKENS,
     USED,
 )
 
@@ -94,7 +95,7 @@ def _plan_verify(rep, st, tables, cfg, spec):
     mode = int(cfg[I_SPEC_MODE])
     gamma = int(cfg[I_SPEC_GAMMA])
     block_size = int(cfg[I_BLOCK_SIZE])
-    hash_tokens = st.block_tokens
+    hash_tokens = g[UNIT_TOKENS]
     n_req = np.int64(0)  # not a literal 0: Numba would compile the speculative planners for it too
     for i in range(g[N_BATCH]):
         r = batch[i]
@@ -233,7 +234,7 @@ def _settle_verify(rep, st, cfg, spec):
         ri[SCHED, r] += kept
         g[SPEC_ACCEPTED] += kept
         extra = ri[HELD, r] - pcm.private_blocks(ri[COMPUTED, r] + 1 + kept, ri[PC_REQ + pcm.R_HELD, r],
-                                                 st.block_tokens, block_size)
+                                                 g[UNIT_TOKENS], block_size)
         g[FREE] += extra
         g[USED] -= extra
         ri[HELD, r] -= extra

@@ -122,11 +122,12 @@ class Reference:
         offsets, keyed = trace.block_offsets, trace.cache_block_hashes  # salted, as the engine keys them
         hashes = [keyed[offsets[i]:offsets[i + 1]].tolist() if self.caching else []
                   for i in range(trace.n)]
-        self.cache = RefPrefixCache(hashes, [r.prompt for r in self.reqs], trace.block_tokens, self.bs)
-        # vLLM caches a block as it is scheduled and keeps a request's blocks past its entries
-        # cached for its readmission; SGLang does neither
+        # vLLM caches each KV block as it is scheduled, keeps copies, and keeps a request's
+        # blocks past its prefix cached for its readmission; SGLang does none of these
         self.vllm_cache = (self.caching and config.schedule_mode != "prefill_first"
                          and trace.block_tokens % self.bs == 0)
+        self.cache = RefPrefixCache(hashes, [r.prompt for r in self.reqs], trace.block_tokens, self.bs,
+                                    keep_copies=self.vllm_cache)
         self.n_classes = len(trace.slo_class_names)
         if tenant_params is None:
             tenant_params = np.ones((len(trace.tenant_names), 3))
@@ -227,19 +228,20 @@ class Reference:
         if state == State.CANCELLED:  # a token produced after the client left reached nobody
             r.first_token, r.generated = math.nan, 0
 
-    def free_gpu(self, r: Req, drop_refs: bool) -> None:
+    def free_gpu(self, r: Req, drop_refs: bool, in_flight: bool = False) -> None:
         if drop_refs and self.vllm_cache:
-            self.cache.keep_tail(r.id, self.tail_full_blocks(r))
+            self.cache.keep_tail(r.id, self.tail_full_blocks(r, in_flight))
         self.free += r.held
         self.hold(r, -r.held)
         if drop_refs:
             self.hold_copies(r, -self.cache.copies[r.id])
             self.free += self.cache.release(r.id)  # its copies too
 
-    def tail_full_blocks(self, r: Req) -> int:
-        """Full blocks of r's known tokens computed past the prefix entries it holds."""
+    def tail_full_blocks(self, r: Req, in_flight: bool) -> int:
+        """Full blocks of r's known tokens computed past the prefix units it holds (a decode in
+        flight computed a token vLLM had not seen when it scheduled it)."""
         c = self.cache
-        known = min(r.computed, r.prompt + r.generated)
+        known = min(r.computed, r.prompt + r.generated) - (in_flight and r.computed > r.prompt)
         return min(max(0, known // self.bs - c.held[r.id] * c.bt // self.bs), r.held)
 
     def lookup(self, r: Req) -> tuple[int, int, int, int]:
@@ -247,7 +249,7 @@ class Reference:
         the head of a partly evicted entry, or its own run); with own runs whole blocks over
         the prompt and the generated tokens, at least one token left."""
         c = self.cache
-        held, cached, idle = c.match(r.id)
+        held, cached, idle = c.match(r.id, r.prompt + r.generated)
         take = c.partial_blocks(r.id, held)
         prefix = held * c.bt
         if not self.vllm_cache:
@@ -274,7 +276,7 @@ class Reference:
 
         def rank(r):
             counter = self.shares.counter[r.tenant] if self.order == ORDERS.index("vtc") else 0.0
-            matched = self.cache.match(r.id)[1] if cache_aware else 0
+            matched = self.cache.match(r.id, r.prompt)[1] if cache_aware else 0
             return (counter, -matched, *r.key, r.id)
 
         return min(live, key=rank)
@@ -411,7 +413,7 @@ class Reference:
         """Enter r's full prompt blocks by ctx tokens; a block another request holds is freed,
         or (vLLM) kept as r's copy until r lets go."""
         copies = self.cache.copies[r.id]
-        self.free += self.cache.insert(r.id, ctx, self.vllm_cache)
+        self.free += self.cache.insert(r.id, ctx)
         self.hold_copies(r, self.cache.copies[r.id] - copies)
         self.hold(r, private_blocks(ctx, self.cache.held[r.id], self.cache.bt, self.bs) - r.held)
 
@@ -472,7 +474,8 @@ class Reference:
                 v.host = v.held
                 self.swap_s += copy_s
                 self.swap_outs += 1
-        self.free_gpu(v, not swap)  # before its progress is reset: vLLM keeps the blocks it computed
+        # before its progress is reset: vLLM keeps the blocks it computed
+        self.free_gpu(v, not swap, self.in_flight_token(v))
         if not swap:
             v.computed = 0
             # SGLang's overlap loop (prefill-first) throws a retracted request's token in flight away
@@ -995,7 +998,7 @@ class Reference:
 
     def cached_tokens(self, i: int) -> int:
         """Leading prompt tokens of request i this replica's prefix cache holds (capped as admission caps them)."""
-        return self.cache.match(i)[1]
+        return self.cache.match(i, self.reqs[i].prompt)[1]
 
     def results(self) -> dict:
         reqs = self.reqs

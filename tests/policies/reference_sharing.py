@@ -15,22 +15,36 @@ LPM_FCFS_ABOVE = 128
 
 
 # -- prefix cache --------------------------------------------------------------------------
-def private_blocks(ctx: int, held: int, block_tokens: int, kv_block_size: int) -> int:
-    return max(0, math.ceil((ctx - held * block_tokens) / kv_block_size))
+def private_blocks(ctx: int, held: int, unit_tokens: int, kv_block_size: int) -> int:
+    return max(0, math.ceil((ctx - held * unit_tokens) / kv_block_size))
 
 
 class RefPrefixCache:
-    """Hash-keyed prefix cache with reference counts and LRU eviction of idle entries, each
+    """Hash-keyed prefix cache with reference counts and LRU eviction of idle units, each
     request's own run (its blocks past its prefix, kept for its readmission: vLLM) and
     copies (vLLM: a block computed again while its hash is cached is a second copy under
-    the hash; lookups hit the oldest that survives)."""
+    the hash; lookups hit the oldest that survives).
 
-    def __init__(self, hashes_per_request, prompt_tokens, block_tokens: int, kv_block_size: int):
-        self.hashes = [list(h) for h in hashes_per_request]
+    SGLang's rules (``keep_copies`` off) cache whole hash blocks; vLLM's cache each KV block
+    on its own, so here a hash block ``h`` is the units ``h * per + 0 .. h * per + per - 1`` of one
+    block each: the plain statement of what the kernels' whole and split entries add up to."""
+
+    def __init__(self, hashes_per_request, prompt_tokens, block_tokens: int, kv_block_size: int,
+                 keep_copies: bool = False):
+        self.keep = keep_copies
         self.prompt = list(prompt_tokens)
-        self.bt = block_tokens
-        self.entry_blocks = math.ceil(block_tokens / kv_block_size)
-        self.n_full = [min(len(h), p // block_tokens) for h, p in zip(self.hashes, self.prompt, strict=True)]
+        self.entry_hashes = [list(h) for h in hashes_per_request]  # per hash block, whatever the unit
+        full = [min(len(h), p // block_tokens) for h, p in zip(hashes_per_request, self.prompt, strict=True)]
+        if keep_copies:
+            per = block_tokens // kv_block_size
+            self.hashes = [[x * per + u for x in h[:f] for u in range(per)]
+                           for h, f in zip(hashes_per_request, full, strict=True)]
+            self.bt, self.entry_blocks, self.per = kv_block_size, 1, per
+            self.n_full = [f * per for f in full]
+        else:
+            self.hashes = [list(h) for h in hashes_per_request]
+            self.bt, self.entry_blocks, self.per = block_tokens, math.ceil(block_tokens / kv_block_size), 1
+            self.n_full = full
         self.held = [0] * len(self.prompt)
         self.copies = [0] * len(self.prompt)  # blocks of copies computed, charged to quotas (vLLM)
         self.held_copies: list[dict[int, int]] = [{} for _ in self.prompt]  # chain position -> copy held
@@ -44,9 +58,11 @@ class RefPrefixCache:
         self.idle: OrderedDict[object, None] = OrderedDict()
         self.hit_tokens = self.query_tokens = self.inserts = self.dedups = self.evictions = 0
 
-    def match(self, i):
+    def match(self, i, known):
+        """Leading cached units; vLLM's rules hit at most ``(known - 1) // block_size`` blocks."""
+        n_full = min(self.n_full[i], (known - 1) // self.bt) if self.keep else self.n_full[i]
         k = 0
-        while k < self.n_full[i] and self.hashes[i][k] in self.refs and self.hashes[i][k] not in self.part:
+        while k < n_full and self.hashes[i][k] in self.refs and self.hashes[i][k] not in self.part:
             k += 1
         idle = sum(self.entry_blocks for h in self.hashes[i][:k] if self.refs[h] == 0)
         return k, min(k * self.bt, self.prompt[i] - 1), idle
@@ -90,17 +106,15 @@ class RefPrefixCache:
         self.held[i] = k
         return taken
 
-    def insert(self, i, ctx, keep_copies=False):
+    def insert(self, i, ctx):
         last = min(self.n_full[i], ctx // self.bt)
         freed = 0
         for j in range(self.held[i], last):
             h = self.hashes[i][j]
-            while keep_copies and h in self.part and self.copy_of.get(h):
-                self._drop(h)
-            if h in self.part:  # what eviction left of it: this copy replaces it
+            if h in self.part:  # what eviction left of it: this copy replaces it (SGLang)
                 del self.part[h], self.refs[h], self.idle[h]
             if h in self.refs:
-                if keep_copies:
+                if self.keep:
                     self.copy[self.next_copy] = [h, self.entry_blocks, i, j]
                     self.copy_of.setdefault(h, []).append(self.next_copy)
                     self.held_copies[i][j] = self.next_copy
@@ -230,8 +244,10 @@ def dfs_weight_order(cache: RefPrefixCache, waiting: list[int], key) -> list[int
     stable: here the hash's creation order, the order of ``cache.refs``), a node's own
     requests after its subtrees, in ``key`` order (the current queue order).
     """
-    born = {h: n for n, h in enumerate(cache.refs)}
-    path = {i: tuple(cache.hashes[i][: cache.match(i)[0]]) for i in waiting}
+    unit_born = {h: n for n, h in enumerate(cache.refs)}
+    born = {h: unit_born[h * cache.per] for h in {x for i in waiting for x in cache.entry_hashes[i]}
+            if h * cache.per in unit_born}  # a hash block is born with its first unit
+    path = {i: tuple(cache.entry_hashes[i][: cache.match(i, cache.prompt[i])[0] // cache.per]) for i in waiting}
     children: dict[tuple, set] = {(): set()}
     at: dict[tuple, list[int]] = {}
     weight: dict[tuple, int] = {}
@@ -279,7 +295,7 @@ class RefWaitQueue:
 
         def rank(i):
             counter = vtc_counter[self.lane_tenant[self.lane_of[i]]] if order == VTC else 0.0
-            matched = cache.match(i)[1] if cache_aware else 0
+            matched = cache.match(i, cache.prompt[i])[1] if cache_aware else 0
             return (counter, -matched, *self.keys[i], i)
 
         return min(live, key=rank)

@@ -53,7 +53,7 @@ def _kernel_order(hashes, prompt, cached, waiting, block_tokens=BT):
     prompt = np.asarray(prompt, dtype=np.int64)
     pc = pcm.new_prefix_cache(offsets, flat, prompt, block_tokens, 16)
     for i in cached:
-        pcm.insert(pc, offsets, i, int(prompt[i]), False)
+        pcm.insert(pc, offsets, i, int(prompt[i]))
         pcm.release(pc, offsets, i)
     q = qm.new_wait_queue(np.zeros(len(hashes), dtype=np.int64), np.zeros(1, dtype=np.int64))
     for seq, i in enumerate(waiting, 1):

@@ -31,9 +31,9 @@ def test_unbounded_cache_hits_every_repeated_leading_block(mooncake):
     pc = pcm.new_prefix_cache(offsets, hashes, prompts, BLOCK_TOKENS, 16)
     hit = np.zeros(len(prompts), dtype=np.int64)
     for i in range(len(prompts)):
-        k, hit[i], _ = pcm.match(pc, offsets, prompts, i)
+        k, hit[i], _ = pcm.match(pc, offsets, prompts, i, prompts[i])
         pcm.acquire(pc, offsets, i, k)
-        pcm.insert(pc, offsets, i, prompts[i], False)
+        pcm.insert(pc, offsets, i, prompts[i])
         pcm.release(pc, offsets, i)
 
     seen: set[int] = set()
@@ -48,5 +48,5 @@ def test_unbounded_cache_hits_every_repeated_leading_block(mooncake):
     np.testing.assert_array_equal(hit, expected)
     # README: 36.6% of the 288,500 blocks repeat an earlier one; only partial tails are lost
     assert 0.33 < hit.sum() / (len(hashes) * BLOCK_TOKENS) < 0.37
-    blocks = len(seen) * pc.entry_blocks
+    blocks = len(seen) * pc.unit_blocks
     assert pc.stats[pcm.S_CACHED] == blocks and pc.stats[pcm.S_EVICTABLE] == blocks

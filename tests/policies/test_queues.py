@@ -81,7 +81,7 @@ def test_lane_heap_agrees_with_sorted_twin(s):
         elif op == "cache":  # a request computes its whole prompt, feeding LPM
             if pc.held[i] == 0:
                 pcm.acquire(pc, offsets, i, 0)
-                pcm.insert(pc, offsets, i, prompts[i], False)
+                pcm.insert(pc, offsets, i, prompts[i])
                 rc.acquire(i, 0)
                 rc.insert(i, prompts[i])
         elif op == "pick":
@@ -148,7 +148,7 @@ def test_lpm_prefers_the_longest_cached_prefix_until_128_wait():
     hashes = [[1, 2, 3]] + [[100 + i] for i in range(1, n - 1)] + [[1, 2, 3]]
     pc, offsets, prompts = _empty_cache(n, hashes, [BT * 3 + 1] * n)
     pcm.acquire(pc, offsets, 0, 0)
-    pcm.insert(pc, offsets, 0, BT * 3 + 1, False)  # request 0 ran; its prefix is cached
+    pcm.insert(pc, offsets, 0, BT * 3 + 1)  # request 0 ran; its prefix is cached
     wq = q.new_wait_queue(np.zeros(n), np.zeros(1))
     for i in range(1, n):
         q.push(wq, i, *q.order_keys(q.LPM, i, 0.0, 0, math.nan, 0.0, 0.0))

@@ -20,19 +20,13 @@ from optimizer.fidelity import parity
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = Path(os.environ.get("SERVETUNE_SHARED", ROOT / ".." / "shared"))
 FOLDERS = parity.scenarios(SHARED / "oracle" / "vllm-0.33.0", ROOT / "tests" / "fixtures" / "vllm_oracle")
-#: not reproduced yet: a request admitted while another is computing a shared prefix block in
-#: chunks hits the 16-token blocks scheduled so far, where servetune shares whole 512-token
-#: trace blocks only (tests/fixtures/vllm_oracle/README.md)
-NOT_YET = {"burst-pc-leapfrog-b2048", "burst-pc-leapfrog-b8192", "burst-pc-leapfrog-seed3"}
 
 
 def _cases():
     for folder in FOLDERS:
         modes = [m for m in parity.MODES if (folder / f"vllm-{m}_requests.csv").is_file()]
         for mode in modes:
-            marks = [pytest.mark.xfail(strict=True, reason="a hit on part of a trace block still being computed")] \
-                if folder.name in NOT_YET else []
-            yield pytest.param(folder, mode, id=f"{folder.name}-{mode}", marks=marks)
+            yield pytest.param(folder, mode, id=f"{folder.name}-{mode}")
 
 
 CASES = list(_cases())
@@ -72,7 +66,7 @@ def test_the_two_loops_differ_where_vllm_s_do():
     """Matching both recorded loops means something only if they differ: on every scenario
     with both runs, vLLM's async first tokens differ from its sync ones, and so do
     servetune's, by the same requests."""
-    both = [f for f in FOLDERS if {"sync", "async"} <= set(parity.load(f).modes) and f.name not in NOT_YET]
+    both = [f for f in FOLDERS if {"sync", "async"} <= set(parity.load(f).modes)]
     if not both:
         pytest.skip("no scenario recorded in both loops")
     for folder in both:
