@@ -23,9 +23,10 @@ Prints, in order:
    phase's share of the replay thread's CPU samples per workload (``perfprofile``), and the
    hottest functions. ``--profile-baseline`` profiles the baseline too.
 
-Targets (ratios in one run, not timed tests): against ``BASELINE``, the commit that closed
-issue 51, HEAD no slower than 0.95x per replay on Azure conv (caching off) and Mooncake
-conversation (caching on); against e5e6439 (``--baseline e5e6439``, the commit issue 51 was
+Targets (ratios in one run, not timed tests): against ``BASELINE`` (the commit that made
+vLLM's prefix cache 16-token blocks, b0c3bb5; it cost Mooncake with caching 1.14x against
+2319b16, the commit that closed issue 51), HEAD no slower than 0.95x per replay on Azure conv
+(caching off) and Mooncake conversation (caching on); against e5e6439 (``--baseline e5e6439``, the commit issue 51 was
 filed against) at least 1.5x faster there; ``simulate`` no slower than the event-by-event
 driver; prefix caching on at most 2x off; < 50 ms per Azure conv replay on one core.
 
@@ -59,8 +60,9 @@ from policies.kernel_state import S_ARRIVAL  # noqa: E402
 from studies.traces import load_trace  # noqa: E402
 from studies.transforms import scale_rate  # noqa: E402
 
-# The commit that closed issue 51 (engine speed); later sessions pin their own baseline here.
-BASELINE = "2319b16"
+# The last commit that changed what a replay computes (vLLM's 16-token prefix cache, stop 65);
+# later sessions pin their own baseline here.
+BASELINE = "b0c3bb5"
 BASELINES = Path.home() / ".cache" / "servetune" / "baselines"
 # HEAD / baseline on the workloads marked as targets: issue 51's against the commit it was filed
 # against, a guard against noise-sized regressions against any other
