@@ -492,7 +492,7 @@ def _promote(pc, e):
         _lru_link(pc, e, nxt)
     _recycle(pc, c)
     pc.stats[S_COPIES] -= 1
-    if pc.tab[E_CACHED, e] < pc.per_entry and pc.tab[E_NEXT, e] >= 0:
+    if pc.tab[E_CACHED, e] < pc.per_entry * pc.unit_blocks and pc.tab[E_NEXT, e] >= 0:
         _split(pc, e)  # the younger copies' tails now serve the units it lacks
 
 
