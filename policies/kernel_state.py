@@ -165,7 +165,8 @@ GHOSTS = 90  # async scheduling: finished requests still holding their seat and 
 # request's blocks past its entries stay cached when it lets go (prefix_cache.keep_tail)
 VLLM_CACHE = 91
 UNIT_TOKENS = 92  # prompt tokens per prefix-cache unit (policies.prefix_cache.unit_shape)
-N_G = 93
+PER_ENTRY = 93  # prefix-cache units per hash block (ibid.)
+N_G = 94
 #: predicted mode: output/max_tokens ratio histogram bins (in g's tail, below).
 CALIBRATION_BINS = 64
 # g's tail: the predicted-mode histogram, the step-time histogram (policies.result

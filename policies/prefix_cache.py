@@ -118,7 +118,7 @@ E_WAIT = 5  # scratch, zero between calls: waiting requests whose matched chain 
 E_NEXT = 6  # a head node's oldest copy, a copy's next younger one (-1: none); a free pool column's next
 E_SPLIT = 7  # a split entry's column: its units cached, each a pool column (``_split``)
 # rows of pool columns only (``clear`` leaves them to ``_take_column``)
-E_KEY = 8  # a whole copy's entry; a unit node's entry * per_entry + unit
+E_ENTRY = 8  # the entry a pool column (a whole copy, or a split unit) belongs to
 E_UNIT = 9  # a unit node's unit in its entry; -1 for a whole copy
 E_AT = 10  # a copy's chain position: its request's unit index (offsets * per_entry + unit held)
 E_OWNER = 11  # the request that computed a copy
@@ -216,7 +216,7 @@ def clear(pc, n_full):
     pc.req[R_COPIES] = 0
     pc.req[R_COPY_HEAD] = -1
     fixed = pc.n_entries + pc.req.shape[1]  # the pool's columns are written as they are taken,
-    pc.tab[:E_KEY, :fixed] = 0  # and so are the rows only they use
+    pc.tab[:E_ENTRY, :fixed] = 0  # and so are the rows only they use
     pc.tab[E_LRU_PREV, :fixed] = -1
     pc.tab[E_LRU_NEXT, :fixed] = -1
     pc.tab[E_NEXT, :fixed] = -1
@@ -391,7 +391,7 @@ def _drop_head(pc, key):
 
 # -- pool columns: copies and split units ----------------------------------------------------
 @njit(cache=True, nogil=True, _nrt=False)
-def _take_column(pc, key, unit, blocks, refs):
+def _take_column(pc, e, unit, blocks, refs):
     """A fresh pool column holding ``blocks`` KV blocks with ``refs`` references, off the LRU list."""
     c = pc.stats[S_POOL_FREE]
     if c >= 0:
@@ -406,7 +406,7 @@ def _take_column(pc, key, unit, blocks, refs):
     pc.tab[E_LRU_PREV, c] = -1
     pc.tab[E_LRU_NEXT, c] = -1
     pc.tab[E_NEXT, c] = -1
-    pc.tab[E_KEY, c] = key
+    pc.tab[E_ENTRY, c] = e
     pc.tab[E_UNIT, c] = unit
     pc.tab[E_AT, c] = -1
     pc.tab[E_OWNER, c] = -1
@@ -515,7 +515,7 @@ def _split_node(pc, e, x):
         after = pc.tab[E_LRU_NEXT, x]
     idle = refs == 0 and blocks > 0
     for u in range(blocks - 1, -1, -1):
-        c = _take_column(pc, e * pc.per_entry + u, u, 1, refs)
+        c = _take_column(pc, e, u, 1, refs)
         head = _head(pc, e, u)
         if head < 0:
             _set_head(pc, e * pc.per_entry + u, c)
@@ -566,8 +566,8 @@ def _evict_unit(pc, c):
     and the entry is whole again once none of its units is cached. Returns whether the
     unit stopped being cached."""
     _forget(pc, c)
-    key = pc.tab[E_KEY, c]
-    e = key // pc.per_entry
+    e = pc.tab[E_ENTRY, c]
+    key = e * pc.per_entry + pc.tab[E_UNIT, c]
     head = _head(pc, e, pc.tab[E_UNIT, c])
     if head != c:
         _unlink_copy(pc, head, c)
@@ -709,7 +709,7 @@ def _insert_unit(pc, e, u, at, i):
     cached, else a copy it holds."""
     key = e * pc.per_entry + u
     head = _head(pc, e, u)
-    c = _take_column(pc, key, u, 1, 1)
+    c = _take_column(pc, e, u, 1, 1)
     if head >= 0:
         _append_copy(pc, head, c)
         _hold_copy(pc, c, at, i)
@@ -903,7 +903,7 @@ def evict(pc, kv_blocks_needed):
             else:
                 _forget(pc, e)
                 if e >= pool_from:  # a whole copy
-                    _unlink_copy(pc, pc.tab[E_KEY, e], e)
+                    _unlink_copy(pc, pc.tab[E_ENTRY, e], e)
                     pc.stats[S_COPIES] -= 1
         else:
             pc.tab[E_CACHED, e] -= take

@@ -67,7 +67,7 @@ from policies.kernel_state import T as CLOCK
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def _decode_layout(ri, run, k, cached_held, prompt, hash_tokens, residues):
+def _decode_layout(ri, run, k, cached_held, prompt, unit_tokens, residues):
     """For the first k running requests, all decoding: fill ``residues`` (a histogram of
     positions modulo the block size: which step allocates whose next block) and return
     the KV tokens their next decode reads and the steps until the first one finishes
@@ -83,7 +83,7 @@ def _decode_layout(ri, run, k, cached_held, prompt, hash_tokens, residues):
         c = ri[COMPUTED, r]
         if not _is_decode(ri, prompt, r, 1):
             return 0, 0
-        residues[(c - cached_held[r] * hash_tokens) % block_size] += 1
+        residues[(c - cached_held[r] * unit_tokens) % block_size] += 1
         kv += c + 1
         run_len = min(run_len, ri[TARGET, r] - ri[GENERATED, r])
     return kv, run_len
@@ -101,7 +101,7 @@ def _stretch_opens(g, gf, cfg, k, next_event, next_deadline, seen_delivery):
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables, cfg, hash_tokens, next_event, next_deadline,
+def _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables, cfg, unit_tokens, next_event, next_deadline,
                   truly_free, evictable, start_free, seen_delivery, ghost_decodes, ghost_kv):
     """Run consecutive all-decode steps that the step-by-step loop would form identically.
 
@@ -137,7 +137,7 @@ def _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables, cfg, hash
     seen = _visible_until(gf, cfg)
     block_size = int(cfg[I_BLOCK_SIZE])
     residues = g[G_RESIDUES:G_RESIDUES + block_size]
-    kv, run_len = _decode_layout(ri, run, k, cached_held, prompt, hash_tokens, residues)
+    kv, run_len = _decode_layout(ri, run, k, cached_held, prompt, unit_tokens, residues)
     if run_len == 0:
         return 0, 0.0, 0.0, False, 0
     if not prefill_first:
@@ -206,7 +206,7 @@ def _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables, cfg, hash
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def _fast_forward_chunk(ri, g, gf, series, run, cached_held, prompt, ledger, tenant, tables, cfg, hash_tokens,
+def _fast_forward_chunk(ri, g, gf, series, run, cached_held, prompt, ledger, tenant, tables, cfg, unit_tokens,
                         next_event, next_deadline, truly_free, seen_delivery):
     """Run consecutive steps of the same shape: every running request but the newest
     decodes, the newest computes a prompt chunk of a fixed size that does not finish its
@@ -245,10 +245,10 @@ def _fast_forward_chunk(ri, g, gf, series, run, cached_held, prompt, ledger, ten
     run_len = np.iinfo(np.int64).max
     kv = 0
     if d > 0:
-        kv, run_len = _decode_layout(ri, run, d, cached_held, prompt, hash_tokens, residues)
+        kv, run_len = _decode_layout(ri, run, d, cached_held, prompt, unit_tokens, residues)
         if run_len == 0:
             return 0, False
-    held_entries = cached_held[p]
+    held_units = cached_held[p]
     held = ri[HELD, p]
     cost = cfg[I_W_IN] * chunk  # the chunk's prompt tokens, charged to its tenant as scheduled
     t = gf[CLOCK]
@@ -263,7 +263,7 @@ def _fast_forward_chunk(ri, g, gf, series, run, cached_held, prompt, ledger, ten
     slot = 0  # as in ``_fast_forward``
     near = 0
     while j < run_len and computed + chunk < total and next_event > t and next_deadline > t and seen_delivery > seen:
-        held_after = pcm.private_blocks(computed + chunk, held_entries, hash_tokens, block_size)
+        held_after = pcm.private_blocks(computed + chunk, held_units, unit_tokens, block_size)
         need = held_after - held
         if d > 0:
             need += residues[slot]
@@ -336,7 +336,7 @@ def _end_fast_forward(rep, st, cfg):
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def _settle_fast_forward(ri, g, gf, run, k, cached_held, si, ledger, cfg, hash_tokens, j, sum_dt, sum_j_dt):
+def _settle_fast_forward(ri, g, gf, run, k, cached_held, si, ledger, cfg, unit_tokens, j, sum_dt, sum_j_dt):
     """Apply j fast-forwarded decode steps to the first k running requests: tokens,
     blocks, reservations and their tenants' usage and charge."""
     tenant = si[S_TENANT]
@@ -351,7 +351,7 @@ def _settle_fast_forward(ri, g, gf, run, k, cached_held, si, ledger, cfg, hash_t
         ri[GENERATED, r] += j
         ri[SAMPLED_AT, r] = g[STEPS]
         before = ri[HELD, r]
-        ri[HELD, r] = pcm.private_blocks(ri[COMPUTED, r], cached_held[r], hash_tokens, block_size)
+        ri[HELD, r] = pcm.private_blocks(ri[COMPUTED, r], cached_held[r], unit_tokens, block_size)
         if quotas:
             fm.hold_kv(fm.Shares(ledger[:fm.N_TENANT_ROWS], ledger[fm.N_TENANT_ROWS:]), tenant[r], si[S_CLASS, r],
                        ri[HELD, r] - before)

@@ -76,7 +76,7 @@ def _form_batch(rep, st, tables, cfg):
         fm.new_step(_shares(rep))
     # decodes take the plain path: sharing state is touched only when it matters
     cached_held = ri[PC_REQ + pcm.R_HELD]
-    hash_tokens = g[UNIT_TOKENS]
+    unit_tokens = g[UNIT_TOKENS]
     plain_decodes = g[QUOTAS] == 0
     k = g[N_RUN]
     _copy_running(order, run, k)  # preemption edits `run` while we walk it
@@ -97,7 +97,7 @@ def _form_batch(rep, st, tables, cfg):
         if n == 0:
             continue
         if plain_decodes and _is_decode(ri, prompt, r, n):
-            blocks = pcm.private_blocks(ri[COMPUTED, r] + 1, cached_held[r], hash_tokens, block_size) - ri[HELD, r]
+            blocks = pcm.private_blocks(ri[COMPUTED, r] + 1, cached_held[r], unit_tokens, block_size) - ri[HELD, r]
             if blocks <= g[FREE] - g[PC_STATS + pcm.S_EVICTABLE]:
                 _schedule(ri, g, batch, prompt, r, n, blocks)
                 continue

@@ -128,7 +128,7 @@ def _preempt(rep, st, tables, cfg, v):
     """
     ri, g, gf = rep.ri, rep.g, rep.gf
     prompt = st.si[S_PROMPT]
-    held_entries = ri[PC_REQ + pcm.R_HELD]
+    held_units = ri[PC_REQ + pcm.R_HELD]
     block_size = int(cfg[I_BLOCK_SIZE])
     g[PREEMPTED_NOW] = 1
     n = ri[SCHED, v]
@@ -139,7 +139,7 @@ def _preempt(rep, st, tables, cfg, v):
             fm.use_tokens(_shares(rep), st.si[S_TENANT, v], st.si[S_CLASS, v], -n)
         g[BUDGET] += n
         ri[SCHED, v] = 0
-        keep = pcm.private_blocks(ri[COMPUTED, v], held_entries[v], g[UNIT_TOKENS], block_size)
+        keep = pcm.private_blocks(ri[COMPUTED, v], held_units[v], g[UNIT_TOKENS], block_size)
         extra = ri[HELD, v] - keep
         g[FREE] += extra
         g[USED] -= extra
@@ -158,7 +158,7 @@ def _preempt(rep, st, tables, cfg, v):
     held = ri[HELD, v]
     mode = int(cfg[I_PREEMPTION])
     swap = False
-    if mode != PREEMPT_RECOMPUTE and held > 0 and g[HOST_FREE] >= held and held_entries[v] == 0:
+    if mode != PREEMPT_RECOMPUTE and held > 0 and g[HOST_FREE] >= held and held_units[v] == 0:
         copy_s = held * block_size * gf[KV_BYTES] / gf[SWAP_BW]
         if mode == PREEMPT_SWAP:
             swap = True

@@ -184,6 +184,7 @@ from policies.kernel_state import (
     PEAK,
     PEAK_STEP,
     PEAK_STEP_S,
+    PER_ENTRY,
     PIPELINE_T,
     PRED_BIN,
     PREEMPTED_NOW,
@@ -279,7 +280,7 @@ def new_replica(st, cfg, cap_blocks, host_blocks, kv_bytes, swap_bw, seed, serie
     # without caching it (srt/managers/schedule_batch.py:2388-2389)
     g[VLLM_CACHE] = 1 if (caching and int(cfg[I_SCHEDULE_MODE]) != PREFILL_FIRST
                         and st.block_tokens % block_size == 0) else 0
-    g[UNIT_TOKENS], g[ENTRY_BLOCKS], _ = pcm.unit_shape(st.block_tokens, block_size, g[VLLM_CACHE] != 0)
+    g[UNIT_TOKENS], g[ENTRY_BLOCKS], g[PER_ENTRY] = pcm.unit_shape(st.block_tokens, block_size, g[VLLM_CACHE] != 0)
     g[QUOTAS] = 1 if quotas else 0
     g[STUCK_MODES] = 1 if _stuck_modes(cfg, quotas) else 0
     g[FAST_FORWARD] = 1 if fast_forward else 0
@@ -382,7 +383,7 @@ def _advance(rep, st, tables, cfg, t_limit, through):
     Helpers are called only when they have work."""
     ri, g, gf, series = rep.ri, rep.g, rep.gf, rep.series
     dheap, run = rep.lists[L_DHEAP], rep.lists[L_RUN]
-    cached_held, hash_tokens = ri[PC_REQ + pcm.R_HELD], g[UNIT_TOKENS]
+    cached_held, unit_tokens = ri[PC_REQ + pcm.R_HELD], g[UNIT_TOKENS]
     prompt = st.si[S_PROMPT]
     speculating = int(cfg[I_SPEC_MODE]) != spm.MODE_OFF
     # every speculative step draws its own outcomes; VTC keeps exact counters step by step
@@ -439,13 +440,13 @@ def _advance(rep, st, tables, cfg, t_limit, through):
             start_free = _head_start_free(rep, st, cfg) if g[N_WAIT] > 0 else NEVER
             evictable = g[PC_STATS + pcm.S_EVICTABLE]
             j, sum_dt, sum_j_dt, finished, evict = _fast_forward(ri, g, gf, series, run, cached_held, prompt, tables,
-                                                                 cfg, hash_tokens, next_event, next_deadline,
+                                                                 cfg, unit_tokens, next_event, next_deadline,
                                                                  g[FREE] - evictable, evictable, start_free,
                                                                  seen_delivery, ghost_decodes, ghost_kv)
             if evict > 0:
                 pcm.evict(_cache(rep, st), evict)
             if j > 0:
-                _settle_fast_forward(ri, g, gf, run, g[N_RUN], cached_held, st.si, rep.ledger, cfg, hash_tokens, j,
+                _settle_fast_forward(ri, g, gf, run, g[N_RUN], cached_held, st.si, rep.ledger, cfg, unit_tokens, j,
                                      sum_dt, sum_j_dt)
                 if finished:
                     _end_fast_forward(rep, st, cfg)
@@ -453,10 +454,10 @@ def _advance(rep, st, tables, cfg, t_limit, through):
         if chunk_stretches and g[N_RUN] > 0:
             truly_free = g[FREE] - g[PC_STATS + pcm.S_EVICTABLE]
             j, finished = _fast_forward_chunk(ri, g, gf, series, run, cached_held, prompt, rep.ledger, st.si[S_TENANT],
-                                              tables, cfg, hash_tokens, next_event, next_deadline, truly_free,
+                                              tables, cfg, unit_tokens, next_event, next_deadline, truly_free,
                                               seen_delivery)
             if j > 0:
-                _settle_fast_forward(ri, g, gf, run, g[N_RUN] - 1, cached_held, st.si, rep.ledger, cfg, hash_tokens,
+                _settle_fast_forward(ri, g, gf, run, g[N_RUN] - 1, cached_held, st.si, rep.ledger, cfg, unit_tokens,
                                      j, 0.0, 0.0)
                 if finished:
                     _end_fast_forward(rep, st, cfg)

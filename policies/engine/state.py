@@ -53,6 +53,7 @@ from policies.kernel_state import (
     N_WAIT,
     PC_REQ,
     PC_STATS,
+    PER_ENTRY,
     QUEUE_SEQ,
     QUOTAS,
     REASON,
@@ -167,7 +168,7 @@ def _cache(rep, st):
     g = rep.g
     return pcm.PrefixCache(st.entry, rep.ri[PC_REQ:PC_REQ + pcm.N_REQ_ROWS], rep.entries,
                            g[PC_STATS:PC_STATS + pcm.N_STATS], rep.units, g[UNIT_TOKENS], g[ENTRY_BLOCKS],
-                           g[KV_BLOCK_SIZE], st.n_entries, st.block_tokens // g[UNIT_TOKENS], g[VLLM_CACHE])
+                           g[KV_BLOCK_SIZE], st.n_entries, g[PER_ENTRY], g[VLLM_CACHE])
 
 
 @njit(cache=True, nogil=True, inline="always")

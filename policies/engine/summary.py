@@ -35,13 +35,13 @@ from policies.kernel_state import (
     N_RUN,
     N_WAIT,
     PC_REQ,
+    PER_ENTRY,
     RUNNING,
     S_ADAPTER,
     S_PROMPT,
     STATUS,
     SWAP_BW,
     TARGET,
-    UNIT_TOKENS,
 )
 from policies.kernel_state import T as CLOCK
 
@@ -200,11 +200,10 @@ def stays_unqueued(rep, st, cfg):
     run = rep.lists[L_RUN]
     prompt = st.si[S_PROMPT]
     block_size = int(cfg[I_BLOCK_SIZE])
-    per_entry = st.block_tokens // g[UNIT_TOKENS]  # R_N_FULL counts cache units
     demand = 0
     for i in range(g[N_RUN]):
         r = run[i]
-        entries = ri[PC_REQ + pcm.R_N_FULL, r] // per_entry
+        entries = ri[PC_REQ + pcm.R_N_FULL, r] // g[PER_ENTRY]  # R_N_FULL counts cache units
         demand += pcm.kv_blocks(prompt[r] + ri[TARGET, r], block_size) + entries - ri[HELD, r]
     return demand <= g[FREE]
 

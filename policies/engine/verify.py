@@ -89,13 +89,13 @@ def _plan_verify(rep, st, tables, cfg, spec):
     ri, g, gf, lists = rep.ri, rep.g, rep.gf, rep.lists
     batch = lists[L_BATCH]
     prompt = st.si[S_PROMPT]
-    held_entries = ri[PC_REQ + pcm.R_HELD]
+    held_units = ri[PC_REQ + pcm.R_HELD]
     reqs, tok, lim = lists[L_SPEC + SP_REQS], lists[L_SPEC + SP_TOK], lists[L_SPEC + SP_LIM]
     slack, ell = lists[L_SPEC + SP_SLACK], lists[L_SPEC + SP_ELL]
     mode = int(cfg[I_SPEC_MODE])
     gamma = int(cfg[I_SPEC_GAMMA])
     block_size = int(cfg[I_BLOCK_SIZE])
-    hash_tokens = g[UNIT_TOKENS]
+    unit_tokens = g[UNIT_TOKENS]
     n_req = np.int64(0)  # not a literal 0: Numba would compile the speculative planners for it too
     for i in range(g[N_BATCH]):
         r = batch[i]
@@ -104,7 +104,7 @@ def _plan_verify(rep, st, tables, cfg, spec):
             reqs[n_req] = r
             tok[n_req] = ri[GENERATED, r]
             lim[n_req] = max(0, min(gamma, ri[MAX_OUT, r] - ri[GENERATED, r] - 1))
-            slack[n_req] = held_entries[r] * hash_tokens + ri[HELD, r] * block_size - ri[COMPUTED, r] - 1
+            slack[n_req] = held_units[r] * unit_tokens + ri[HELD, r] * block_size - ri[COMPUTED, r] - 1
             n_req += 1
     k_fixed = gamma
     if mode == spm.MODE_BATCH_SCHEDULE:  # the k the previous step's batch size chose (replica._form_step)
@@ -139,7 +139,7 @@ def _plan_verify(rep, st, tables, cfg, spec):
         if m == 0:
             continue
         r = reqs[k]
-        take = pcm.private_blocks(ri[COMPUTED, r] + 1 + m, held_entries[r], hash_tokens, block_size) - ri[HELD, r]
+        take = pcm.private_blocks(ri[COMPUTED, r] + 1 + m, held_units[r], unit_tokens, block_size) - ri[HELD, r]
         g[FREE] -= take
         g[USED] += take
         ri[HELD, r] += take

@@ -363,7 +363,7 @@ def test_clear_returns_a_used_cache_to_empty():
     assert pc.stats[pcm.S_POOL_NEXT] > pc.n_entries + 2
     pcm.clear(pc, fresh.n_full // fresh.per_entry)
     fixed = pc.n_entries + 2  # the pool's columns and rows are written only as they are taken
-    for a, b in ((pc.req, fresh.req), (pc.tab[:pcm.E_KEY, :fixed], fresh.tab[:pcm.E_KEY, :fixed]),
+    for a, b in ((pc.req, fresh.req), (pc.tab[:pcm.E_ENTRY, :fixed], fresh.tab[:pcm.E_ENTRY, :fixed]),
                  (pc.stats, fresh.stats), (pc.units, fresh.units)):
         np.testing.assert_array_equal(a, b)
     assert pcm.match(pc, offsets, prompts, 1, prompts[1]) == (0, 0, 0)
