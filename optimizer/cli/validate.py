@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated
 
@@ -68,7 +68,8 @@ class Setup:
 
 
 def predict_runs(runs: pl.DataFrame, *, model_config: str | Path | None = None, calibration=None,
-                 bench: BenchClient | None = None, on_row=None, moe_distribution: str | None = None) -> pl.DataFrame:
+                 bench: BenchClient | None = None, on_row=None, moe_distribution: str | None = None,
+                 server: dict | None = None) -> pl.DataFrame:
     """``runs`` (from ``load_runs``) with predicted ``pred_ttft_ms``/``pred_tpot_ms``, the
     ``calibration_match`` of the row's cost model (setup, model, pooled, none or off) and
     the terms its entry's fit left on a range limit (``calibration_pinned``, comma-separated;
@@ -82,14 +83,17 @@ def predict_runs(runs: pl.DataFrame, *, model_config: str | Path | None = None, 
     bad_rows="mark")``) keeps it. ``model_config``: see ``model_configs``. ``bench``: how
     the client drives the server (default ``BenchClient()``, AIPerf as aiconfigurator runs
     it). ``on_row(i)`` is called after each row. ``moe_distribution``: the MoE routing skew
-    (``costmodels.build``; None: its default)."""
+    (``costmodels.build``; None: its default). ``server``: the measured-server overrides
+    every row is replayed with when known (its launch settings), instead of what the
+    calibration entry fitted or the framework's unmeasured default."""
     bench = bench or BenchClient()
     runs = with_layout(runs)
     configs = model_configs(runs["model"].drop_nulls().unique(maintain_order=True).to_list(), model_config)
     setups: dict[tuple, Setup | str] = {}  # a setup's failure is cached as its reason
     out = {name: [] for name in PREDICTED}
     for i, row in enumerate(runs.iter_rows(named=True)):
-        for name, value in _predict_row(i, row, configs, setups, calibration, bench, moe_distribution).items():
+        for name, value in _predict_row(i, row, configs, setups, calibration, bench, moe_distribution,
+                                        server).items():
             out[name].append(value)
         if on_row is not None:
             on_row(i)
@@ -97,7 +101,7 @@ def predict_runs(runs: pl.DataFrame, *, model_config: str | Path | None = None, 
 
 
 def _predict_row(i: int, row: dict, configs: dict, setups: dict, calibration, bench: BenchClient,
-                 moe_distribution: str | None) -> dict:
+                 moe_distribution: str | None, server: dict | None) -> dict:
     """The ``PREDICTED`` values of row ``i`` (file line ``i + 2``)."""
     recorded = row.get("kv_dtype")
     kv_dtype = kv_dtype_of(row["gemm_dtype"], recorded)
@@ -109,6 +113,8 @@ def _predict_row(i: int, row: dict, configs: dict, setups: dict, calibration, be
     key = (row["model"], row["gpu"], row["framework"], row["gemm_dtype"], kv_dtype, *(row[c] for c in SETUP))
     if key not in setups:
         setups[key] = _setup(row, kv_dtype, configs[row["model"]], calibration, moe_distribution)
+        if server is not None and not isinstance(setups[key], str):
+            setups[key] = replace(setups[key], server=dict(server))
     setup = setups[key]
     if isinstance(setup, str):
         return values | {"error": f"row {i + 2}: {setup}"}

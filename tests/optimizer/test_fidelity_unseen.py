@@ -86,3 +86,16 @@ def test_each_scored_run_gets_the_framework_version_of_its_row_in_the_runs_file(
                                 .alias("ttft_ms"))
     with pytest.raises(SystemExit, match=f"row {vllm['row'][0]} is not row"):
         unseen.with_versions(moved, figures)
+
+
+def test_the_diagnostic_server_is_the_setups_own_never_a_lent_entrys():
+    """``own_server``: the launch settings a setup's own rows fitted, or none; a pooled or
+    other-GPU entry the chain would lend it is not its server."""
+    mine = entry(LLAMA8) | {"measured_server": {"max_num_batched_tokens": 4096}}
+    pooled = entry("*", models=[LLAMA8, QWEN]) | {"measured_server": {"max_num_batched_tokens": 2048}}
+    other_gpu = entry(LLAMA70, gpu="b200_sxm", dtype="fp8") | {"measured_server": {"max_num_batched_tokens": 8192}}
+    llama, qwen, llama70 = (r for r in ALL.filter(pl.col("framework") == "trtllm").iter_rows(named=True))
+    assert unseen.own_server(llama, [pooled, mine, other_gpu]) == {"max_num_batched_tokens": 4096}
+    assert unseen.own_server(qwen, [pooled, mine, other_gpu]) is None
+    assert unseen.own_server(llama70 | {"gpu": "h100_sxm"}, [pooled, other_gpu]) is None
+    assert unseen.own_server(llama70, [mine, other_gpu]) == {"max_num_batched_tokens": 8192}

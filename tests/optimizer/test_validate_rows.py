@@ -5,6 +5,7 @@ The runs files are written in aiconfigurator's silicon format (``model_path``, `
 (2 clients, 128 -> 32 tokens, one profiled request per client) to replay in moments.
 """
 
+import json
 import math
 import shutil
 from pathlib import Path
@@ -258,6 +259,23 @@ def test_each_row_is_replayed_as_its_own_client_drove_it(tmp_path):
         assert (pred["pred_ttft_ms"][i], pred["pred_tpot_ms"][i]) == pytest.approx(
             (loop.mean_ttft_ms, loop.mean_tpot_ms), rel=1e-9)
     assert pred["pred_ttft_ms"][1] != pytest.approx(pred["pred_ttft_ms"][0], rel=0.01)
+
+
+def test_a_known_server_replaces_the_fitted_one_for_every_row(tmp_path):
+    """``server`` (launch settings a user knows) is what each row replays on, in place of
+    the entry's fitted or the framework's unmeasured server, and is reported as such."""
+    bench = BenchClient(requests_per_client=2, warmup_per_client=0)
+    runs = load_runs(write_runs(tmp_path / "runs.csv", [good(batch_size=8, isl=2048, osl=16)]))
+    known = {"enable_chunked_prefill": True, "max_num_batched_tokens": 512}
+    pred = predict_runs(runs, bench=bench, server=known)
+    cost = build(LLAMA, "h100", framework="trtllm")
+    config = server_config("trtllm", context_of(cost, "h100", context_len=0), known)
+    loop = run_benchmark(cost, config, 8, 2048, 16, bench, max_seq_len=server_max_seq_len("trtllm", LLAMA))
+    assert (pred["pred_ttft_ms"][0], pred["pred_tpot_ms"][0]) == pytest.approx(
+        (loop.mean_ttft_ms, loop.mean_tpot_ms), rel=1e-9)
+    assert json.loads(pred["measured_server"][0]) == known
+    # 2,048-token prompts in 512-token chunks: the first token waits for four prefill steps
+    assert pred["pred_ttft_ms"][0] > predict_runs(runs, bench=bench)["pred_ttft_ms"][0] * 1.2
 
 
 # -- which cost model, KV dtype and calibration each row used ----------------------------------------
