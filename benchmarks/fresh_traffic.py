@@ -228,15 +228,21 @@ def markdown(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _worst(f: dict[str, Any]) -> str:
+    """" (worst 0.46x: the file serves 6% of that load in SLO, the defaults 13%)", or "" with none."""
+    if f["worst"] is None:
+        return ""
+    shares = f.get("worst_attainment")
+    said = (f": the file serves {shares['file']:.0%} of that load in SLO, the defaults {shares['defaults']:.0%}"
+            if shares else "")
+    return f" (worst {f['worst']:.2f}x{said})"
+
+
 def report(f: dict[str, Any]) -> str:
     c, n = f["conditions"], f["cases"]
-    code, ceiling, shares = f["code_like_vllm_fresh_min"], f.get("code_like_ceiling"), f.get("worst_attainment")
+    code, ceiling = f["code_like_vllm_fresh_min"], f.get("code_like_ceiling")
     return "\n".join([
-        f"fresh regressions below {REGRESSION}x: {f['regressions']} of {c} conditions"
-        + (f" (worst {f['worst']:.2f}x" if f["worst"] is not None else "")
-        + (f": the file serves {shares['file']:.0%} of that load in SLO, the defaults {shares['defaults']:.0%}"
-           if f["worst"] is not None and shares else "")
-        + (")" if f["worst"] is not None else "")
+        f"fresh regressions below {REGRESSION}x: {f['regressions']} of {c} conditions{_worst(f)}"
         + f"; before: {f['before_regressions']}" + (f" (worst {f['before_worst']:.2f}x)" if f["before_worst"] else ""),
         f"the same on the replicas the answer deploys (the file and the defaults both on that fleet): "
         f"{f['deployed_regressions']} of {f['deployed_conditions']}"
