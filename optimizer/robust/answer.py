@@ -241,7 +241,11 @@ def robust_answer(spec, evaluator, candidates: Sequence[Candidate], defaults: Ma
     gain = Range.of(1.0 if keep else ratio(mine, theirs), spread)
     goodput = Range.of(mine, [float(row[j]) for j in conditions.at_trace_rate()])
     sizing = _sizing(spec, evaluator, conditions, error, config, fleet, defaults, keep)
-    return Answer(keep, decision.reason, label, config, fleet, trial, ref_name, kept,
+    reason = decision.reason
+    if keep and math.isfinite(point[0].slo_attainment):
+        # how much any file could have added: little when the defaults already meet the SLOs
+        reason += f"; the defaults serve {point[0].slo_attainment:.1%} of the tuning part's requests within the SLOs"
+    return Answer(keep, reason, label, config, fleet, trial, ref_name, kept,
                   tuple((c.label, g) for c, g in zip(candidates, gains, strict=True)),
                   tuple(c.name for c in conditions.all), gain, goodput, error, sizing, noise)
 

@@ -57,6 +57,10 @@ def test_below_the_knee_the_defaults_are_kept_and_said_why(light):
     answer = summary["answer"]
     assert answer["keep_defaults"] is True and answer["knobs_changed"] == []
     assert "within the 3% noise" in answer["reason"]
+    # and why: the defaults already meet the SLOs, so no file had anything to add
+    served = evaluator.reports([evaluator.baselines()["vllm-default"]], 1.0, fleets=[spec.fleet])[0].slo_attainment
+    assert served >= 0.99
+    assert f"the defaults serve {served:.1%} of the tuning part's requests within the SLOs" in answer["reason"]
     assert answer["gain"] == {"point": 1.0, "low": 1.0, "high": 1.0}
     text = (spec.run_dir / "vllm.yaml").read_text()
     assert "# Keep vllm-default:" in text
