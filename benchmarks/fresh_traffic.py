@@ -121,8 +121,8 @@ def run_case(name: str, engine: str, tuned, fresh, slos, trials: int, seed: int,
                                  theirs.slo_attainment)
         return out
 
-    def fresh_gains(config, on=fleet) -> dict[str, float]:
-        return {load: gain for load, (gain, _, _) in fresh_scores(config, on).items()}
+    def gains(scores) -> dict[str, float]:
+        return {load: gain for load, (gain, _, _) in scores.items()}
 
     printed = answer["sizing"]["recommended"]
     deployed = dataclasses.replace(fleet, replicas=printed["deploy"]["replicas"] or fleet.replicas)
@@ -133,16 +133,16 @@ def run_case(name: str, engine: str, tuned, fresh, slos, trials: int, seed: int,
         "engine": engine, "seconds": round(seconds, 1), "tuned_requests": tuned.n, "fresh_requests": fresh.n,
         "keep_defaults": answer["keep_defaults"], "reason": answer["reason"],
         "knobs": [k["text"] for k in answer["knobs_changed"]],
-        "gain": answer["gain"], "fresh_gain": {load: gain for load, (gain, _, _) in scores.items()},
+        "gain": answer["gain"], "fresh_gain": gains(scores),
         # share of the fresh requests in SLO: how far from every request the defaults are
         "fresh_attainment": {load: {"file": mine, "defaults": theirs} for load, (_, mine, theirs) in scores.items()},
         # the answer as deployed: the file and the defaults both on the replicas it says to deploy
-        "fresh_gain_deployed": fresh_gains(exported, deployed),
+        "fresh_gain_deployed": gains(fresh_scores(exported, deployed)),
         "gpus": {"printed": printed["deploy"]["replicas"], "low": printed["replicas"]["low"],
                  "high": printed["replicas"]["high"], "fresh": fresh_size.replicas},
         "before": {"trial": old_trial.number,
                    "claimed_gain": ratio(in_sample[0].weighted_goodput, in_sample[1].weighted_goodput),
-                   "fresh_gain": fresh_gains(old.config), "gpus_printed": old_gpus,
+                   "fresh_gain": gains(fresh_scores(old.config)), "gpus_printed": old_gpus,
                    "gpus_fresh": old_fresh_size.replicas},
     }
 
@@ -182,7 +182,7 @@ def figures(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
             ceilings.setdefault(load, []).append(1 / a["defaults"])
     return {
         "cases": len(cases), "conditions": len(conditions),
-        "regressions": len(regressions), "worst": min((g for *_, g in regressions), default=None),
+        "regressions": len(regressions), "worst": None if worst is None else worst[0]["fresh_gain"][worst[1]],
         "regression_list": regressions,
         "worst_attainment": None if worst is None else worst[0].get("fresh_attainment", {}).get(worst[1]),
         "deployed_conditions": len(deployed), "deployed_regressions": len(deployed_regressions),

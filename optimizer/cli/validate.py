@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -112,9 +112,7 @@ def _predict_row(i: int, row: dict, configs: dict, setups: dict, calibration, be
         return values
     key = (row["model"], row["gpu"], row["framework"], row["gemm_dtype"], kv_dtype, *(row[c] for c in SETUP))
     if key not in setups:
-        setups[key] = _setup(row, kv_dtype, configs[row["model"]], calibration, moe_distribution)
-        if server is not None and not isinstance(setups[key], str):
-            setups[key] = replace(setups[key], server=dict(server))
+        setups[key] = _setup(row, kv_dtype, configs[row["model"]], calibration, moe_distribution, server)
     setup = setups[key]
     if isinstance(setup, str):
         return values | {"error": f"row {i + 2}: {setup}"}
@@ -132,8 +130,9 @@ def _predict_row(i: int, row: dict, configs: dict, setups: dict, calibration, be
 
 
 def _setup(row: dict, kv_dtype: str, model_config: Path | str | None, calibration,
-           moe_distribution: str | None) -> Setup | str:
-    """The row's ``Setup``, or why it has none (``model_config`` a str: the model's reason)."""
+           moe_distribution: str | None, server: dict | None) -> Setup | str:
+    """The row's ``Setup``, or why it has none (``model_config`` a str: the model's reason);
+    its server is ``server`` when known, else ``measured_server``'s."""
     if isinstance(model_config, str):
         return model_config
     from costmodels import build
@@ -144,7 +143,7 @@ def _setup(row: dict, kv_dtype: str, model_config: Path | str | None, calibratio
     try:  # one attention-DP group of the run's layout, each group's scheduler its row's batch_size clients
         cost = build(row["model"], row["gpu"], tp=row["tp"], framework=row["framework"], gemm_dtype=row["gemm_dtype"],
                      kv_dtype=kv_dtype, model_config=model_config, calibration=calibration, **layout, **skew)
-        server = measured_server(cost, row["framework"])
+        server = measured_server(cost, row["framework"]) if server is None else dict(server)
         return Setup(cost, context_of(cost, row["gpu"], context_len=0, tp=row["tp"]), server,
                      server_max_seq_len(row["framework"], row["model"], model_config))
     except (CostModelError, ClosedLoopError, ConfigError) as exc:
